@@ -1,0 +1,1 @@
+//! dra-e2e harness: everything a spec uses to test Kubernetes Dynamic Resource Allocation.

@@ -1,0 +1,2 @@
+//! `dra-e2e`: runs the DRA specs against a cluster.
+fn main() {}

@@ -1,0 +1,46 @@
+// Command kube is a multi-call binary holding the Kubernetes components and etcd that the local
+// cluster runs: `kube <component> [flags]`, with component one of etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler or kubelet. One binary means one link instead of five,
+// which matters for the cold build time on two cores.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: kube etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet [flags]")
+		os.Exit(2)
+	}
+	component := os.Args[1]
+	// Each component parses os.Args[1:] as its own flags, so drop the component name.
+	os.Args = append([]string{component}, os.Args[2:]...)
+	switch component {
+	case "etcd":
+		etcdmain.Main(os.Args)
+	case "kube-apiserver":
+		os.Exit(cli.Run(apiserver.NewAPIServerCommand()))
+	case "kube-controller-manager":
+		os.Exit(cli.Run(controllermanager.NewControllerManagerCommand()))
+	case "kube-scheduler":
+		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
+	case "kubelet":
+		os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
+	default:
+		fmt.Fprintf(os.Stderr, "kube: unknown component %q\n", component)
+		os.Exit(2)
+	}
+}

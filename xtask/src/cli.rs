@@ -1,0 +1,91 @@
+//! The command line of `cargo xtask` and the dispatch to each subcommand.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::{kind, local};
+
+/// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", version, about)]
+pub struct Cli {
+    /// Log at debug level (RUST_LOG overrides).
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Bring a cluster up or down, or say what runs.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
+    /// Build a kind node image from a Kubernetes source tree (`kind build node-image`).
+    BuildNodeImage(kind::BuildNodeImageArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterAction {
+    /// Create the cluster (idempotent) and print its kubeconfig path.
+    Up(ClusterArgs),
+    /// Stop the cluster and remove everything it created.
+    Down(ClusterArgs),
+    /// Say what runs.
+    Status(ClusterArgs),
+}
+
+/// Which kind of cluster to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Provider {
+    /// The embedded single-node cluster built from official Kubernetes Go modules (no Docker).
+    #[default]
+    Local,
+    /// A kind cluster created from the repository's kind.yaml (needs docker and kind).
+    Kind,
+}
+
+/// Options shared by `cluster up`, `down` and `status`.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// The cluster provider.
+    #[arg(long, value_enum, default_value_t)]
+    pub provider: Provider,
+    #[command(flatten)]
+    pub kind: kind::KindArgs,
+    /// Print the commands instead of running them (kind provider).
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Cluster { action } => match action {
+            ClusterAction::Up(args) => match args.provider {
+                Provider::Local => local::up().await.map(|_| ExitCode::SUCCESS),
+                Provider::Kind => kind::up(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
+            },
+            ClusterAction::Down(args) => match args.provider {
+                Provider::Local => local::down().await.map(|_| ExitCode::SUCCESS),
+                Provider::Kind => kind::down(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
+            },
+            ClusterAction::Status(args) => match args.provider {
+                Provider::Local => local::status().await.map(|_| ExitCode::SUCCESS),
+                Provider::Kind => kind::status(&args.kind).await.map(|_| ExitCode::SUCCESS),
+            },
+        },
+        Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
+    }
+}
+
+/// The repository root (the workspace that holds xtask).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
