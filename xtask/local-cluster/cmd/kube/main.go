@@ -1,6 +1,7 @@
 // Command kube is a multi-call binary holding the Kubernetes components and etcd that the local
 // cluster runs: `kube <component> [flags]`, with component one of etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler or kubelet. One binary means one link instead of five,
+// kube-controller-manager, kube-scheduler, kubelet, or cri-reset (the clean-up step of `cluster
+// down`). One binary means one link instead of five,
 // which matters for the cold build time on two cores.
 package main
 
@@ -22,7 +23,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: kube etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet [flags]")
+		fmt.Fprintln(os.Stderr, "usage: kube etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|cri-reset [flags]")
 		os.Exit(2)
 	}
 	component := os.Args[1]
@@ -39,6 +40,8 @@ func main() {
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
 	case "kubelet":
 		os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
+	case "cri-reset":
+		os.Exit(criReset(os.Args[1:]))
 	default:
 		fmt.Fprintf(os.Stderr, "kube: unknown component %q\n", component)
 		os.Exit(2)

@@ -1,0 +1,3 @@
+module github.com/dra-e2e/dra-e2e/xtask/local-cluster/images
+
+go 1.26.0

@@ -1,0 +1,266 @@
+//! Builds the cluster's binaries from the Go modules in `xtask/local-cluster`, once per set of pinned
+//! versions: the outputs live in the cache under a key hashed from the Go version, the modules'
+//! go.mod/go.sum, our own Go sources and the build flags, so a warm `cluster up` builds nothing.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use super::layout::{Layout, go_mod_version};
+use crate::progress::Step;
+
+/// The binaries of one build.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// The directory holding them.
+    pub dir: PathBuf,
+}
+
+impl Binaries {
+    /// The multi-call binary: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet.
+    pub fn kube(&self) -> PathBuf {
+        self.dir.join("kube")
+    }
+    /// The containerd daemon.
+    pub fn containerd(&self) -> PathBuf {
+        self.dir.join("containerd")
+    }
+    /// containerd's CLI.
+    pub fn ctr(&self) -> PathBuf {
+        self.dir.join("ctr")
+    }
+    /// The static pause binary for the sandbox image.
+    pub fn pause(&self) -> PathBuf {
+        self.dir.join("pause")
+    }
+    /// The static hostpathplugin (proxy mode) for the DRA proxy image.
+    pub fn hostpathplugin(&self) -> PathBuf {
+        self.dir.join("hostpathplugin")
+    }
+    /// Every file a complete build has.
+    fn all(&self) -> Vec<PathBuf> {
+        vec![
+            self.kube(),
+            self.containerd(),
+            self.dir.join("containerd-shim-runc-v2"),
+            self.ctr(),
+            self.pause(),
+            self.hostpathplugin(),
+        ]
+    }
+}
+
+/// The pinned versions, read from the Go modules.
+#[derive(Debug, Clone)]
+pub struct Versions {
+    /// Kubernetes, e.g. `v1.37.2`.
+    pub kubernetes: String,
+    /// etcd, e.g. `v3.7.0`.
+    pub etcd: String,
+    /// containerd, e.g. `v2.3.7`.
+    pub containerd: String,
+}
+
+impl Versions {
+    /// Reads the versions the Go modules pin.
+    pub fn read(layout: &Layout) -> Result<Self> {
+        let go = layout.go_dir();
+        Ok(Self {
+            kubernetes: go_mod_version(&go.join("go.mod"), "k8s.io/kubernetes")?,
+            etcd: go_mod_version(&go.join("go.mod"), "go.etcd.io/etcd/server/v3")?,
+            containerd: go_mod_version(&go.join("containerd/go.mod"), "github.com/containerd/containerd/v2")?,
+        })
+    }
+
+    /// The `-ldflags` that stamp the Kubernetes version into k8s.io/component-base/version, so the
+    /// kubelet reports it in Node.status.nodeInfo (specs gate on kubelet versions).
+    pub fn kube_ldflags(&self) -> String {
+        let v = "k8s.io/component-base/version";
+        let (major, minor) = major_minor(&self.kubernetes);
+        format!(
+            "-s -w -X {v}.gitVersion={k} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} -X {v}.gitTreeState=archive -X {v}.buildDate=1970-01-01T00:00:00Z",
+            k = self.kubernetes
+        )
+    }
+
+    fn containerd_ldflags(&self) -> String {
+        format!("-s -w -X github.com/containerd/containerd/v2/version.Version={}", self.containerd)
+    }
+}
+
+fn major_minor(version: &str) -> (String, String) {
+    let mut parts = version.trim_start_matches('v').split('.');
+    let major = parts.next().unwrap_or("0").to_string();
+    let minor = parts.next().unwrap_or("0").to_string();
+    (major, minor)
+}
+
+/// Builds whatever is missing from the cache and returns the binaries.
+pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
+    let go_version = go_version()?;
+    let key = cache_key(layout, versions, &go_version)?;
+    let bins = Binaries { dir: layout.cache.join("bin").join(&key) };
+    if bins.all().iter().all(|p| p.is_file()) {
+        Step::start(format!("build Kubernetes {} components", versions.kubernetes)).finish("cached");
+        return Ok(bins);
+    }
+    let tmp = layout.cache.join("bin").join(format!("{key}.partial-{}", std::process::id()));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp)?;
+    }
+    fs::create_dir_all(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    let go = layout.go_dir();
+
+    let step = Step::start(format!(
+        "build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet {} and etcd {} (cold: ~25 min on 2 cores)",
+        versions.kubernetes, versions.etcd
+    ));
+    go_build(
+        &go,
+        &[],
+        &["-o", &path_str(&tmp.join("kube"))?, "-ldflags", &versions.kube_ldflags(), "./cmd/kube"],
+    )?;
+    step.done();
+
+    let step = Step::start(format!("build containerd {}, its runc shim and ctr", versions.containerd));
+    let out_dir = format!("{}/", path_str(&tmp)?);
+    go_build(
+        &go.join("containerd"),
+        &[("CGO_ENABLED", "0")],
+        &[
+            "-o",
+            &out_dir,
+            "-ldflags",
+            &versions.containerd_ldflags(),
+            "github.com/containerd/containerd/v2/cmd/containerd",
+            "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+            "github.com/containerd/containerd/v2/cmd/ctr",
+        ],
+    )?;
+    step.done();
+
+    let step = Step::start("build the pause and hostpathplugin image binaries");
+    go_build(
+        &go.join("images"),
+        &[("CGO_ENABLED", "0")],
+        &["-o", &out_dir, "-ldflags", "-s -w", "./cmd/pause", "./cmd/hostpathplugin"],
+    )?;
+    step.done();
+
+    let missing: Vec<_> = Binaries { dir: tmp.clone() }.all().into_iter().filter(|p| !p.is_file()).collect();
+    if !missing.is_empty() {
+        bail!("the Go build did not produce {missing:?}");
+    }
+    if bins.dir.exists() {
+        fs::remove_dir_all(&bins.dir)?;
+    }
+    fs::rename(&tmp, &bins.dir)?;
+    Ok(bins)
+}
+
+/// `go version`, or a clear error when Go is missing.
+fn go_version() -> Result<String> {
+    let out = Command::new("go").arg("version").output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow::anyhow!(
+                "`go` is not on PATH: the local cluster is built from Kubernetes Go modules; install Go 1.26 or later and retry"
+            )
+        } else {
+            anyhow::anyhow!("cannot run `go version`: {e}")
+        }
+    })?;
+    if !out.status.success() {
+        bail!("`go version` failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
+    let status = Command::new("go")
+        .arg("build")
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .status()
+        .with_context(|| format!("run go build in {}", dir.display()))?;
+    if !status.success() {
+        bail!("go build {} failed in {} ({status}); see the output above", args.join(" "), dir.display());
+    }
+    Ok(())
+}
+
+fn path_str(p: &Path) -> Result<String> {
+    p.to_str().map(String::from).with_context(|| format!("path is not UTF-8: {}", p.display()))
+}
+
+/// Hashes everything that determines the build outputs.
+fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<String> {
+    let mut hasher = Sha256::new();
+    hasher.update(go_version.as_bytes());
+    hasher.update(versions.kube_ldflags().as_bytes());
+    hasher.update(versions.containerd_ldflags().as_bytes());
+    let go = layout.go_dir();
+    let mut files = Vec::new();
+    for module in [go.clone(), go.join("containerd"), go.join("images")] {
+        files.push(module.join("go.mod"));
+        if module.join("go.sum").exists() {
+            files.push(module.join("go.sum"));
+        }
+        collect_go_files(&module.join("cmd"), &mut files)?;
+    }
+    files.sort();
+    for file in files {
+        let rel = file.strip_prefix(&go).unwrap_or(&file);
+        hasher.update(rel.to_string_lossy().as_bytes());
+        hasher.update(fs::read(&file).with_context(|| format!("read {}", file.display()))?);
+    }
+    let digest = hasher.finalize();
+    Ok(format!("{}-{}", versions.kubernetes, hex(&digest[..8])))
+}
+
+fn collect_go_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_go_files(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "go") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldflags_stamp_the_kubernetes_version() {
+        let v = Versions { kubernetes: "v1.37.2".into(), etcd: "v3.7.0".into(), containerd: "v2.3.7".into() };
+        let flags = v.kube_ldflags();
+        assert!(flags.contains("version.gitVersion=v1.37.2"), "{flags}");
+        assert!(flags.contains("version.gitMajor=1 "), "{flags}");
+        assert!(flags.contains("version.gitMinor=37 "), "{flags}");
+    }
+
+    #[test]
+    fn cache_key_changes_with_inputs() {
+        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
+        let v = Versions::read(&layout).unwrap();
+        let a = cache_key(&layout, &v, "go version go1.26.8 linux/amd64").unwrap();
+        let b = cache_key(&layout, &v, "go version go1.26.9 linux/amd64").unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with(&v.kubernetes));
+        assert_eq!(a, cache_key(&layout, &v, "go version go1.26.8 linux/amd64").unwrap());
+    }
+}

@@ -1,0 +1,277 @@
+//! The three images the cluster needs, built without a registry: the pause sandbox, a busybox image
+//! with a shell for test pods, and the DRA proxy image under hostpathplugin's official name. Each is
+//! written as a Docker-format archive (RepoTags keep the full names) and imported into containerd's
+//! `k8s.io` namespace with the pinned label, so no pod ever pulls and the kubelet never collects them.
+
+use std::{
+    fs::{self, File},
+    io::Write,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use super::{build::Binaries, layout::Layout};
+
+/// The sandbox image containerd pins (the name and tag Kubernetes v1.37 uses).
+pub const PAUSE: &str = "registry.k8s.io/pause:3.10.2";
+/// The image of test pods (upstream e2e's BusyBox image name and tag).
+pub const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
+/// The DRA proxy image: the hostpathplugin tag the Kubernetes v1.37 e2e manifests use.
+pub const HOSTPATHPLUGIN: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
+
+/// Where the static busybox of Debian's busybox-static package is.
+pub const BUSYBOX_BINARY: &str = "/bin/busybox";
+
+/// One file of an image layer.
+#[derive(Debug, Clone)]
+enum Entry {
+    Dir(&'static str, u32),
+    File { path: String, source: PathBuf, mode: u32 },
+    Text { path: &'static str, contents: &'static str },
+    Symlink { path: String, target: &'static str },
+}
+
+/// An image to build.
+struct ImageSpec {
+    name: &'static str,
+    entries: Vec<Entry>,
+    entrypoint: Vec<&'static str>,
+    cmd: Vec<&'static str>,
+}
+
+/// Builds the three archives (when missing) and imports them into containerd.
+pub fn build_and_import(bins: &Binaries, layout: &Layout) -> Result<()> {
+    let dir = layout.images();
+    fs::create_dir_all(&dir)?;
+    let busybox_entries = busybox_entries()?;
+    let mut hostpath_entries = busybox_entries.clone();
+    hostpath_entries.push(Entry::File {
+        path: "hostpathplugin".into(),
+        source: bins.hostpathplugin(),
+        mode: 0o755,
+    });
+    let specs = vec![
+        ImageSpec {
+            name: PAUSE,
+            entries: vec![Entry::File { path: "pause".into(), source: bins.pause(), mode: 0o755 }],
+            entrypoint: vec!["/pause"],
+            cmd: vec![],
+        },
+        ImageSpec { name: BUSYBOX, entries: busybox_entries, entrypoint: vec![], cmd: vec!["sh"] },
+        ImageSpec {
+            name: HOSTPATHPLUGIN,
+            entries: hostpath_entries,
+            entrypoint: vec!["/hostpathplugin"],
+            cmd: vec![],
+        },
+    ];
+    for spec in specs {
+        let archive = dir.join(format!("{}.tar", file_stem(spec.name)));
+        write_archive(&spec, &archive).with_context(|| format!("build image {}", spec.name))?;
+        import(bins, layout, &archive, spec.name)?;
+    }
+    Ok(())
+}
+
+fn file_stem(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect()
+}
+
+/// Busybox with every applet linked at its usual path, plus the few files a shell image needs.
+fn busybox_entries() -> Result<Vec<Entry>> {
+    let out = Command::new(BUSYBOX_BINARY)
+        .arg("--list-full")
+        .output()
+        .with_context(|| format!("run {BUSYBOX_BINARY} --list-full (install Debian's busybox-static)"))?;
+    if !out.status.success() {
+        bail!("{BUSYBOX_BINARY} --list-full failed");
+    }
+    let mut entries = base_entries();
+    entries.push(Entry::File { path: "bin/busybox".into(), source: BUSYBOX_BINARY.into(), mode: 0o755 });
+    for applet in String::from_utf8_lossy(&out.stdout).lines() {
+        let applet = applet.trim();
+        if applet.is_empty() || applet == "bin/busybox" {
+            continue;
+        }
+        entries.push(Entry::Symlink { path: applet.to_string(), target: "/bin/busybox" });
+    }
+    Ok(entries)
+}
+
+fn base_entries() -> Vec<Entry> {
+    vec![
+        Entry::Dir("bin", 0o755),
+        Entry::Dir("sbin", 0o755),
+        Entry::Dir("usr", 0o755),
+        Entry::Dir("usr/bin", 0o755),
+        Entry::Dir("usr/sbin", 0o755),
+        Entry::Dir("etc", 0o755),
+        Entry::Dir("root", 0o700),
+        Entry::Dir("tmp", 0o1777),
+        Entry::Dir("var", 0o755),
+        Entry::Text {
+            path: "etc/passwd",
+            contents: "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+        },
+        Entry::Text { path: "etc/group", contents: "root:x:0:\nnobody:x:65534:\n" },
+    ]
+}
+
+/// Writes a reproducible layer tar (mtime 0, root-owned).
+fn layer_tar(entries: &[Entry]) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let header = |mode: u32, kind: tar::EntryType, size: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_entry_type(kind);
+        h.set_size(size);
+        h
+    };
+    for entry in entries {
+        match entry {
+            Entry::Dir(path, mode) => {
+                let mut h = header(*mode, tar::EntryType::Directory, 0);
+                builder.append_data(&mut h, format!("{path}/"), std::io::empty())?;
+            }
+            Entry::File { path, source, mode } => {
+                let data = fs::read(source).with_context(|| format!("read {}", source.display()))?;
+                let mut h = header(*mode, tar::EntryType::Regular, data.len() as u64);
+                builder.append_data(&mut h, path, data.as_slice())?;
+            }
+            Entry::Text { path, contents } => {
+                let mut h = header(0o644, tar::EntryType::Regular, contents.len() as u64);
+                builder.append_data(&mut h, path, contents.as_bytes())?;
+            }
+            Entry::Symlink { path, target } => {
+                let mut h = header(0o777, tar::EntryType::Symlink, 0);
+                builder.append_link(&mut h, path, target)?;
+            }
+        }
+    }
+    Ok(builder.into_inner()?)
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Writes a Docker-format image archive (manifest.json with RepoTags, the config, one layer).
+fn write_archive(spec: &ImageSpec, path: &Path) -> Result<()> {
+    let layer = layer_tar(&spec.entries)?;
+    let layer_digest = sha256_hex(&layer);
+    let config = serde_json::json!({
+        "architecture": go_arch(),
+        "os": "linux",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Entrypoint": if spec.entrypoint.is_empty() { serde_json::Value::Null } else { serde_json::json!(spec.entrypoint) },
+            "Cmd": if spec.cmd.is_empty() { serde_json::Value::Null } else { serde_json::json!(spec.cmd) },
+            "WorkingDir": "/",
+            "Labels": {"org.dra-e2e.built-by": "cargo xtask cluster up --provider local"},
+        },
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
+        "history": [{"created_by": "dra-e2e local cluster image builder"}],
+    });
+    let config = serde_json::to_vec(&config)?;
+    let config_name = format!("{}.json", sha256_hex(&config));
+    let layer_name = format!("{layer_digest}/layer.tar");
+    let manifest = serde_json::to_vec(&serde_json::json!([{
+        "Config": config_name,
+        "RepoTags": [spec.name],
+        "Layers": [layer_name],
+    }]))?;
+
+    let tmp = path.with_extension("tar.partial");
+    let mut archive = tar::Builder::new(File::create(&tmp)?);
+    for (name, data) in
+        [("manifest.json", &manifest), (config_name.as_str(), &config), (layer_name.as_str(), &layer)]
+    {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_size(data.len() as u64);
+        archive.append_data(&mut h, name, data.as_slice())?;
+    }
+    archive.into_inner()?.flush()?;
+    fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// `ctr -n k8s.io images import` then the CRI pinned label.
+fn import(bins: &Binaries, layout: &Layout, archive: &Path, name: &str) -> Result<()> {
+    let socket = layout.containerd_socket();
+    ctr(bins, &socket, &["images", "import", "--local", &archive.display().to_string()])
+        .with_context(|| format!("import {name}"))?;
+    ctr(bins, &socket, &["images", "label", name, "io.cri-containerd.pinned=pinned"])
+        .with_context(|| format!("pin {name}"))?;
+    Ok(())
+}
+
+/// Runs ctr against this cluster's containerd in the `k8s.io` namespace.
+pub fn ctr(bins: &Binaries, socket: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(bins.ctr())
+        .arg("--address")
+        .arg(socket)
+        .args(["--namespace", "k8s.io"])
+        .args(args)
+        .output()
+        .with_context(|| format!("run {}", bins.ctr().display()))?;
+    if !out.status.success() {
+        bail!("ctr {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archives_are_docker_format_with_full_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("pause");
+        fs::write(&bin, b"#!/bin/true\n").unwrap();
+        let spec = ImageSpec {
+            name: PAUSE,
+            entries: vec![Entry::File { path: "pause".into(), source: bin, mode: 0o755 }],
+            entrypoint: vec!["/pause"],
+            cmd: vec![],
+        };
+        let path = dir.path().join("pause.tar");
+        write_archive(&spec, &path).unwrap();
+        let mut archive = tar::Archive::new(File::open(&path).unwrap());
+        let mut names = Vec::new();
+        let mut manifest = None;
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().display().to_string();
+            if name == "manifest.json" {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut entry, &mut s).unwrap();
+                manifest = Some(serde_json::from_str::<serde_json::Value>(&s).unwrap());
+            }
+            names.push(name);
+        }
+        let manifest = manifest.unwrap();
+        assert_eq!(manifest[0]["RepoTags"][0], PAUSE);
+        assert!(names.iter().any(|n| n.ends_with("/layer.tar")));
+        // Reproducible: the same input gives the same bytes.
+        let again = dir.path().join("again.tar");
+        write_archive(&spec, &again).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), fs::read(&again).unwrap());
+    }
+}

@@ -1,0 +1,287 @@
+//! The processes of the local cluster: started detached (their own process group, logs to files),
+//! recorded by PID and start time under the state directory, and stopped only by those records, so
+//! `cluster down` never touches a process it did not start, even after a PID was reused.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{Read, Seek, SeekFrom},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use rustix::process::{Pid, Signal, WaitOptions, kill_process, waitpid};
+
+/// How to start one component.
+#[derive(Debug, Clone)]
+pub struct ProcessSpec {
+    /// Short name: the key of its PID record and log file (`etcd`, `kubelet`, ...).
+    pub name: &'static str,
+    /// The program to run.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+}
+
+/// A process this cluster started: what its PID record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessRecord {
+    /// The process ID.
+    pub pid: i32,
+    /// Its start time in clock ticks since boot (field 22 of /proc/PID/stat), which tells a reused
+    /// PID from ours.
+    pub start_time: u64,
+}
+
+/// Starts, finds and stops the cluster's processes.
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    pid_dir: PathBuf,
+    log_dir: PathBuf,
+}
+
+impl Supervisor {
+    /// A supervisor keeping PID records in `pid_dir` and logs in `log_dir`.
+    pub fn new(pid_dir: PathBuf, log_dir: PathBuf) -> Self {
+        Self { pid_dir, log_dir }
+    }
+
+    /// The log file of a component.
+    pub fn log_path(&self, name: &str) -> PathBuf {
+        self.log_dir.join(format!("{name}.log"))
+    }
+
+    fn record_path(&self, name: &str) -> PathBuf {
+        self.pid_dir.join(format!("{name}.pid"))
+    }
+
+    /// Starts a component detached from this process (own process group, stdin closed, output
+    /// appended to its log) and records it.
+    pub fn start(&self, spec: &ProcessSpec) -> Result<ProcessRecord> {
+        fs::create_dir_all(&self.pid_dir)?;
+        fs::create_dir_all(&self.log_dir)?;
+        let log_path = self.log_path(spec.name);
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("open log {}", log_path.display()))?;
+        let child = Command::new(&spec.program)
+            .args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("start {} ({})", spec.name, spec.program.display()))?;
+        let pid = i32::try_from(child.id()).context("PID out of range")?;
+        // The child keeps running after `child` is dropped; we track it by PID from now on.
+        drop(child);
+        let start_time = read_start_time(pid)
+            .with_context(|| format!("{} exited at once; see {}", spec.name, log_path.display()))?;
+        let record = ProcessRecord { pid, start_time };
+        fs::write(self.record_path(spec.name), format!("{pid} {start_time}\n"))?;
+        tracing::debug!(name = spec.name, pid, "started");
+        Ok(record)
+    }
+
+    /// The record of a component, if it has one.
+    pub fn record(&self, name: &str) -> Option<ProcessRecord> {
+        let text = fs::read_to_string(self.record_path(name)).ok()?;
+        let mut parts = text.split_whitespace();
+        let pid = parts.next()?.parse().ok()?;
+        let start_time = parts.next()?.parse().ok()?;
+        Some(ProcessRecord { pid, start_time })
+    }
+
+    /// Whether the recorded process of a component still runs (and is still ours).
+    pub fn is_running(&self, name: &str) -> bool {
+        self.record(name).is_some_and(is_alive)
+    }
+
+    /// Names of all components that have a record.
+    pub fn recorded(&self) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(&self.pid_dir) else { return Vec::new() };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".pid").map(String::from))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Stops a component: SIGTERM, then SIGKILL after `grace`; removes its record. A record whose
+    /// process is gone (or whose PID now belongs to another process) is only removed.
+    pub fn stop(&self, name: &str, grace: Duration) -> Result<()> {
+        if let Some(record) = self.record(name) {
+            stop_process(record, grace).with_context(|| format!("stop {name} (pid {})", record.pid))?;
+        }
+        match fs::remove_file(self.record_path(name)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The last `lines` lines of a component's log, for error messages.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        tail(&self.log_path(name), lines)
+    }
+
+    /// An error for a component that failed to become ready: what was expected, its last log lines
+    /// and where the full log is.
+    pub fn failure(&self, name: &str, what: &str) -> anyhow::Error {
+        let state = if self.is_running(name) { "is running but" } else { "exited and" };
+        anyhow::anyhow!(
+            "{name} {state} {what}; last log lines:\n{}\nfull log: {}",
+            self.log_tail(name, 25),
+            self.log_path(name).display()
+        )
+    }
+}
+
+/// Stops one process by its record: SIGTERM, wait up to `grace`, SIGKILL, wait again.
+pub fn stop_process(record: ProcessRecord, grace: Duration) -> Result<()> {
+    if !is_alive(record) {
+        reap(record.pid);
+        return Ok(());
+    }
+    let pid = Pid::from_raw(record.pid).context("invalid PID")?;
+    let _ = kill_process(pid, Signal::TERM);
+    if wait_gone(record, grace) {
+        return Ok(());
+    }
+    let _ = kill_process(pid, Signal::KILL);
+    if wait_gone(record, Duration::from_secs(10)) {
+        return Ok(());
+    }
+    bail!("process {} did not exit after SIGKILL", record.pid)
+}
+
+fn wait_gone(record: ProcessRecord, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        reap(record.pid);
+        if !is_alive(record) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Collects the exit status if the process is our own child (otherwise a no-op), so a stopped
+/// child does not linger as a zombie while xtask keeps running.
+fn reap(pid: i32) {
+    if let Some(pid) = Pid::from_raw(pid) {
+        let _ = waitpid(Some(pid), WaitOptions::NOHANG);
+    }
+}
+
+/// Whether the process of a record runs: it exists, is not a zombie and has the recorded start time.
+pub fn is_alive(record: ProcessRecord) -> bool {
+    match read_stat(record.pid) {
+        Some((state, start_time)) => state != 'Z' && state != 'X' && start_time == record.start_time,
+        None => false,
+    }
+}
+
+/// The start time of a running process.
+pub fn read_start_time(pid: i32) -> Result<u64> {
+    read_stat(pid).map(|(_, start)| start).context("no such process")
+}
+
+/// Reads the state letter and start time from /proc/PID/stat.
+fn read_stat(pid: i32) -> Option<(char, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat)
+}
+
+/// Parses the state (field 3) and start time (field 22) of a /proc/PID/stat line. The command name
+/// (field 2) is in parentheses and may itself contain spaces and parentheses.
+fn parse_stat(stat: &str) -> Option<(char, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let start_time = fields.get(19)?.parse().ok()?;
+    Some((state, start_time))
+}
+
+/// The last `lines` lines of a file (reads at most the last 64 KiB).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let Ok(mut file) = File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(64 * 1024);
+    if file.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    if file.read_to_end(&mut buf).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_odd_command_names() {
+        let stat = "1234 (kube (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 8 0 987654 1000 10";
+        assert_eq!(parse_stat(stat), Some(('S', 987654)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn starts_records_and_stops_a_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let sup = Supervisor::new(dir.path().join("pids"), dir.path().join("logs"));
+        let spec = ProcessSpec {
+            name: "sleeper",
+            program: "sh".into(),
+            args: vec!["-c".into(), "echo hello; exec sleep 600".into()],
+            env: vec![],
+        };
+        let record = sup.start(&spec).unwrap();
+        assert!(sup.is_running("sleeper"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sup.log_tail("sleeper", 5).contains("hello") {
+            assert!(Instant::now() < deadline, "the sleeper's output never reached its log");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(sup.record("sleeper"), Some(record));
+        assert_eq!(sup.recorded(), vec!["sleeper".to_string()]);
+        sup.stop("sleeper", Duration::from_secs(5)).unwrap();
+        assert!(!is_alive(record));
+        assert!(sup.record("sleeper").is_none());
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_ours() {
+        let me = std::process::id() as i32;
+        let start_time = read_start_time(me).unwrap();
+        assert!(is_alive(ProcessRecord { pid: me, start_time }));
+        assert!(!is_alive(ProcessRecord { pid: me, start_time: start_time + 1 }));
+    }
+
+    #[test]
+    fn tail_returns_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        fs::write(&path, "a\nb\nc\nd\n").unwrap();
+        assert_eq!(tail(&path, 2), "c\nd");
+        assert!(tail(&dir.path().join("missing"), 2).contains("no log"));
+    }
+}

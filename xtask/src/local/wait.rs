@@ -1,0 +1,98 @@
+//! Waiting for a component to become ready: poll a check with a deadline, notice at once when the
+//! component's process exits, and on failure say what was awaited, what was seen last, and show
+//! the component's last log lines with the path of its full log.
+
+use std::{future::Future, time::Duration};
+
+use anyhow::{Result, anyhow};
+
+use super::process::Supervisor;
+use crate::progress::human;
+
+/// How often a readiness check is repeated.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Polls `check` until it returns `Ok(true)`, the timeout expires, or the component (if given)
+/// stops running.
+pub async fn until<F, Fut>(
+    what: &str,
+    timeout: Duration,
+    component: Option<(&Supervisor, &str)>,
+    mut check: F,
+) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let last = match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => "not ready yet".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
+        if let Some((sup, name)) = component
+            && !sup.is_running(name)
+        {
+            return Err(sup.failure(name, &format!("exited while waiting for {what} (last check: {last})")));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let msg = format!("did not get to {what} within {} (last check: {last})", human(timeout));
+            return Err(match component {
+                Some((sup, name)) => sup.failure(name, &msg),
+                None => anyhow!("{msg}"),
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn times_out_with_the_last_observation() {
+        let err = until("the moon rising", Duration::from_millis(600), None, || async {
+            Err::<bool, _>(anyhow!("it is cloudy"))
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("the moon rising"), "{err}");
+        assert!(err.contains("it is cloudy"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn returns_once_ready() {
+        let mut n = 0;
+        until("three polls", Duration::from_secs(10), None, || {
+            n += 1;
+            let ready = n >= 3;
+            async move { Ok(ready) }
+        })
+        .await
+        .unwrap();
+        assert_eq!(n, 3);
+    }
+
+    #[tokio::test]
+    async fn notices_an_exited_component() {
+        let dir = tempfile::tempdir().unwrap();
+        let sup = Supervisor::new(dir.path().join("pids"), dir.path().join("logs"));
+        let spec = super::super::process::ProcessSpec {
+            name: "quitter",
+            program: "sh".into(),
+            args: vec!["-c".into(), "echo 'fatal: bad flag'; exit 3".into()],
+            env: vec![],
+        };
+        sup.start(&spec).ok();
+        let err = until("healthz", Duration::from_secs(20), Some((&sup, "quitter")), || async { Ok(false) })
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("quitter exited"), "{err}");
+        assert!(err.contains("fatal: bad flag"), "{err}");
+        assert!(err.contains("quitter.log"), "{err}");
+    }
+}
