@@ -74,12 +74,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Provider::Kind => kind::down(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
             },
             ClusterAction::Status(args) => match args.provider {
-                Provider::Local => local::status().await.map(|_| ExitCode::SUCCESS),
+                Provider::Local => local::status().await.map(exit_code),
                 Provider::Kind => kind::status(&args.kind).await.map(|_| ExitCode::SUCCESS),
             },
         },
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
     }
+}
+
+/// Exit code 0 when `ok`, else 1.
+fn exit_code(ok: bool) -> ExitCode {
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// The repository root (the workspace that holds xtask).

@@ -1,8 +1,64 @@
 //! The kind provider: a kind cluster created from the repository's kind.yaml.
+//!
+//! `cluster up --provider kind` checks that docker and kind are on PATH (and, if asked, that kind
+//! has the expected version), pulls the images the suites need if they are missing, creates the
+//! cluster from `kind.yaml` (or reuses an existing one of that name), waits until every node is
+//! Ready, loads the images into the nodes and prints the kubeconfig path,
+//! `<repo>/.e2e/kind-<name>.kubeconfig`.
+//!
+//! Every external command is built by a pure function ([`create_cluster_cmd`] and friends), so
+//! `--dry-run` prints exactly what would run (one shell line per command) and the tests check it
+//! without docker or kind.
 
-use std::path::PathBuf;
+use std::{
+    ffi::{OsStr, OsString},
+    fmt,
+    future::Future,
+    io::Write,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
 
+use anyhow::{Context, bail, ensure};
 use clap::Args;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::ListParams,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::cluster_config::{self, ClusterConfig};
+
+/// The kind release this project is tested with (also pinned in .github/workflows/e2e-kind.yaml).
+pub const KIND_VERSION: &str = "v0.33.0";
+
+/// The images the suites run, loaded into every node so that no pod pulls them.
+pub const SUITE_IMAGES: [&str; 2] = [
+    "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1",
+    "registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+];
+
+/// How long `kind create cluster --wait` waits for the control plane.
+pub const CREATE_WAIT: &str = "5m";
+
+/// How long `cluster up` waits for every node to be Ready after kind returns.
+pub const NODES_READY_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+/// Read-only commands (`kind version`, `kind get ...`, `docker info`, `docker image inspect`).
+const QUICK_TIMEOUT: Duration = Duration::from_secs(60);
+const PULL_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// `kind create cluster` pulls the node image and boots four nodes; `--wait 5m` is part of it.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(20 * 60);
+const LOAD_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+const DELETE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// Building Kubernetes from source inside a container takes a long time on small machines.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(3 * 60 * 60);
+/// `cluster status` asks the API server once.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Options of the kind provider.
 #[derive(Debug, Args)]
@@ -10,10 +66,10 @@ pub struct KindArgs {
     /// Name of the kind cluster.
     #[arg(long, env = "KIND_CLUSTER_NAME", default_value = "dra-e2e")]
     pub name: String,
-    /// Node image for kind (for example kindest/node:v1.37.2).
+    /// Node image for kind (for example kindest/node:v1.37.2); kind's default image if unset.
     #[arg(long, env = "KIND_NODE_IMAGE")]
     pub image: Option<String>,
-    /// The kind version expected on PATH.
+    /// The kind version expected on PATH (for example v0.33.0); a different version is an error.
     #[arg(long, env = "KIND_VERSION")]
     pub kind_version: Option<String>,
 }
@@ -27,24 +83,1241 @@ pub struct BuildNodeImageArgs {
     /// The image to build.
     #[arg(long, default_value = "dra/node:latest")]
     pub image: String,
+    /// Print the command instead of running it.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
-/// Creates the kind cluster.
-pub async fn up(_args: &KindArgs, _dry_run: bool) -> anyhow::Result<()> {
-    anyhow::bail!("the kind provider is not implemented yet")
+/// Creates the kind cluster (or reuses it), prints its kubeconfig path and returns it.
+///
+/// With `dry_run`, prints the commands that change anything instead (pulls, create, loads; the
+/// read-only checks and the wait for Ready nodes are not printed) and needs neither docker nor kind.
+pub async fn up(args: &KindArgs, dry_run: bool) -> anyhow::Result<PathBuf> {
+    up_in(&Host::current(), args, dry_run, &mut std::io::stdout()).await
 }
 
-/// Deletes the kind cluster.
-pub async fn down(_args: &KindArgs, _dry_run: bool) -> anyhow::Result<()> {
-    anyhow::bail!("the kind provider is not implemented yet")
+/// Deletes the kind cluster and its kubeconfig file; with `dry_run`, prints the commands instead.
+pub async fn down(args: &KindArgs, dry_run: bool) -> anyhow::Result<()> {
+    down_in(&Host::current(), args, dry_run, &mut std::io::stdout()).await
 }
 
-/// Says whether the kind cluster exists.
-pub async fn status(_args: &KindArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the kind provider is not implemented yet")
+/// Says whether the kind cluster exists, how its nodes are, and the settings kind.yaml gives it;
+/// returns whether the cluster exists.
+pub async fn status(args: &KindArgs) -> anyhow::Result<bool> {
+    status_in(&Host::current(), args, &mut std::io::stdout()).await
 }
 
-/// Wraps `kind build node-image`.
-pub async fn build_node_image(_args: &BuildNodeImageArgs) -> anyhow::Result<()> {
-    anyhow::bail!("build-node-image is not implemented yet")
+/// Wraps `kind build node-image --image IMG DIR`; prints the image name when done.
+pub async fn build_node_image(args: &BuildNodeImageArgs) -> anyhow::Result<()> {
+    build_node_image_in(&Host::current(), args, &mut std::io::stdout()).await
+}
+
+// ---- commands -------------------------------------------------------------------------------------
+
+/// One external command: `docker` or `kind` and its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cmd {
+    /// `"docker"` or `"kind"`, resolved on PATH when run.
+    pub program: &'static str,
+    /// The arguments, unquoted.
+    pub args: Vec<OsString>,
+}
+
+impl Cmd {
+    fn new<I, S>(program: &'static str, args: I) -> Cmd
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        Cmd { program, args: args.into_iter().map(Into::into).collect() }
+    }
+}
+
+/// Renders the command as one POSIX shell line, quoting arguments that need it.
+impl fmt::Display for Cmd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.program)?;
+        for arg in &self.args {
+            write!(f, " {}", shell_quote(arg))?;
+        }
+        Ok(())
+    }
+}
+
+/// Quotes `arg` for a POSIX shell if it contains anything but plain characters.
+pub fn shell_quote(arg: &OsStr) -> String {
+    let text = arg.to_string_lossy();
+    let plain = |c: char| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.into_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+/// `<repo>/.e2e/kind-<name>.kubeconfig`, where `cluster up` writes the cluster's kubeconfig.
+pub fn kubeconfig_path(repo: &Path, name: &str) -> PathBuf {
+    repo.join(".e2e").join(format!("kind-{name}.kubeconfig"))
+}
+
+/// `kind create cluster --name N --config CONFIG [--image IMG] --kubeconfig PATH --wait 5m`.
+pub fn create_cluster_cmd(name: &str, config: &Path, image: Option<&str>, kubeconfig: &Path) -> Cmd {
+    let mut args: Vec<OsString> = vec!["create".into(), "cluster".into(), "--name".into(), name.into()];
+    args.extend(["--config".into(), config.as_os_str().to_owned()]);
+    if let Some(image) = image {
+        args.extend(["--image".into(), image.into()]);
+    }
+    args.extend(["--kubeconfig".into(), kubeconfig.as_os_str().to_owned()]);
+    args.extend(["--wait".into(), CREATE_WAIT.into()]);
+    Cmd::new("kind", args)
+}
+
+/// `kind export kubeconfig --name N --kubeconfig PATH` (for a cluster that already exists).
+pub fn export_kubeconfig_cmd(name: &str, kubeconfig: &Path) -> Cmd {
+    Cmd::new(
+        "kind",
+        [
+            OsStr::new("export"),
+            "kubeconfig".as_ref(),
+            "--name".as_ref(),
+            name.as_ref(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ],
+    )
+}
+
+/// `kind delete cluster --name N --kubeconfig PATH`.
+pub fn delete_cluster_cmd(name: &str, kubeconfig: &Path) -> Cmd {
+    Cmd::new(
+        "kind",
+        [
+            OsStr::new("delete"),
+            "cluster".as_ref(),
+            "--name".as_ref(),
+            name.as_ref(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ],
+    )
+}
+
+/// `kind get clusters`.
+pub fn get_clusters_cmd() -> Cmd {
+    Cmd::new("kind", ["get", "clusters"])
+}
+
+/// `kind get nodes --name N`.
+pub fn get_nodes_cmd(name: &str) -> Cmd {
+    Cmd::new("kind", ["get", "nodes", "--name", name])
+}
+
+/// `kind version`.
+pub fn kind_version_cmd() -> Cmd {
+    Cmd::new("kind", ["version"])
+}
+
+/// `docker info --format {{.ServerVersion}}`: fails when the daemon does not answer.
+pub fn docker_info_cmd() -> Cmd {
+    Cmd::new("docker", ["info", "--format", "{{.ServerVersion}}"])
+}
+
+/// `docker image inspect --format {{.Id}} IMG`: succeeds when the image is present locally.
+pub fn image_present_cmd(image: &str) -> Cmd {
+    Cmd::new("docker", ["image", "inspect", "--format", "{{.Id}}", image])
+}
+
+/// `docker pull IMG`.
+pub fn pull_cmd(image: &str) -> Cmd {
+    Cmd::new("docker", ["pull", image])
+}
+
+/// `kind load docker-image --name N IMG`.
+pub fn load_image_cmd(name: &str, image: &str) -> Cmd {
+    Cmd::new("kind", ["load", "docker-image", "--name", name, image])
+}
+
+/// `docker image save --platform P --output ARCHIVE IMG`: the fallback for `kind load
+/// docker-image` failing with "content digest ... not found" when Docker keeps images in the
+/// containerd image store (kubernetes-sigs/kind#3795); the archive then holds one platform only.
+pub fn save_image_cmd(image: &str, platform: &str, archive: &Path) -> Cmd {
+    Cmd::new(
+        "docker",
+        [
+            OsStr::new("image"),
+            "save".as_ref(),
+            "--platform".as_ref(),
+            platform.as_ref(),
+            "--output".as_ref(),
+            archive.as_os_str(),
+            image.as_ref(),
+        ],
+    )
+}
+
+/// `kind load image-archive --name N ARCHIVE`.
+pub fn load_archive_cmd(name: &str, archive: &Path) -> Cmd {
+    Cmd::new(
+        "kind",
+        [OsStr::new("load"), "image-archive".as_ref(), "--name".as_ref(), name.as_ref(), archive.as_os_str()],
+    )
+}
+
+/// `kind build node-image --image IMG DIR`.
+pub fn build_node_image_cmd(image: &str, k8s_source: &Path) -> Cmd {
+    Cmd::new(
+        "kind",
+        [
+            OsStr::new("build"),
+            "node-image".as_ref(),
+            "--image".as_ref(),
+            image.as_ref(),
+            k8s_source.as_os_str(),
+        ],
+    )
+}
+
+/// The shell line that pulls `image` only if Docker does not have it.
+pub fn pull_if_missing_line(image: &str) -> String {
+    format!("{} >/dev/null 2>&1 || {}", image_present_cmd(image), pull_cmd(image))
+}
+
+/// What `cluster up --dry-run` prints: the commands that change anything, in order, for a cluster
+/// that does not exist yet.
+pub fn up_lines(name: &str, config: &Path, image: Option<&str>, kubeconfig: &Path) -> Vec<String> {
+    let mut lines: Vec<String> = SUITE_IMAGES.iter().map(|image| pull_if_missing_line(image)).collect();
+    lines.push(create_cluster_cmd(name, config, image, kubeconfig).to_string());
+    lines.extend(SUITE_IMAGES.iter().map(|image| load_image_cmd(name, image).to_string()));
+    lines
+}
+
+/// What `cluster down --dry-run` prints.
+pub fn down_lines(name: &str, kubeconfig: &Path) -> Vec<String> {
+    vec![
+        delete_cluster_cmd(name, kubeconfig).to_string(),
+        format!("rm -f {}", shell_quote(kubeconfig.as_os_str())),
+    ]
+}
+
+/// Checks a cluster name the way kind does (`^[a-z0-9.-]+$`).
+pub fn validate_name(name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-');
+    ensure!(
+        ok,
+        "invalid kind cluster name {name:?}: kind accepts only lowercase letters, digits, '.' and '-'"
+    );
+    Ok(())
+}
+
+/// The version in `kind version` output (`kind v0.33.0 go1.26.8 linux/amd64` gives `v0.33.0`).
+pub fn parse_kind_version(output: &str) -> Option<&str> {
+    let mut words = output.split_whitespace();
+    (words.next() == Some("kind")).then_some(())?;
+    words.next().filter(|v| v.starts_with('v'))
+}
+
+/// Whether two kind versions are the same, with or without the leading `v`.
+pub fn same_version(a: &str, b: &str) -> bool {
+    a.trim().trim_start_matches('v') == b.trim().trim_start_matches('v')
+}
+
+/// The Docker platform of this machine's architecture (`linux/amd64`, `linux/arm64`).
+pub fn docker_platform() -> Option<&'static str> {
+    match std::env::consts::ARCH {
+        "x86_64" => Some("linux/amd64"),
+        "aarch64" => Some("linux/arm64"),
+        _ => None,
+    }
+}
+
+// ---- waiting --------------------------------------------------------------------------------------
+
+/// What one probe of [`poll_until`] saw.
+#[derive(Debug)]
+pub enum Probe<T> {
+    /// The condition holds; the wait returns this value.
+    Done(T),
+    /// Not yet; the text describes what the probe saw (it ends up in the timeout error).
+    Pending(String),
+}
+
+/// Probes every `interval` until the probe reports [`Probe::Done`] or `timeout` has passed.
+///
+/// A probe error counts as "not yet" (an API server that is still starting is normal); the timeout
+/// error names `what` was waited for and what the last probe saw.
+pub async fn poll_until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut probe: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Probe<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last = "nothing yet (no probe finished)".to_string();
+    loop {
+        match tokio::time::timeout_at(deadline, probe()).await {
+            Ok(Ok(Probe::Done(value))) => return Ok(value),
+            Ok(Ok(Probe::Pending(seen))) => last = seen,
+            Ok(Err(err)) => last = format!("error: {err:#}"),
+            Err(_) => break,
+        }
+        debug!("waiting for {what}: {last}");
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep_until((now + interval).min(deadline)).await;
+    }
+    bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}")
+}
+
+/// Whether every node in `expected` is listed and Ready, and a one-line account of each.
+pub fn readiness(listed: &[Node], expected: &[String]) -> (bool, String) {
+    let mut all_ready = true;
+    let states: Vec<String> = expected
+        .iter()
+        .map(|name| {
+            let state = match listed.iter().find(|node| node.metadata.name.as_deref() == Some(name.as_str()))
+            {
+                None => "not registered",
+                Some(node) if node_is_ready(node) => "Ready",
+                Some(_) => "NotReady",
+            };
+            all_ready &= state == "Ready";
+            format!("{name} {state}")
+        })
+        .collect();
+    (all_ready, states.join(", "))
+}
+
+fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A client for the cluster of `kubeconfig` (its current context).
+pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
+    let file = Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("cannot read kubeconfig {}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("cannot use kubeconfig {}", kubeconfig.display()))?;
+    Client::try_from(config).context("cannot create a Kubernetes client")
+}
+
+/// Waits until every node in `nodes` is registered and Ready.
+pub async fn wait_nodes_ready(kubeconfig: &Path, nodes: &[String], timeout: Duration) -> anyhow::Result<()> {
+    ensure!(!nodes.is_empty(), "no nodes to wait for");
+    let api: Api<Node> = Api::all(client_for(kubeconfig).await?);
+    let what = format!("nodes {} to be Ready", nodes.join(", "));
+    poll_until(&what, timeout, Duration::from_secs(2), || {
+        let api = api.clone();
+        async move {
+            let listed = api.list(&ListParams::default()).await.context("listing nodes")?;
+            Ok(match readiness(&listed.items, nodes) {
+                (true, _) => Probe::Done(()),
+                (false, seen) => Probe::Pending(seen),
+            })
+        }
+    })
+    .await
+}
+
+// ---- running --------------------------------------------------------------------------------------
+
+/// Where the provider looks for its tools and files; the tests substitute both.
+#[derive(Debug, Clone)]
+struct Host {
+    /// The PATH to search for docker and kind (and to give them).
+    path: Option<OsString>,
+    /// The repository root (.e2e/ is under it).
+    repo: PathBuf,
+    /// The kind configuration, normally `<repo>/kind.yaml`.
+    kind_yaml: PathBuf,
+}
+
+/// docker and kind, as found on PATH.
+#[derive(Debug)]
+struct Tools {
+    docker: PathBuf,
+    kind: PathBuf,
+    path: Option<OsString>,
+}
+
+impl Host {
+    fn current() -> Host {
+        Host {
+            path: std::env::var_os("PATH"),
+            repo: crate::cli::repo_root(),
+            kind_yaml: cluster_config::default_path(),
+        }
+    }
+
+    /// Finds docker and kind on PATH; if one is missing, says in one sentence what to install.
+    fn tools(&self) -> anyhow::Result<Tools> {
+        let path = self.path.as_deref();
+        let docker = find_program("docker", path);
+        let kind = find_program("kind", path);
+        const DOCKER: &str = "Docker Engine (https://docs.docker.com/engine/install/)";
+        let kind_install = format!("`go install sigs.k8s.io/kind@{KIND_VERSION}`");
+        match (docker, kind) {
+            (Some(docker), Some(kind)) => Ok(Tools { docker, kind, path: self.path.clone() }),
+            (None, None) => bail!(
+                "docker and kind were not found on PATH: install {DOCKER} and kind ({kind_install}), \
+                 or use `--provider local`, which needs neither."
+            ),
+            (None, Some(_)) => bail!(
+                "docker was not found on PATH: the kind provider runs its nodes as Docker containers, so install \
+                 {DOCKER} or use `--provider local`, which needs no Docker."
+            ),
+            (Some(_), None) => bail!(
+                "kind was not found on PATH: install it with {kind_install} (and put $(go env GOPATH)/bin on PATH) \
+                 or see https://kind.sigs.k8s.io/docs/user/quick-start/#installation."
+            ),
+        }
+    }
+}
+
+/// The first executable file called `name` in the directories of `path`.
+fn find_program(name: &str, path: Option<&OsStr>) -> Option<PathBuf> {
+    std::env::split_paths(path?)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+#[cfg(unix)]
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(not(unix))]
+fn is_executable(path: &Path) -> bool {
+    path.is_file()
+}
+
+impl Tools {
+    fn command(&self, cmd: &Cmd) -> tokio::process::Command {
+        let program = if cmd.program == "docker" { &self.docker } else { &self.kind };
+        let mut command = tokio::process::Command::new(program);
+        command.args(&cmd.args).kill_on_drop(true).stdin(Stdio::null());
+        if let Some(path) = &self.path {
+            command.env("PATH", path);
+        }
+        command
+    }
+
+    /// Runs `cmd` with its output on our stderr (stdout stays for results), within `timeout`.
+    async fn run(&self, cmd: &Cmd, timeout: Duration) -> anyhow::Result<()> {
+        info!("running: {cmd}");
+        let mut command = self.command(cmd);
+        command.stdout(Stdio::from(std::io::stderr())).stderr(Stdio::inherit());
+        let mut child = command.spawn().with_context(|| format!("cannot start `{cmd}`"))?;
+        let status = match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => status.with_context(|| format!("waiting for `{cmd}`"))?,
+            Err(_) => {
+                // kill_on_drop stops it when `child` goes out of scope.
+                bail!("`{cmd}` did not finish within {timeout:?}; stopped it")
+            }
+        };
+        ensure!(status.success(), "`{cmd}` failed ({status})");
+        Ok(())
+    }
+
+    /// Runs `cmd` within `timeout` and returns its stdout; its stderr goes into the error.
+    async fn output(&self, cmd: &Cmd, timeout: Duration) -> anyhow::Result<String> {
+        debug!("running: {cmd}");
+        let output = tokio::time::timeout(timeout, self.command(cmd).output())
+            .await
+            .map_err(|_| anyhow::anyhow!("`{cmd}` did not finish within {timeout:?}; stopped it"))?
+            .with_context(|| format!("cannot run `{cmd}`"))?;
+        ensure!(
+            output.status.success(),
+            "`{cmd}` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Fails with a clear sentence if the Docker daemon does not answer.
+    async fn check_docker_daemon(&self) -> anyhow::Result<()> {
+        let version = self.output(&docker_info_cmd(), QUICK_TIMEOUT).await.with_context(|| {
+            format!(
+                "docker is installed ({}) but its daemon does not answer; start Docker and make sure your user may use it",
+                self.docker.display()
+            )
+        })?;
+        debug!("docker server version {}", version.trim());
+        Ok(())
+    }
+
+    /// Checks `kind version` against `expected` (an error on mismatch) or, if unset, against
+    /// [`KIND_VERSION`] (a warning).
+    async fn check_kind_version(&self, expected: Option<&str>) -> anyhow::Result<()> {
+        let out = self.output(&kind_version_cmd(), QUICK_TIMEOUT).await?;
+        let found = parse_kind_version(&out)
+            .with_context(|| format!("cannot read the version in `kind version` output {out:?}"))?;
+        match expected {
+            Some(expected) if !same_version(found, expected) => bail!(
+                "kind {found} is on PATH ({}) but {expected} is required (--kind-version / KIND_VERSION); \
+                 install it with `go install sigs.k8s.io/kind@v{}`",
+                self.kind.display(),
+                expected.trim().trim_start_matches('v')
+            ),
+            Some(_) => {}
+            None if !same_version(found, KIND_VERSION) => {
+                warn!("kind {found} is on PATH; this project is tested with kind {KIND_VERSION}")
+            }
+            None => {}
+        }
+        info!("using kind {found} ({})", self.kind.display());
+        Ok(())
+    }
+
+    async fn cluster_exists(&self, name: &str) -> anyhow::Result<bool> {
+        let out = self.output(&get_clusters_cmd(), QUICK_TIMEOUT).await?;
+        Ok(out.lines().any(|line| line.trim() == name))
+    }
+
+    async fn nodes(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        let out = self.output(&get_nodes_cmd(name), QUICK_TIMEOUT).await?;
+        Ok(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect())
+    }
+
+    async fn pull_if_missing(&self, image: &str) -> anyhow::Result<()> {
+        if self.output(&image_present_cmd(image), QUICK_TIMEOUT).await.is_ok() {
+            debug!("{image} is present locally");
+            return Ok(());
+        }
+        self.run(&pull_cmd(image), PULL_TIMEOUT).await
+    }
+
+    /// `kind load docker-image`, falling back to a single-platform archive (see [`save_image_cmd`]).
+    async fn load_image(&self, name: &str, image: &str) -> anyhow::Result<()> {
+        let Err(err) = self.run(&load_image_cmd(name, image), LOAD_TIMEOUT).await else {
+            return Ok(());
+        };
+        let Some(platform) = docker_platform() else {
+            return Err(err);
+        };
+        warn!("{err:#}; retrying through a {platform} image archive (kubernetes-sigs/kind#3795)");
+        let dir = tempfile::tempdir().context("cannot create a temporary directory for the image archive")?;
+        let archive = dir.path().join("image.tar");
+        self.run(&save_image_cmd(image, platform, &archive), LOAD_TIMEOUT)
+            .await
+            .with_context(|| format!("loading {image} into kind cluster {name:?} failed: {err:#}"))?;
+        self.run(&load_archive_cmd(name, &archive), LOAD_TIMEOUT).await
+    }
+}
+
+fn write_lines(out: &mut dyn Write, lines: &[String]) -> anyhow::Result<()> {
+    for line in lines {
+        writeln!(out, "{line}").context("cannot write to stdout")?;
+    }
+    Ok(())
+}
+
+async fn up_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<PathBuf> {
+    validate_name(&args.name)?;
+    let config_path = &host.kind_yaml;
+    let settings = ClusterConfig::load(config_path)?;
+    debug!("settings from {}:\n{settings}", config_path.display());
+    let kubeconfig = kubeconfig_path(&host.repo, &args.name);
+    let image = args.image.as_deref();
+
+    if dry_run {
+        write_lines(out, &up_lines(&args.name, config_path, image, &kubeconfig))?;
+        info!(
+            "dry run: would then wait up to {NODES_READY_TIMEOUT:?} for every node to be Ready and print {}",
+            kubeconfig.display()
+        );
+        return Ok(kubeconfig);
+    }
+
+    let tools = host.tools()?;
+    tools.check_docker_daemon().await?;
+    tools.check_kind_version(args.kind_version.as_deref()).await?;
+    for image in SUITE_IMAGES {
+        tools.pull_if_missing(image).await?;
+    }
+
+    if tools.cluster_exists(&args.name).await? {
+        info!(
+            "kind cluster {:?} exists; reusing it (run `cargo xtask cluster down --provider kind` first to apply kind.yaml changes)",
+            args.name
+        );
+        if let Some(image) = image {
+            warn!("--image {image} is ignored for the existing cluster {:?}", args.name);
+        }
+        tools.run(&export_kubeconfig_cmd(&args.name, &kubeconfig), QUICK_TIMEOUT).await?;
+    } else {
+        info!(
+            "creating kind cluster {:?} from {} (this takes a few minutes)",
+            args.name,
+            config_path.display()
+        );
+        tools.run(&create_cluster_cmd(&args.name, config_path, image, &kubeconfig), CREATE_TIMEOUT).await?;
+    }
+
+    let nodes = tools.nodes(&args.name).await?;
+    ensure!(!nodes.is_empty(), "kind reports no nodes for cluster {:?}", args.name);
+    info!("waiting for {} nodes to be Ready", nodes.len());
+    wait_nodes_ready(&kubeconfig, &nodes, NODES_READY_TIMEOUT)
+        .await
+        .with_context(|| format!("kind cluster {:?} did not become ready", args.name))?;
+
+    for image in SUITE_IMAGES {
+        tools.load_image(&args.name, image).await?;
+    }
+    info!("kind cluster {:?} is ready", args.name);
+    writeln!(out, "{}", kubeconfig.display()).context("cannot write to stdout")?;
+    Ok(kubeconfig)
+}
+
+async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    validate_name(&args.name)?;
+    let kubeconfig = kubeconfig_path(&host.repo, &args.name);
+    if dry_run {
+        return write_lines(out, &down_lines(&args.name, &kubeconfig));
+    }
+    let tools = host.tools()?;
+    // kind deletes nothing and succeeds when the cluster does not exist.
+    tools.run(&delete_cluster_cmd(&args.name, &kubeconfig), DELETE_TIMEOUT).await?;
+    match std::fs::remove_file(&kubeconfig) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => {
+            return Err(err).with_context(|| format!("cannot remove {}", kubeconfig.display()));
+        }
+    }
+    info!("kind cluster {:?} deleted", args.name);
+    Ok(())
+}
+
+async fn status_in(host: &Host, args: &KindArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
+    validate_name(&args.name)?;
+    let tools = host.tools()?;
+    let kubeconfig = kubeconfig_path(&host.repo, &args.name);
+    let mut lines = Vec::new();
+    let exists = tools.cluster_exists(&args.name).await?;
+    if !exists {
+        lines.push(format!(
+            "kind cluster {:?}: not found (create it with `cargo xtask cluster up --provider kind --name {}`)",
+            args.name, args.name
+        ));
+    } else {
+        lines.push(format!("kind cluster {:?}: exists", args.name));
+        let nodes = tools.nodes(&args.name).await?;
+        lines.push(if kubeconfig.is_file() {
+            format!("kubeconfig: {}", kubeconfig.display())
+        } else {
+            format!(
+                "kubeconfig: {} is missing (`cargo xtask cluster up --provider kind` writes it)",
+                kubeconfig.display()
+            )
+        });
+        let seen = if kubeconfig.is_file() {
+            let probe = async {
+                let api: Api<Node> = Api::all(client_for(&kubeconfig).await?);
+                let listed = api.list(&ListParams::default()).await.context("listing nodes")?;
+                anyhow::Ok(readiness(&listed.items, &nodes).1)
+            };
+            match tokio::time::timeout(STATUS_TIMEOUT, probe).await {
+                Ok(Ok(seen)) => seen,
+                Ok(Err(err)) => format!("{} (API server: {err:#})", nodes.join(", ")),
+                Err(_) => {
+                    format!("{} (the API server did not answer within {STATUS_TIMEOUT:?})", nodes.join(", "))
+                }
+            }
+        } else {
+            nodes.join(", ")
+        };
+        lines.push(format!("nodes: {seen}"));
+    }
+    let settings = ClusterConfig::load(&host.kind_yaml)?;
+    lines.push(format!("settings from {}:", host.kind_yaml.display()));
+    lines.extend(settings.to_string().lines().map(|line| format!("  {line}")));
+    write_lines(out, &lines)?;
+    Ok(exists)
+}
+
+async fn build_node_image_in(
+    host: &Host,
+    args: &BuildNodeImageArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let cmd = build_node_image_cmd(&args.image, &args.k8s_source);
+    if args.dry_run {
+        return write_lines(out, &[cmd.to_string()]);
+    }
+    let go_mod = args.k8s_source.join("go.mod");
+    let module = std::fs::read_to_string(&go_mod).with_context(|| {
+        format!(
+            "{} is not a Kubernetes source tree (cannot read {})",
+            args.k8s_source.display(),
+            go_mod.display()
+        )
+    })?;
+    ensure!(
+        module.lines().any(|line| line.trim() == "module k8s.io/kubernetes"),
+        "{} is not a Kubernetes source tree ({} is not module k8s.io/kubernetes)",
+        args.k8s_source.display(),
+        go_mod.display()
+    );
+    let tools = host.tools()?;
+    tools.check_docker_daemon().await?;
+    info!("building node image {} from {} (this takes a long time)", args.image, args.k8s_source.display());
+    tools.run(&cmd, BUILD_TIMEOUT).await?;
+    writeln!(out, "{}", args.image).context("cannot write to stdout")?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests may unwrap; helpers outside #[test] functions too")]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    const REPO: &str = "/src/dra-e2e";
+
+    fn args(name: &str) -> KindArgs {
+        KindArgs { name: name.to_string(), image: None, kind_version: None }
+    }
+
+    fn host_with_path(path: &str) -> Host {
+        Host {
+            path: Some(path.into()),
+            repo: crate::cli::repo_root(),
+            kind_yaml: cluster_config::default_path(),
+        }
+    }
+
+    #[test]
+    fn create_command_is_exact() {
+        let cmd = create_cluster_cmd(
+            "dra-e2e",
+            Path::new("/src/dra-e2e/kind.yaml"),
+            None,
+            Path::new("/src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig"),
+        );
+        assert_eq!(
+            cmd.to_string(),
+            "kind create cluster --name dra-e2e --config /src/dra-e2e/kind.yaml \
+             --kubeconfig /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig --wait 5m"
+        );
+        let with_image =
+            create_cluster_cmd("n", Path::new("k.yaml"), Some("kindest/node:v1.37.2"), Path::new("kc"));
+        assert_eq!(
+            with_image.args,
+            [
+                "create",
+                "cluster",
+                "--name",
+                "n",
+                "--config",
+                "k.yaml",
+                "--image",
+                "kindest/node:v1.37.2",
+                "--kubeconfig",
+                "kc",
+                "--wait",
+                "5m"
+            ]
+            .map(OsString::from)
+        );
+    }
+
+    #[test]
+    fn dry_run_lines_are_exact() {
+        let repo = Path::new(REPO);
+        let lines = up_lines(
+            "dra-e2e",
+            &repo.join("kind.yaml"),
+            Some("dra/node:latest"),
+            &kubeconfig_path(repo, "dra-e2e"),
+        );
+        assert_eq!(
+            lines,
+            [
+                "docker image inspect --format '{{.Id}}' registry.k8s.io/sig-storage/hostpathplugin:v1.17.1 >/dev/null 2>&1 \
+                 || docker pull registry.k8s.io/sig-storage/hostpathplugin:v1.17.1",
+                "docker image inspect --format '{{.Id}}' registry.k8s.io/e2e-test-images/busybox:1.37.0-2 >/dev/null 2>&1 \
+                 || docker pull registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+                "kind create cluster --name dra-e2e --config /src/dra-e2e/kind.yaml --image dra/node:latest \
+                 --kubeconfig /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig --wait 5m",
+                "kind load docker-image --name dra-e2e registry.k8s.io/sig-storage/hostpathplugin:v1.17.1",
+                "kind load docker-image --name dra-e2e registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+            ]
+        );
+        assert_eq!(
+            down_lines("dra-e2e", &kubeconfig_path(repo, "dra-e2e")),
+            [
+                "kind delete cluster --name dra-e2e --kubeconfig /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig",
+                "rm -f /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig",
+            ]
+        );
+    }
+
+    #[test]
+    fn other_commands_are_exact() {
+        let kc = Path::new("/r/.e2e/kind-x.kubeconfig");
+        assert_eq!(
+            export_kubeconfig_cmd("x", kc).to_string(),
+            "kind export kubeconfig --name x --kubeconfig /r/.e2e/kind-x.kubeconfig"
+        );
+        assert_eq!(get_nodes_cmd("x").to_string(), "kind get nodes --name x");
+        assert_eq!(
+            save_image_cmd("busybox:1", "linux/amd64", Path::new("/t/i.tar")).to_string(),
+            "docker image save --platform linux/amd64 --output /t/i.tar busybox:1"
+        );
+        assert_eq!(
+            load_archive_cmd("x", Path::new("/t/i.tar")).to_string(),
+            "kind load image-archive --name x /t/i.tar"
+        );
+        assert_eq!(
+            build_node_image_cmd("dra/node:latest", Path::new("/go/src/k8s.io/kubernetes")).to_string(),
+            "kind build node-image --image dra/node:latest /go/src/k8s.io/kubernetes"
+        );
+    }
+
+    #[test]
+    fn shell_quoting() {
+        assert_eq!(shell_quote(OsStr::new("a/b-c_d.e:f@1")), "a/b-c_d.e:f@1");
+        assert_eq!(shell_quote(OsStr::new("with space")), "'with space'");
+        assert_eq!(shell_quote(OsStr::new("it's")), r"'it'\''s'");
+        assert_eq!(shell_quote(OsStr::new("")), "''");
+    }
+
+    #[tokio::test]
+    async fn dry_run_prints_the_commands_without_docker_or_kind() {
+        let host = host_with_path(""); // nothing on PATH
+        let mut out = Vec::new();
+        let kubeconfig = up_in(&host, &args("dra-e2e"), true, &mut out).await.unwrap();
+        let repo = crate::cli::repo_root();
+        assert_eq!(kubeconfig, repo.join(".e2e").join("kind-dra-e2e.kubeconfig"));
+        let printed = String::from_utf8(out).unwrap();
+        let expected = up_lines("dra-e2e", &repo.join("kind.yaml"), None, &kubeconfig).join("\n") + "\n";
+        assert_eq!(printed, expected);
+        assert!(printed.contains(&format!(
+            "kind create cluster --name dra-e2e --config {}",
+            repo.join("kind.yaml").display()
+        )));
+
+        let mut out = Vec::new();
+        down_in(&host, &args("dra-e2e"), true, &mut out).await.unwrap();
+        assert!(
+            String::from_utf8(out).unwrap().starts_with("kind delete cluster --name dra-e2e --kubeconfig ")
+        );
+
+        let mut out = Vec::new();
+        let build =
+            BuildNodeImageArgs { k8s_source: "/k8s".into(), image: "dra/node:latest".into(), dry_run: true };
+        build_node_image_in(&host, &build, &mut out).await.unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "kind build node-image --image dra/node:latest /k8s\n");
+    }
+
+    #[tokio::test]
+    async fn empty_path_gives_one_sentence_saying_what_to_install() {
+        let host = host_with_path("");
+        let err = up_in(&host, &args("dra-e2e"), false, &mut Vec::new()).await.unwrap_err();
+        let text = format!("{err:#}");
+        assert_eq!(
+            text,
+            "docker and kind were not found on PATH: install Docker Engine (https://docs.docker.com/engine/install/) \
+             and kind (`go install sigs.k8s.io/kind@v0.33.0`), or use `--provider local`, which needs neither."
+        );
+        assert_eq!(text.matches(". ").count(), 0, "one sentence: {text}");
+        let down = down_in(&host, &args("dra-e2e"), false, &mut Vec::new()).await;
+        assert_eq!(format!("{:#}", down.unwrap_err()), text);
+        let status = status_in(&host, &args("dra-e2e"), &mut Vec::new()).await;
+        assert_eq!(format!("{:#}", status.unwrap_err()), text);
+        let mut host_none = host.clone();
+        host_none.path = None;
+        assert!(
+            host_none.tools().unwrap_err().to_string().starts_with("docker and kind were not found on PATH")
+        );
+    }
+
+    #[cfg(unix)]
+    fn fake_tool(dir: &Path, name: &str, script: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn one_missing_tool_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_tool(dir.path(), "docker", "exit 0");
+        let host = host_with_path(dir.path().to_str().unwrap());
+        let err = host.tools().unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "kind was not found on PATH: install it with `go install sigs.k8s.io/kind@v0.33.0`"
+            ),
+            "{err}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        fake_tool(dir.path(), "kind", "exit 0");
+        std::fs::write(dir.path().join("docker"), "not executable").unwrap();
+        let host = host_with_path(dir.path().to_str().unwrap());
+        let err = host.tools().unwrap_err().to_string();
+        assert!(err.starts_with("docker was not found on PATH:"), "{err}");
+        assert!(err.contains("--provider local"), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn wrong_kind_version_and_dead_docker_daemon_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_tool(dir.path(), "docker", "echo 29.1.0");
+        fake_tool(dir.path(), "kind", "echo 'kind v0.31.0 go1.25.5 linux/amd64'");
+        let host = host_with_path(dir.path().to_str().unwrap());
+        let mut wanted = args("dra-e2e");
+        wanted.kind_version = Some("v0.33.0".into());
+        let err = format!("{:#}", up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err());
+        assert!(err.starts_with("kind v0.31.0 is on PATH ("), "{err}");
+        assert!(err.contains("but v0.33.0 is required (--kind-version / KIND_VERSION)"), "{err}");
+        assert!(err.contains("go install sigs.k8s.io/kind@v0.33.0"), "{err}");
+
+        fake_tool(dir.path(), "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1");
+        let err = format!("{:#}", up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err());
+        assert!(err.contains("its daemon does not answer"), "{err}");
+        assert!(err.contains("Cannot connect to the Docker daemon"), "{err}");
+    }
+
+    /// Fake docker and kind that append their arguments to `log`; kind knows clusters `existing`.
+    #[cfg(unix)]
+    fn fake_tools(dir: &Path, log: &Path, existing: &str) {
+        let log = log.display();
+        fake_tool(
+            dir,
+            "docker",
+            &format!(
+                "echo \"docker $*\" >> '{log}'\n\
+                 case \"$1\" in info) echo 29.1.0 ;; image) exit 1 ;; esac"
+            ),
+        );
+        fake_tool(
+            dir,
+            "kind",
+            &format!(
+                "echo \"kind $*\" >> '{log}'\n\
+                 case \"$1 $2\" in\n\
+                 'version ') echo 'kind v0.33.0 go1.26.8 linux/amd64' ;;\n\
+                 'get clusters') echo '{existing}' ;;\n\
+                 esac"
+            ),
+        );
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn up_runs_the_dry_run_commands_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("calls.log");
+        fake_tools(dir.path(), &log, "some-other-cluster");
+        let repo = tempfile::tempdir().unwrap();
+        let host = Host {
+            path: Some(dir.path().as_os_str().to_owned()),
+            repo: repo.path().to_path_buf(),
+            kind_yaml: cluster_config::default_path(),
+        };
+        let mut wanted = args("t");
+        wanted.kind_version = Some("0.33.0".into());
+        // The fake kind lists no nodes, so `up` stops before waiting for the API server.
+        let err = format!("{:#}", up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err());
+        assert_eq!(err, "kind reports no nodes for cluster \"t\"");
+
+        let kubeconfig = kubeconfig_path(repo.path(), "t");
+        let unquoted = |cmd: Cmd| {
+            let args: Vec<String> = cmd.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+            format!("{} {}", cmd.program, args.join(" "))
+        };
+        let mut expected = vec![unquoted(docker_info_cmd()), unquoted(kind_version_cmd())];
+        for image in SUITE_IMAGES {
+            expected.push(unquoted(image_present_cmd(image)));
+            expected.push(unquoted(pull_cmd(image)));
+        }
+        expected.push(unquoted(get_clusters_cmd()));
+        expected.push(unquoted(create_cluster_cmd("t", &host.kind_yaml, None, &kubeconfig)));
+        expected.push(unquoted(get_nodes_cmd("t")));
+        let calls = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(calls.lines().collect::<Vec<_>>(), expected);
+
+        // An existing cluster is reused: its kubeconfig is exported instead of creating it.
+        std::fs::remove_file(&log).unwrap();
+        fake_tools(dir.path(), &log, "t");
+        up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err();
+        let calls = std::fs::read_to_string(&log).unwrap();
+        assert!(calls.contains(&unquoted(export_kubeconfig_cmd("t", &kubeconfig))), "{calls}");
+        assert!(!calls.contains("kind create"), "{calls}");
+    }
+
+    #[test]
+    fn versions_and_names() {
+        assert_eq!(parse_kind_version("kind v0.33.0 go1.26.8 linux/amd64\n"), Some("v0.33.0"));
+        assert_eq!(
+            parse_kind_version("kind v0.34.0-alpha.12+abc go1.26 linux/arm64"),
+            Some("v0.34.0-alpha.12+abc")
+        );
+        assert_eq!(parse_kind_version("something else"), None);
+        assert!(same_version("v0.33.0", "0.33.0") && same_version("0.33.0\n", "v0.33.0"));
+        assert!(!same_version("v0.33.0", "v0.33.1"));
+        validate_name("dra-e2e").unwrap();
+        validate_name("a.b-1").unwrap();
+        for bad in ["", "Dra", "dra_e2e", "a b"] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn node(name: &str, ready: Option<&str>) -> Node {
+        Node {
+            metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
+            status: ready.map(|status| NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    ..NodeCondition::default()
+                }]),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn readiness_accounts_for_every_expected_node() {
+        let expected: Vec<String> = ["cp", "w1", "w2"].map(String::from).to_vec();
+        let listed = [node("cp", Some("True")), node("w1", Some("False")), node("other", Some("True"))];
+        assert_eq!(
+            readiness(&listed, &expected),
+            (false, "cp Ready, w1 NotReady, w2 not registered".to_string())
+        );
+        let listed = [node("cp", Some("True")), node("w1", Some("True")), node("w2", Some("True"))];
+        assert!(readiness(&listed, &expected).0);
+        assert!(!readiness(&[node("cp", None)], &expected[..1]).0);
+    }
+
+    /// A one-endpoint API server: answers every request with `nodes` as a NodeList.
+    async fn fake_api_server(nodes: Vec<Node>) -> (tempfile::TempDir, PathBuf) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let body =
+            serde_json::json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes})
+                .to_string();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    let _ = stream.write_all(body.as_bytes()).await;
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+                 clusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+                 contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+                 users:\n- name: fake\n  user: {{}}\n"
+            ),
+        )
+        .unwrap();
+        (dir, kubeconfig)
+    }
+
+    #[tokio::test]
+    async fn wait_nodes_ready_asks_the_api_server() {
+        let expected: Vec<String> = ["cp", "w1"].map(String::from).to_vec();
+
+        let (_dir, kubeconfig) =
+            fake_api_server(vec![node("cp", Some("True")), node("w1", Some("True"))]).await;
+        wait_nodes_ready(&kubeconfig, &expected, Duration::from_secs(30)).await.unwrap();
+
+        let (_dir, kubeconfig) =
+            fake_api_server(vec![node("cp", Some("True")), node("w1", Some("False"))]).await;
+        let err = wait_nodes_ready(&kubeconfig, &expected, Duration::from_millis(300))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "timed out after 300ms waiting for nodes cp, w1 to be Ready; last seen: cp Ready, w1 NotReady"
+        );
+    }
+
+    #[tokio::test]
+    async fn poll_until_returns_when_done_and_names_what_it_waited_for() {
+        let mut calls = 0;
+        let value = poll_until("three probes", Duration::from_secs(30), Duration::from_millis(1), || {
+            calls += 1;
+            let n = calls;
+            async move { Ok(if n >= 3 { Probe::Done(n) } else { Probe::Pending(format!("probe {n}")) }) }
+        })
+        .await
+        .unwrap();
+        assert_eq!(value, 3);
+
+        let err = poll_until::<(), _, _>(
+            "the moon to turn blue",
+            Duration::from_millis(50),
+            Duration::from_millis(5),
+            || async { anyhow::bail!("still white") },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with(
+                "timed out after 50ms waiting for the moon to turn blue; last seen: error: still white"
+            ),
+            "{err}"
+        );
+
+        let err = poll_until::<(), _, _>(
+            "a probe that hangs",
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+            std::future::pending::<anyhow::Result<Probe<()>>>,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("waiting for a probe that hangs; last seen: nothing yet"), "{err}");
+    }
+
+    // ---- .github/workflows/e2e-kind.yaml ---------------------------------------------------------
+
+    /// actionlint, run through the Go module proxy so that nothing needs to be installed.
+    const ACTIONLINT: &str = "github.com/rhysd/actionlint/cmd/actionlint@v1.7.12";
+
+    fn workflow_path() -> PathBuf {
+        crate::cli::repo_root().join(".github/workflows/e2e-kind.yaml")
+    }
+
+    fn actionlint(file: &Path) -> std::process::Output {
+        std::process::Command::new("go")
+            .args(["run", ACTIONLINT, "-no-color"])
+            .arg(file)
+            .current_dir(crate::cli::repo_root())
+            .output()
+            .unwrap_or_else(|err| {
+                panic!("cannot run `go` ({err}): the workflow test runs actionlint with `go run` and needs Go on PATH (https://go.dev/dl/)")
+            })
+    }
+
+    #[test]
+    fn workflow_passes_actionlint() {
+        let output = actionlint(&workflow_path());
+        assert!(
+            output.status.success(),
+            "actionlint reports problems in {}:\n{}{}",
+            workflow_path().display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+
+        // ...and it does find problems: the same workflow with a broken expression fails.
+        let dir = tempfile::tempdir().unwrap();
+        let broken = dir.path().join("broken.yaml");
+        let text = std::fs::read_to_string(workflow_path()).unwrap();
+        std::fs::write(&broken, text.replace("if: always()", "if: ${{ alwayz() }}")).unwrap();
+        let output = actionlint(&broken);
+        assert!(!output.status.success(), "actionlint accepted a broken workflow");
+        assert!(String::from_utf8_lossy(&output.stdout).contains("alwayz"), "{output:?}");
+    }
+
+    fn step_named<'a>(steps: &'a [serde_yaml::Value], needle: &str) -> Vec<(usize, &'a serde_yaml::Value)> {
+        steps
+            .iter()
+            .enumerate()
+            .filter(|(_, step)| {
+                let field = |key: &str| {
+                    step.get(key).and_then(serde_yaml::Value::as_str).unwrap_or_default().to_string()
+                };
+                field("run").contains(needle) || field("uses").starts_with(needle)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn workflow_has_the_triggers_and_steps() {
+        let text = std::fs::read_to_string(workflow_path()).unwrap();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+
+        let on = &doc["on"];
+        assert!(on.get("pull_request").is_some(), "no pull_request trigger");
+        let cron = on["schedule"][0]["cron"].as_str().unwrap();
+        assert_eq!(cron.split_whitespace().count(), 5, "cron {cron:?}");
+
+        // The kind version the workflow installs is the one xtask expects.
+        assert_eq!(doc["env"]["KIND_VERSION"].as_str(), Some(KIND_VERSION));
+
+        let jobs = doc["jobs"].as_mapping().unwrap();
+        assert_eq!(jobs.len(), 1);
+        let job = jobs.values().next().unwrap();
+        assert!(job["runs-on"].as_str().unwrap().starts_with("ubuntu"));
+        assert!(job["timeout-minutes"].as_u64().is_some(), "the job needs a timeout");
+        let steps = job["steps"].as_sequence().unwrap();
+        let first = |needle: &str| {
+            let found = step_named(steps, needle);
+            assert!(!found.is_empty(), "no step with {needle:?}");
+            found[0]
+        };
+
+        first("dtolnay/rust-toolchain@");
+        first("actions/setup-go@");
+        let (kind_install, _) = first("go install \"sigs.k8s.io/kind@${KIND_VERSION}\"");
+
+        let (e2e, e2e_step) = first("cargo xtask e2e --provider kind");
+        let e2e_run = e2e_step["run"].as_str().unwrap();
+        for flag in ["--focus DRA", "--junit target/e2e/junit.xml", "--artifacts target/e2e/artifacts"] {
+            assert!(e2e_run.contains(flag), "the e2e step lacks {flag:?}: {e2e_run}");
+        }
+        assert!(kind_install < e2e, "kind is installed after the e2e step");
+        assert!(e2e_step.get("if").is_none(), "the e2e step must run unconditionally");
+
+        let (down, down_step) = first("cargo xtask cluster down --provider kind");
+        assert!(down > e2e, "teardown must come after the e2e step");
+        assert_eq!(down_step["if"].as_str(), Some("always()"), "teardown must run even after failure");
+
+        let uploads = step_named(steps, "actions/upload-artifact@");
+        let paths: Vec<&str> =
+            uploads.iter().map(|(_, step)| step["with"]["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, ["target/e2e/junit.xml", "target/e2e/artifacts"]);
+        for (index, step) in &uploads {
+            assert!(*index > e2e, "uploads come after the e2e step");
+            assert_eq!(step["if"].as_str(), Some("always()"), "uploads must run even after failure");
+        }
+    }
 }

@@ -4,8 +4,10 @@
 //! harness never knows which provider made the cluster.
 
 mod cli;
+mod cluster_config;
 mod kind;
 mod local;
+mod progress;
 
 use std::process::ExitCode;
 
@@ -35,9 +37,5 @@ fn init_tracing(verbose: bool) {
     let default = if verbose { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
 }
