@@ -1,1 +1,5 @@
 //! dra-e2e harness: everything a spec uses to test Kubernetes Dynamic Resource Allocation.
+
+pub mod calls;
+pub mod grpc;
+pub mod plugin;

@@ -1,0 +1,128 @@
+//! Static configuration of a plugin instance.
+
+use std::{path::PathBuf, time::Duration};
+
+use crate::grpc::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
+
+/// Default interval at which the health stream resends the full snapshot even
+/// without changes. The kubelet treats device health as unknown when it is not
+/// refreshed within its health timeout (30 s by default); upstream's test
+/// driver resends every 2 s.
+pub const DEFAULT_HEALTH_RESEND_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Configuration of one plugin instance (one driver on one node).
+///
+/// ```
+/// use harness::plugin::PluginConfig;
+/// let config = PluginConfig::new("test.k8s.io", "node-1", "/var/run/cdi")
+///     .dra_v1beta1(false)
+///     .health_v1alpha1(false);
+/// assert_eq!(config.supported_versions(), ["v1.DRAPlugin", "v1.DRAResourceHealth"]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// The DRA driver name, e.g. `<namespace>.k8s.io`.
+    pub driver_name: String,
+    /// The node this instance serves.
+    pub node_name: String,
+    /// Directory for CDI spec files, as seen by the plugin's [`FileOps`](super::FileOps)
+    /// (`/cdi` inside the proxy pod, a local directory in tests).
+    pub cdi_dir: PathBuf,
+    /// The DRA endpoint advertised in `GetInfo`: the full path of the DRA
+    /// socket as the kubelet sees it. `None` means the path of the DRA
+    /// listener, which then must be a Unix socket.
+    pub dra_endpoint: Option<String>,
+    /// Serve and advertise `v1.DRAPlugin`.
+    pub dra_v1: bool,
+    /// Serve and advertise `v1beta1.DRAPlugin`.
+    pub dra_v1beta1: bool,
+    /// Serve and advertise `v1.DRAResourceHealth`.
+    pub health_v1: bool,
+    /// Serve and advertise `v1alpha1.DRAResourceHealth`.
+    pub health_v1alpha1: bool,
+    /// Resend the full health snapshot this often even without changes
+    /// (`None`: only on changes).
+    pub health_resend_interval: Option<Duration>,
+    /// How long [`KubeletPlugin::stop`](super::KubeletPlugin::stop) lets
+    /// in-flight calls finish before it closes all connections.
+    pub stop_grace: Duration,
+}
+
+impl PluginConfig {
+    /// Both DRA versions and both health versions on, health resent every 2 s.
+    pub fn new(
+        driver_name: impl Into<String>,
+        node_name: impl Into<String>,
+        cdi_dir: impl Into<PathBuf>,
+    ) -> Self {
+        PluginConfig {
+            driver_name: driver_name.into(),
+            node_name: node_name.into(),
+            cdi_dir: cdi_dir.into(),
+            dra_endpoint: None,
+            dra_v1: true,
+            dra_v1beta1: true,
+            health_v1: true,
+            health_v1alpha1: true,
+            health_resend_interval: Some(DEFAULT_HEALTH_RESEND_INTERVAL),
+            stop_grace: Duration::from_millis(500),
+        }
+    }
+
+    /// Sets [`PluginConfig::dra_endpoint`].
+    pub fn dra_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.dra_endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Sets [`PluginConfig::dra_v1`].
+    pub fn dra_v1(mut self, on: bool) -> Self {
+        self.dra_v1 = on;
+        self
+    }
+
+    /// Sets [`PluginConfig::dra_v1beta1`].
+    pub fn dra_v1beta1(mut self, on: bool) -> Self {
+        self.dra_v1beta1 = on;
+        self
+    }
+
+    /// Sets [`PluginConfig::health_v1`].
+    pub fn health_v1(mut self, on: bool) -> Self {
+        self.health_v1 = on;
+        self
+    }
+
+    /// Sets [`PluginConfig::health_v1alpha1`].
+    pub fn health_v1alpha1(mut self, on: bool) -> Self {
+        self.health_v1alpha1 = on;
+        self
+    }
+
+    /// Sets [`PluginConfig::health_resend_interval`].
+    pub fn health_resend_interval(mut self, interval: Option<Duration>) -> Self {
+        self.health_resend_interval = interval;
+        self
+    }
+
+    /// Sets [`PluginConfig::stop_grace`].
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// `supported_versions` as sent in `GetInfo`, in upstream's 1.37 order:
+    /// `v1.DRAPlugin`, `v1beta1.DRAPlugin`, `v1.DRAResourceHealth`,
+    /// `v1alpha1.DRAResourceHealth` (each only if enabled).
+    pub fn supported_versions(&self) -> Vec<&'static str> {
+        [
+            (self.dra_v1, dra_v1::SERVICE_VERSION),
+            (self.dra_v1beta1, dra_v1beta1::SERVICE_VERSION),
+            (self.health_v1, health_v1::SERVICE_VERSION),
+            (self.health_v1alpha1, health_v1alpha1::SERVICE_VERSION),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+}

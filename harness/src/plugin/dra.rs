@@ -1,0 +1,400 @@
+//! The DRA service (`DRAPlugin` v1 and v1beta1): prepare and unprepare.
+//!
+//! Semantics follow upstream's kubelet-plugin helper plus test driver:
+//! - Prepare first reads every claim of the request; the whole call fails
+//!   (status `UNKNOWN`, as a plain Go error becomes) when a claim cannot be
+//!   read, is not allocated or has a different UID ("got replaced").
+//! - Then per claim: if already prepared, the cached devices are returned
+//!   (idempotent, nothing rewritten); else one CDI spec per allocation result
+//!   of this driver is written and the devices returned. Per-claim failures go
+//!   into the claim's `error` field.
+//! - Unprepare removes the files of prepared claims; unknown claims succeed.
+//!
+//! Unlike upstream there is no global lock: calls for different claims run in
+//! parallel; operations on the same claim are serialized by a per-claim lock.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tonic::{Request, Response, Status};
+
+use super::{
+    PluginConfig,
+    cdi::{self, CdiSpec},
+    claims::ClaimSource,
+    files::{FileOps, write_atomically},
+};
+use crate::grpc::{dra_v1, dra_v1beta1};
+
+/// A claim as identified by the kubelet: name and UID (the namespace is not
+/// needed to make it unique).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimId {
+    /// Claim name.
+    pub name: String,
+    /// Claim UID.
+    pub uid: String,
+}
+
+/// A device returned for a prepared claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// Pool of the allocated device.
+    pub pool: String,
+    /// Name of the allocated device.
+    pub device: String,
+    /// Share ID of the allocation result (sent in v1 only).
+    pub share_id: Option<String>,
+    /// Base request names (subrequest suffix stripped).
+    pub requests: Vec<String>,
+    /// CDI device IDs.
+    pub cdi_ids: Vec<String>,
+}
+
+/// A claim named in a prepare/unprepare request.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ClaimRequest {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+type ClaimLock = Arc<tokio::sync::Mutex<()>>;
+
+/// Version-independent prepare/unprepare, shared by the v1 and v1beta1 services.
+#[derive(Debug)]
+pub(crate) struct DraCore {
+    config: PluginConfig,
+    claims: Arc<dyn ClaimSource>,
+    files: Arc<dyn FileOps>,
+    /// Prepared claims and their devices.
+    prepared: Mutex<HashMap<ClaimId, Vec<PreparedDevice>>>,
+    /// One lock per claim UID while an operation on it runs.
+    locks: Mutex<HashMap<String, ClaimLock>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl DraCore {
+    pub(crate) fn new(config: PluginConfig, claims: Arc<dyn ClaimSource>, files: Arc<dyn FileOps>) -> Self {
+        DraCore {
+            config,
+            claims,
+            files,
+            prepared: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Prepared claims, sorted.
+    pub(crate) fn prepared_claims(&self) -> Vec<ClaimId> {
+        let mut ids: Vec<ClaimId> = lock(&self.prepared).keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The devices of a prepared claim.
+    pub(crate) fn prepared_devices(&self, id: &ClaimId) -> Option<Vec<PreparedDevice>> {
+        lock(&self.prepared).get(id).cloned()
+    }
+
+    fn claim_lock(&self, uid: &str) -> ClaimLock {
+        lock(&self.locks).entry(uid.to_string()).or_default().clone()
+    }
+
+    /// Drops the lock entry of a claim when nobody else holds or waits for it.
+    fn release_claim_lock(&self, uid: &str, held: ClaimLock) {
+        let mut locks = lock(&self.locks);
+        // One reference in the map, one in `held`.
+        if Arc::strong_count(&held) <= 2 {
+            locks.remove(uid);
+        }
+    }
+
+    /// Reads every claim; the first failure fails the whole call.
+    async fn read_claims(&self, requests: &[ClaimRequest]) -> Result<Vec<ResourceClaim>, Status> {
+        let mut claims = Vec::with_capacity(requests.len());
+        for req in requests {
+            let ns = &req.namespace;
+            let name = &req.name;
+            if name.is_empty() {
+                // What client-go answers for a GET without a name.
+                return Err(Status::unknown(format!(
+                    "get resource claims: retrieve claim {ns}/{name}: resource name may not be empty"
+                )));
+            }
+            let claim = self.claims.get(ns, name).await.map_err(|e| {
+                Status::unknown(format!("get resource claims: retrieve claim {ns}/{name}: {e}"))
+            })?;
+            let allocated = claim.status.as_ref().is_some_and(|s| s.allocation.is_some());
+            if !allocated {
+                return Err(Status::unknown(format!("get resource claims: claim {ns}/{name} not allocated")));
+            }
+            let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+            if req.uid.is_empty() || uid != req.uid {
+                return Err(Status::unknown(format!("get resource claims: claim {ns}/{name} got replaced")));
+            }
+            claims.push(claim);
+        }
+        Ok(claims)
+    }
+
+    /// Prepares all claims: whole-call errors as status, per-claim results keyed by UID.
+    pub(crate) async fn prepare(
+        &self,
+        requests: &[ClaimRequest],
+    ) -> Result<HashMap<String, Result<Vec<PreparedDevice>, String>>, Status> {
+        let claims = self.read_claims(requests).await.inspect_err(|status| {
+            tracing::warn!(error = %status.message(), "NodePrepareResources failed");
+        })?;
+        let mut results = HashMap::new();
+        for claim in &claims {
+            let uid = claim.metadata.uid.clone().unwrap_or_default();
+            let result = self.prepare_claim(claim).await;
+            if let Err(e) = &result {
+                tracing::warn!(claim = ?claim.metadata.name, error = %e, "prepare failed");
+            }
+            results.insert(uid, result);
+        }
+        Ok(results)
+    }
+
+    async fn prepare_claim(&self, claim: &ResourceClaim) -> Result<Vec<PreparedDevice>, String> {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let id = ClaimId { name: name.clone(), uid: uid.clone() };
+        let claim_lock = self.claim_lock(&uid);
+        let result = {
+            let _guard = claim_lock.lock().await;
+            match self.prepared_devices(&id) {
+                Some(devices) => Ok(devices),
+                None => {
+                    let result = self.write_claim(claim, &name, &uid).await;
+                    if let Ok(devices) = &result {
+                        lock(&self.prepared).insert(id, devices.clone());
+                    }
+                    result
+                }
+            }
+        };
+        self.release_claim_lock(&uid, claim_lock);
+        result
+    }
+
+    async fn write_claim(
+        &self,
+        claim: &ResourceClaim,
+        name: &str,
+        uid: &str,
+    ) -> Result<Vec<PreparedDevice>, String> {
+        let driver = &self.config.driver_name;
+        let devices_result =
+            claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+        let Some(allocation) = devices_result else {
+            return Ok(Vec::new());
+        };
+        let configs = allocation.config.as_deref().unwrap_or_default();
+        let mut devices = Vec::new();
+        for result in allocation.results.iter().flatten() {
+            if &result.driver != driver {
+                continue;
+            }
+            let base = cdi::base_request(&result.request);
+            let env = cdi::env_for_result(driver, name, configs, result)?;
+            if env.is_empty() {
+                // CDI rejects empty container edits; inject nothing instead.
+                continue;
+            }
+            let spec = CdiSpec::new(driver, cdi::device_name(uid, base), env);
+            let json = spec.to_json().map_err(|e| format!("marshal spec: {e}"))?;
+            let path = cdi::spec_path(&self.config.cdi_dir, driver, uid, base);
+            write_atomically(self.files.as_ref(), &path, &json)
+                .await
+                .map_err(|e| format!("failed to write CDI file: {e}"))?;
+            tracing::debug!(path = %path.display(), "CDI file written");
+            devices.push(PreparedDevice {
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+                share_id: result.share_id.clone(),
+                requests: vec![base.to_string()],
+                cdi_ids: vec![cdi::device_id(driver, uid, base)],
+            });
+        }
+        Ok(devices)
+    }
+
+    /// Unprepares all claims; per-claim results keyed by UID (`Ok` = success).
+    pub(crate) async fn unprepare(&self, requests: &[ClaimRequest]) -> HashMap<String, Result<(), String>> {
+        let mut results = HashMap::new();
+        for req in requests {
+            let result = self.unprepare_claim(req).await;
+            if let Err(e) = &result {
+                tracing::warn!(claim = %req.name, error = %e, "unprepare failed");
+            }
+            results.insert(req.uid.clone(), result);
+        }
+        results
+    }
+
+    async fn unprepare_claim(&self, req: &ClaimRequest) -> Result<(), String> {
+        let id = ClaimId { name: req.name.clone(), uid: req.uid.clone() };
+        let claim_lock = self.claim_lock(&req.uid);
+        let result = {
+            let _guard = claim_lock.lock().await;
+            match self.prepared_devices(&id) {
+                // Not prepared by this instance: nothing to do.
+                None => Ok(()),
+                Some(devices) => {
+                    let mut result = Ok(());
+                    'devices: for device in &devices {
+                        for request in &device.requests {
+                            let path = self.spec_path(&req.uid, request);
+                            if let Err(e) = self.files.remove(&path).await {
+                                result = Err(format!("error removing CDI file: {e}"));
+                                break 'devices;
+                            }
+                            tracing::debug!(path = %path.display(), "CDI file removed");
+                        }
+                    }
+                    if result.is_ok() {
+                        lock(&self.prepared).remove(&id);
+                    }
+                    result
+                }
+            }
+        };
+        self.release_claim_lock(&req.uid, claim_lock);
+        result
+    }
+
+    fn spec_path(&self, uid: &str, request: &str) -> PathBuf {
+        cdi::spec_path(&self.config.cdi_dir, &self.config.driver_name, uid, cdi::base_request(request))
+    }
+}
+
+/// `DRAPlugin` v1.
+#[derive(Clone, Debug)]
+pub(crate) struct DraV1(pub Arc<DraCore>);
+
+/// `DRAPlugin` v1beta1.
+#[derive(Clone, Debug)]
+pub(crate) struct DraV1beta1(pub Arc<DraCore>);
+
+macro_rules! claim_requests {
+    ($claims:expr) => {
+        $claims
+            .into_iter()
+            .map(|c| ClaimRequest { namespace: c.namespace, name: c.name, uid: c.uid })
+            .collect::<Vec<_>>()
+    };
+}
+
+#[tonic::async_trait]
+impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<dra_v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
+        let requests = claim_requests!(request.into_inner().claims);
+        let results = self.0.prepare(&requests).await?;
+        let claims = results
+            .into_iter()
+            .map(|(uid, result)| {
+                let response = match result {
+                    Ok(devices) => dra_v1::NodePrepareResourceResponse {
+                        devices: devices
+                            .into_iter()
+                            .map(|d| dra_v1::Device {
+                                request_names: d.requests,
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_ids,
+                                share_id: d.share_id,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => dra_v1::NodePrepareResourceResponse { devices: Vec::new(), error },
+                };
+                (uid, response)
+            })
+            .collect();
+        Ok(Response::new(dra_v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<dra_v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
+        let requests = claim_requests!(request.into_inner().claims);
+        let claims = self
+            .0
+            .unprepare(&requests)
+            .await
+            .into_iter()
+            .map(|(uid, result)| {
+                let error = result.err().unwrap_or_default();
+                (uid, dra_v1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+#[tonic::async_trait]
+impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<dra_v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
+        let requests = claim_requests!(request.into_inner().claims);
+        let results = self.0.prepare(&requests).await?;
+        let claims = results
+            .into_iter()
+            .map(|(uid, result)| {
+                let response = match result {
+                    // v1beta1 has no share ID.
+                    Ok(devices) => dra_v1beta1::NodePrepareResourceResponse {
+                        devices: devices
+                            .into_iter()
+                            .map(|d| dra_v1beta1::Device {
+                                request_names: d.requests,
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_ids,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => dra_v1beta1::NodePrepareResourceResponse { devices: Vec::new(), error },
+                };
+                (uid, response)
+            })
+            .collect();
+        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let requests = claim_requests!(request.into_inner().claims);
+        let claims = self
+            .0
+            .unprepare(&requests)
+            .await
+            .into_iter()
+            .map(|(uid, result)| {
+                let error = result.err().unwrap_or_default();
+                (uid, dra_v1beta1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse { claims }))
+    }
+}

@@ -1,0 +1,229 @@
+//! Where the plugin's gRPC servers get their connections from.
+//!
+//! A [`Listener`] is either a Unix socket path (a stale file is replaced, the
+//! file is removed when the plugin stops) or any stream of already
+//! established connections, e.g. port-forward tunnels (`tokio::io::DuplexStream`)
+//! handed over through a [`ConnectionSender`]. Served connections get no
+//! handshake or idle timeouts: a pre-established tunnel may wait idle for a
+//! long time before the kubelet uses it.
+//!
+//! Every served connection is wrapped so that stopping the plugin closes it
+//! (a hard stop after a short grace period, like upstream's `grpc.Server.Stop`).
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use futures::{Stream, StreamExt as _};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::UnixListener,
+    sync::mpsc,
+};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// Anything a gRPC server can talk over.
+pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Connection for T {}
+
+/// A type-erased connection.
+pub type BoxedConnection = Box<dyn Connection>;
+
+/// A stream of established connections.
+pub type ConnectionStream = Pin<Box<dyn Stream<Item = io::Result<BoxedConnection>> + Send>>;
+
+/// Where one gRPC server gets its connections.
+pub enum Listener {
+    /// Listen on this Unix socket path. A file already there is removed first;
+    /// the socket file is removed when the plugin stops.
+    Unix(PathBuf),
+    /// Serve each connection of this stream; the server stops accepting when
+    /// the stream ends.
+    Connections(ConnectionStream),
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listener::Unix(path) => f.debug_tuple("Unix").field(path).finish(),
+            Listener::Connections(_) => f.write_str("Connections(..)"),
+        }
+    }
+}
+
+impl Listener {
+    /// A Unix socket at `path`.
+    pub fn unix(path: impl Into<PathBuf>) -> Self {
+        Listener::Unix(path.into())
+    }
+
+    /// Serves the connections of `stream`.
+    pub fn connections<S, C>(stream: S) -> Self
+    where
+        S: Stream<Item = io::Result<C>> + Send + 'static,
+        C: Connection,
+    {
+        Listener::Connections(Box::pin(stream.map(|c| c.map(|c| Box::new(c) as BoxedConnection))))
+    }
+
+    /// A listener fed through the returned sender (for connections that are
+    /// established elsewhere, e.g. port-forward tunnels). The server stops
+    /// accepting when all senders are dropped.
+    pub fn channel(capacity: usize) -> (ConnectionSender, Listener) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let stream =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (Ok(c), rx)) });
+        (ConnectionSender { tx }, Listener::Connections(Box::pin(stream)))
+    }
+
+    /// The socket path, for Unix listeners.
+    pub fn unix_path(&self) -> Option<&Path> {
+        match self {
+            Listener::Unix(path) => Some(path),
+            Listener::Connections(_) => None,
+        }
+    }
+}
+
+/// Hands established connections to a [`Listener::channel`] listener.
+#[derive(Clone, Debug)]
+pub struct ConnectionSender {
+    tx: mpsc::Sender<BoxedConnection>,
+}
+
+/// The server behind a [`ConnectionSender`] is gone (plugin stopped).
+#[derive(Debug, thiserror::Error)]
+#[error("the plugin server no longer accepts connections (stopped)")]
+pub struct ServerGone;
+
+impl ConnectionSender {
+    /// Hands one connection to the server; waits while the channel is full.
+    pub async fn send<C: Connection>(&self, connection: C) -> Result<(), ServerGone> {
+        self.tx.send(Box::new(connection)).await.map_err(|_| ServerGone)
+    }
+
+    /// Whether the server has stopped accepting.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Waits until the server stops accepting.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+}
+
+/// A served connection that fails all I/O once `kill` is cancelled, so the
+/// connection task ends even while the peer keeps the connection open.
+pub(crate) struct ServedConnection {
+    io: BoxedConnection,
+    killed: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl ServedConnection {
+    pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken) -> Self {
+        ServedConnection { io, killed: Box::pin(kill.clone().cancelled_owned()) }
+    }
+
+    fn check_killed(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        match self.killed.as_mut().poll(cx) {
+            Poll::Ready(()) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "plugin stopped")),
+            Poll::Pending => Ok(()),
+        }
+    }
+}
+
+impl AsyncRead for ServedConnection {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.check_killed(cx)?;
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ServedConnection {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.check_killed(cx)?;
+        Pin::new(&mut this.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.check_killed(cx)?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.check_killed(cx)?;
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for ServedConnection {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+/// A bound listener, ready to be served.
+pub(crate) struct Bound {
+    pub incoming: ConnectionStream,
+    /// The socket file this plugin created, removed on stop.
+    pub socket: Option<PathBuf>,
+}
+
+/// Binds a Unix listener (replacing a stale socket file) or takes the stream.
+pub(crate) fn bind(listener: Listener) -> io::Result<Bound> {
+    match listener {
+        Listener::Connections(incoming) => Ok(Bound { incoming, socket: None }),
+        Listener::Unix(path) => {
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!("{} is a directory, not a socket", path.display()),
+                    ));
+                }
+                Ok(_) => {
+                    tracing::debug!(path = %path.display(), "removing stale socket file");
+                    std::fs::remove_file(&path)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            let listener = UnixListener::bind(&path)?;
+            let incoming = futures::stream::unfold(listener, |listener| async move {
+                let accepted = listener.accept().await.map(|(stream, _)| Box::new(stream) as BoxedConnection);
+                Some((accepted, listener))
+            });
+            Ok(Bound { incoming: Box::pin(incoming), socket: Some(path) })
+        }
+    }
+}
+
+/// Removes a socket file created by [`bind`]; a missing file is fine.
+pub(crate) fn remove_socket(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::debug!(path = %path.display(), "removed socket"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not remove socket"),
+    }
+}
