@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{kind, local};
+use crate::{e2e, kind, local, test};
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
 #[derive(Debug, Parser)]
@@ -26,6 +26,16 @@ pub enum Command {
     },
     /// Build a kind node image from a Kubernetes source tree (`kind build node-image`).
     BuildNodeImage(kind::BuildNodeImageArgs),
+    /// Run the DRA suites: `cargo xtask e2e [--provider local|kind] [--kubeconfig PATH]
+    /// [--keep-cluster] [dra-e2e flags: --focus, --skip, --label-filter, -p, --junit, ...]`.
+    #[command(disable_help_flag = true)]
+    E2e {
+        /// Own flags (--provider, --kubeconfig, --keep-cluster, --name, --image) and dra-e2e's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
+    Test(test::TestArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,6 +89,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
         },
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
+        Command::E2e { args } => e2e::run(args).await,
+        Command::Test(args) => test::run(args).await,
     }
 }
 

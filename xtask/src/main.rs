@@ -5,9 +5,11 @@
 
 mod cli;
 mod cluster_config;
+mod e2e;
 mod kind;
 mod local;
 mod progress;
+mod test;
 
 use std::process::ExitCode;
 
@@ -34,7 +36,9 @@ fn main() -> ExitCode {
 
 /// Logs go to stderr; `RUST_LOG` overrides the default level.
 fn init_tracing(verbose: bool) {
-    let default = if verbose { "debug" } else { "info" };
+    // kube's client logs every failed poll of a component that is still starting at ERROR;
+    // our waits report what matters, with context, so it stays quiet unless RUST_LOG asks.
+    let default = if verbose { "debug" } else { "info,kube_client=off" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();

@@ -34,6 +34,10 @@ impl Binaries {
     pub fn ctr(&self) -> PathBuf {
         self.dir.join("ctr")
     }
+    /// runc, with seccomp.
+    pub fn runc(&self) -> PathBuf {
+        self.dir.join("runc")
+    }
     /// The static pause binary for the sandbox image.
     pub fn pause(&self) -> PathBuf {
         self.dir.join("pause")
@@ -49,6 +53,7 @@ impl Binaries {
             self.containerd(),
             self.dir.join("containerd-shim-runc-v2"),
             self.ctr(),
+            self.runc(),
             self.pause(),
             self.hostpathplugin(),
         ]
@@ -64,6 +69,8 @@ pub struct Versions {
     pub etcd: String,
     /// containerd, e.g. `v2.3.7`.
     pub containerd: String,
+    /// runc, e.g. `v1.4.3`.
+    pub runc: String,
 }
 
 impl Versions {
@@ -74,6 +81,7 @@ impl Versions {
             kubernetes: go_mod_version(&go.join("go.mod"), "k8s.io/kubernetes")?,
             etcd: go_mod_version(&go.join("go.mod"), "go.etcd.io/etcd/server/v3")?,
             containerd: go_mod_version(&go.join("containerd/go.mod"), "github.com/containerd/containerd/v2")?,
+            runc: go_mod_version(&go.join("runc/go.mod"), "github.com/opencontainers/runc")?,
         })
     }
 
@@ -144,6 +152,25 @@ pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
     )?;
     step.done();
 
+    // runc at the version containerd v2.3's own CI uses; Debian's 1.1.5 predates containerd 2.x and
+    // reports a failed container init without its cause. cgo for nsenter, libseccomp for the
+    // RuntimeDefault seccomp profile.
+    let step = Step::start(format!("build runc {} (with seccomp)", versions.runc));
+    go_build(
+        &go.join("runc"),
+        &[("CGO_ENABLED", "1")],
+        &[
+            "-o",
+            &path_str(&tmp.join("runc"))?,
+            "-tags",
+            "seccomp urfave_cli_no_docs",
+            "-ldflags",
+            &format!("-s -w -X main.version={}", versions.runc.trim_start_matches('v')),
+            "github.com/opencontainers/runc",
+        ],
+    )?;
+    step.done();
+
     let step = Step::start("build the pause and hostpathplugin image binaries");
     go_build(
         &go.join("images"),
@@ -206,7 +233,7 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
     hasher.update(versions.containerd_ldflags().as_bytes());
     let go = layout.go_dir();
     let mut files = Vec::new();
-    for module in [go.clone(), go.join("containerd"), go.join("images")] {
+    for module in [go.clone(), go.join("containerd"), go.join("runc"), go.join("images")] {
         files.push(module.join("go.mod"));
         if module.join("go.sum").exists() {
             files.push(module.join("go.sum"));
@@ -246,7 +273,12 @@ mod tests {
 
     #[test]
     fn ldflags_stamp_the_kubernetes_version() {
-        let v = Versions { kubernetes: "v1.37.2".into(), etcd: "v3.7.0".into(), containerd: "v2.3.7".into() };
+        let v = Versions {
+            kubernetes: "v1.37.2".into(),
+            etcd: "v3.7.0".into(),
+            containerd: "v2.3.7".into(),
+            runc: "v1.4.3".into(),
+        };
         let flags = v.kube_ldflags();
         assert!(flags.contains("version.gitVersion=v1.37.2"), "{flags}");
         assert!(flags.contains("version.gitMajor=1 "), "{flags}");

@@ -180,7 +180,7 @@ pub fn containerd(bins: &Binaries, layout: &Layout) -> Result<ProcessSpec> {
     fs::create_dir_all(layout.cni_conf_dir())?;
     write(&layout.cni_conf_dir().join("10-dra-e2e.conflist"), &cni_conflist(layout))?;
     let config = layout.config().join("containerd.toml");
-    write(&config, &containerd_config(layout))?;
+    write(&config, &containerd_config(layout, &bins.runc()))?;
     // containerd finds its shim and runc on PATH: put the shim we built first.
     let path = format!("{}:{}", p(&bins.dir), std::env::var("PATH").unwrap_or_default());
     Ok(ProcessSpec {
@@ -191,7 +191,8 @@ pub fn containerd(bins: &Binaries, layout: &Layout) -> Result<ProcessSpec> {
     })
 }
 
-fn containerd_config(layout: &Layout) -> String {
+fn containerd_config(layout: &Layout, runc: &Path) -> String {
+    let runc = p(runc);
     let root = p(layout.containerd_root());
     let state = p(layout.containerd_state());
     let socket = p(layout.containerd_socket());
@@ -224,6 +225,9 @@ state = "{state}"
 
 [plugins.'io.containerd.cri.v1.runtime']
   enable_cdi = true
+  # Without CAP_SYS_RESOURCE (as on the CI VMs) no process may lower its OOM score below its
+  # parent's; the kubelet asks -998 for pod sandboxes. Clamp to containerd's own score instead.
+  restrict_oom_score_adj = true
   cdi_spec_dirs = ["/etc/cdi", "{cdi}"]
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{CNI_BIN_DIR}", "/opt/cni/bin"]
@@ -232,6 +236,7 @@ state = "{state}"
     runtime_type = "io.containerd.runc.v2"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
       SystemdCgroup = false
+      BinaryName = "{runc}"
       Root = "{runc_root}"
 
 [plugins.'io.containerd.grpc.v1.cri']
@@ -363,8 +368,10 @@ mod tests {
     #[test]
     fn containerd_config_keeps_to_our_paths() {
         let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
-        let config = containerd_config(&layout);
+        let config = containerd_config(&layout, Path::new("/cache/bin/runc"));
         assert!(config.contains("enable_cdi = true"));
+        assert!(config.contains("restrict_oom_score_adj = true"));
+        assert!(config.contains("BinaryName = \"/cache/bin/runc\""));
         assert!(config.contains(&format!("sandbox = \"{}\"", images::PAUSE)));
         for forbidden in ["/var/lib/containerd", "/run/containerd", "/opt/containerd\""] {
             assert!(!config.contains(forbidden), "{forbidden} in\n{config}");

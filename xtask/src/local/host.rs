@@ -1,5 +1,5 @@
-//! What the local cluster needs from the machine: root, the Debian packages it runs (runc, the CNI
-//! plugins, a static busybox), and the kernel settings the kubelet changes, which are saved before
+//! What the local cluster needs from the machine: root, the Debian packages it builds or runs with
+//! (libseccomp-dev for runc, the CNI plugins, a static busybox), and the kernel settings the kubelet changes, which are saved before
 //! the kubelet starts and restored by `cluster down`.
 
 use std::{collections::BTreeMap, fs, path::Path, process::Command};
@@ -25,7 +25,8 @@ struct Package {
 }
 
 const PACKAGES: [Package; 3] = [
-    Package { name: "runc", present: || on_path("runc") },
+    // runc itself is built from source; its seccomp support links libseccomp.
+    Package { name: "libseccomp-dev", present: || Path::new("/usr/include/seccomp.h").is_file() },
     Package {
         name: "containernetworking-plugins",
         present: || {

@@ -65,6 +65,50 @@ impl LocalCluster {
         START_ORDER.iter().all(|name| self.sup.is_running(name))
     }
 
+    /// Whether the cluster runs and its apiserver is ready.
+    pub async fn is_up(&self) -> bool {
+        self.all_running() && readyz(self.kubeconfig()).await.unwrap_or(false)
+    }
+
+    /// What a stopped cluster would have left behind: running processes of its binaries, mounts
+    /// below its paths, listening ports, its bridge and the kubelet's cgroups. Empty when clean.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        for name in START_ORDER {
+            if self.sup.is_running(name) {
+                left.push(format!("{name} still runs"));
+            }
+        }
+        let builds = self.layout.cache.join("bin");
+        for pid in teardown::processes_running_from(&builds) {
+            left.push(format!("process {pid} runs a binary built under {}", builds.display()));
+        }
+        for mount in teardown::mounts_below(&teardown::cluster_mount_roots(&self.layout)) {
+            left.push(format!("mount {}", mount.display()));
+        }
+        for (port, owner) in ports::ALL {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                left.push(format!("port {port} ({owner}) is still in use"));
+            }
+        }
+        if std::path::Path::new("/sys/class/net").join(components::BRIDGE).exists() {
+            left.push(format!("network bridge {}", components::BRIDGE));
+        }
+        if let Ok(hierarchies) = fs::read_dir("/sys/fs/cgroup") {
+            for h in hierarchies.filter_map(|e| e.ok()) {
+                if h.path().join("kubepods").exists() {
+                    left.push(format!("cgroup {}", h.path().join("kubepods").display()));
+                }
+            }
+        }
+        for dir in [self.layout.kubelet_root(), self.layout.run.clone(), self.layout.containerd_root()] {
+            if dir.exists() {
+                left.push(format!("directory {}", dir.display()));
+            }
+        }
+        left
+    }
+
     /// Brings the cluster up; does nothing but report when it already runs.
     pub async fn up(&self) -> Result<PathBuf> {
         let total = std::time::Instant::now();
@@ -78,7 +122,8 @@ impl LocalCluster {
             eprintln!("==> found state of an earlier local cluster: cleaning it up first");
             self.down().await?;
         }
-        let step = Step::start("check host prerequisites (root, go, runc, CNI plugins, busybox-static)");
+        let step =
+            Step::start("check host prerequisites (root, go, libseccomp-dev, CNI plugins, busybox-static)");
         host::ensure_packages()?;
         check_ports_free()?;
         check_kubelet_root_free(&self.layout)?;
@@ -255,8 +300,8 @@ impl LocalCluster {
                 problems.push(format!("{e:#}"));
             }
         }
-        problems.extend(teardown::delete_leftover_containers(&self.layout));
         if let Some(dir) = &bin_dir {
+            problems.extend(teardown::delete_leftover_containers(&self.layout, &dir.join("runc")));
             for pid in teardown::processes_running_from(dir) {
                 if let Ok(start_time) = process::read_start_time(pid)
                     && let Err(e) = process::stop_process(
@@ -278,10 +323,7 @@ impl LocalCluster {
             problems.extend(teardown::remove_dir(&dir));
         }
         problems.extend(teardown::remove_state_except_logs(&self.layout)?);
-        let left = teardown::mounts_below(&teardown::cluster_mount_roots(&self.layout));
-        if !left.is_empty() {
-            problems.push(format!("mounts left: {left:?}"));
-        }
+        problems.extend(self.leftovers());
         if problems.is_empty() {
             step.done();
             Ok(())

@@ -65,12 +65,12 @@ pub fn cluster_mount_roots(layout: &Layout) -> Vec<PathBuf> {
 
 /// Force-deletes every container left in this cluster's runc root (containers whose shim died
 /// with containerd), so none of their processes survive.
-pub fn delete_leftover_containers(layout: &Layout) -> Vec<String> {
+pub fn delete_leftover_containers(layout: &Layout, runc: &Path) -> Vec<String> {
     let mut problems = Vec::new();
     let Ok(namespaces) = fs::read_dir(layout.runc_root()) else { return problems };
     for ns in namespaces.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()) {
-        let Ok(out) = Command::new("runc").arg("--root").arg(&ns).args(["list", "-q"]).output() else {
-            problems.push("runc is not on PATH; cannot delete leftover containers".into());
+        let Ok(out) = Command::new(runc).arg("--root").arg(&ns).args(["list", "-q"]).output() else {
+            problems.push(format!("cannot run {}; cannot delete leftover containers", runc.display()));
             return problems;
         };
         for id in String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()) {

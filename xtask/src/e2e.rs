@@ -1,0 +1,187 @@
+//! `cargo xtask e2e`: builds the `dra-e2e` binary and runs the suites against a cluster, passing
+//! every flag it does not know itself to the binary. Without `--kubeconfig` it brings a cluster up
+//! first (the embedded local one by default) and takes it down afterwards unless `--keep-cluster`
+//! (or unless the cluster was already running).
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cli::Provider, kind, local};
+
+/// What `cargo xtask e2e` itself understands; everything else goes to `dra-e2e`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct E2eArgs {
+    /// The cluster provider when no kubeconfig is given.
+    pub provider: Provider,
+    /// An existing cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// Leave the cluster running after the run.
+    pub keep_cluster: bool,
+    /// The kind cluster name (`--name`).
+    pub kind_name: Option<String>,
+    /// The kind node image (`--image`).
+    pub kind_image: Option<String>,
+    /// Flags for `dra-e2e`.
+    pub passthrough: Vec<String>,
+}
+
+/// Splits the command line of `cargo xtask e2e` into its own options and the runner's flags.
+pub fn parse(args: Vec<String>) -> Result<E2eArgs> {
+    let mut out = E2eArgs::default();
+    let mut iter = args.into_iter();
+    while let Some(arg) = iter.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |flag: &str| -> Result<String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => iter.next().with_context(|| format!("{flag} needs a value")),
+            }
+        };
+        match name.as_str() {
+            "--provider" => {
+                out.provider = match value("--provider")?.as_str() {
+                    "local" => Provider::Local,
+                    "kind" => Provider::Kind,
+                    other => bail!("unknown provider {other:?}: use local or kind"),
+                }
+            }
+            "--kubeconfig" => out.kubeconfig = Some(PathBuf::from(value("--kubeconfig")?)),
+            "--keep-cluster" => out.keep_cluster = true,
+            "--name" => out.kind_name = Some(value("--name")?),
+            "--image" => out.kind_image = Some(value("--image")?),
+            _ => out.passthrough.push(arg),
+        }
+    }
+    Ok(out)
+}
+
+/// Builds `dra-e2e` and returns its path.
+pub fn build_runner(repo: &Path) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--package", "suites", "--bin", "dra-e2e"])
+        .current_dir(repo)
+        .status()
+        .context("run cargo build for dra-e2e")?;
+    if !status.success() {
+        bail!("building dra-e2e failed");
+    }
+    Ok(target_dir(repo).join("debug").join("dra-e2e"))
+}
+
+/// The cargo target directory of the workspace.
+pub fn target_dir(repo: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo.join("target"))
+}
+
+/// Runs `dra-e2e` with `args` against `kubeconfig`; returns its exit code. Ctrl-C reaches the
+/// runner too (same process group); we wait for it to finish its clean-up.
+pub async fn run_runner(runner: &Path, kubeconfig: &Path, args: &[String]) -> Result<i32> {
+    let mut child = tokio::process::Command::new(runner)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .spawn()
+        .with_context(|| format!("start {}", runner.display()))?;
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status?;
+                return Ok(status.code().unwrap_or(1));
+            }
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("interrupted: waiting for dra-e2e to clean up");
+            }
+        }
+    }
+}
+
+/// `cargo xtask e2e ...`.
+pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
+    let args = parse(raw)?;
+    let repo = crate::cli::repo_root();
+    let runner = build_runner(&repo)?;
+    let (kubeconfig, teardown) = match (&args.kubeconfig, args.provider) {
+        (Some(path), _) => (path.clone(), None),
+        (None, Provider::Local) => {
+            let cluster = local::LocalCluster::new()?;
+            let was_running = cluster.is_up().await;
+            let path = cluster.up().await?;
+            let teardown = (!args.keep_cluster && !was_running).then_some(Provider::Local);
+            if was_running {
+                eprintln!("note: the local cluster was already running; it stays up after the run");
+            }
+            (path, teardown)
+        }
+        (None, Provider::Kind) => {
+            let kind_args = kind_args(&args);
+            let path = kind::up(&kind_args, false).await?;
+            (path, (!args.keep_cluster).then_some(Provider::Kind))
+        }
+    };
+    let code = run_runner(&runner, &kubeconfig, &args.passthrough).await;
+    match teardown {
+        Some(Provider::Local) => local::down().await?,
+        Some(Provider::Kind) => kind::down(&kind_args(&args), false).await?,
+        None => {}
+    }
+    let code = code?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+fn kind_args(args: &E2eArgs) -> kind::KindArgs {
+    kind::KindArgs {
+        name: args
+            .kind_name
+            .clone()
+            .or_else(|| std::env::var("KIND_CLUSTER_NAME").ok())
+            .unwrap_or_else(|| "dra-e2e".into()),
+        image: args.kind_image.clone().or_else(|| std::env::var("KIND_NODE_IMAGE").ok()),
+        kind_version: std::env::var("KIND_VERSION").ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn own_flags_are_taken_the_rest_passes_through() {
+        let args = parse(strings(&[
+            "--focus",
+            "DRA",
+            "--provider=kind",
+            "--keep-cluster",
+            "-p",
+            "4",
+            "--kubeconfig",
+            "/k",
+            "--skip",
+            "Slow",
+        ]))
+        .unwrap();
+        assert_eq!(args.provider, Provider::Kind);
+        assert!(args.keep_cluster);
+        assert_eq!(args.kubeconfig, Some(PathBuf::from("/k")));
+        assert_eq!(args.passthrough, strings(&["--focus", "DRA", "-p", "4", "--skip", "Slow"]));
+    }
+
+    #[test]
+    fn bad_provider_and_missing_values_are_errors() {
+        assert!(
+            parse(strings(&["--provider", "docker"])).unwrap_err().to_string().contains("unknown provider")
+        );
+        assert!(parse(strings(&["--kubeconfig"])).unwrap_err().to_string().contains("needs a value"));
+    }
+}
