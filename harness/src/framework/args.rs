@@ -1,0 +1,161 @@
+//! The command line of a spec binary ([`RunnerArgs`]) and [`run`], its entry point.
+
+use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    capture, duration,
+    kube_backend::KubeBackend,
+    progress::Output,
+    registry::Registry,
+    runner::{RunOptions, run_with_backend},
+    selection::Selection,
+};
+
+/// The runner's flags; flatten them into the binary's clap parser.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunnerArgs {
+    /// Run only specs whose full text matches this regex (repeatable: any of them).
+    #[arg(long, value_name = "REGEX")]
+    pub focus: Vec<String>,
+
+    /// Do not run specs whose full text matches this regex (repeatable: any of them).
+    #[arg(long, value_name = "REGEX")]
+    pub skip: Vec<String>,
+
+    /// Run only specs whose labels satisfy this ginkgo label expression, e.g.
+    /// 'DRA && Feature: isSubsetOf { DynamicResourceAllocation } && !Flaky'.
+    #[arg(long, value_name = "EXPR")]
+    pub label_filter: Option<String>,
+
+    /// How many specs run at the same time.
+    #[arg(short = 'p', long = "procs", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub procs: u32,
+
+    /// Default timeout of a spec (specs may set their own), e.g. 90s, 10m, 1h.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration::parse)]
+    pub timeout: Duration,
+
+    /// Print the full texts of the selected specs and exit.
+    #[arg(long)]
+    pub list: bool,
+
+    /// Write a JUnit XML report to this file.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+
+    /// Folder for failed specs' artifacts (one sub-folder per failed spec).
+    #[arg(long, value_name = "DIR", default_value = "target/e2e/artifacts")]
+    pub artifacts: PathBuf,
+
+    /// Run the selection N times in total (to find flakes); reports name the attempt.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+
+    /// Kubeconfig of the cluster (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl RunnerArgs {
+    /// The run options these flags stand for (progress on stdout).
+    pub fn options(&self) -> RunOptions {
+        RunOptions {
+            procs: usize::try_from(self.procs).unwrap_or(usize::MAX),
+            default_timeout: self.timeout,
+            repeat: self.repeat,
+            artifacts: self.artifacts.clone(),
+            junit: self.junit.clone(),
+            output: Output::stdout(),
+            ..RunOptions::default()
+        }
+    }
+
+    /// The selection these flags stand for.
+    pub fn selection(&self) -> Result<Selection, super::selection::SelectionError> {
+        Selection::new(&self.focus, &self.skip, self.label_filter.as_deref())
+    }
+}
+
+/// Runs the selected specs against the cluster of `--kubeconfig` and
+/// returns the process exit code: 0 when nothing failed, 1 when a spec
+/// failed, 2 for usage or configuration errors (bad regex or label filter,
+/// unusable kubeconfig, unreachable cluster, no `resource.k8s.io/v1`), 130
+/// after Ctrl-C.
+///
+/// Installs the default tracing set-up ([`init_tracing`](super::init_tracing))
+/// unless a global subscriber exists, a panic hook that logs panics inside
+/// specs into the spec's log, and the Ctrl-C handler: the first Ctrl-C
+/// cancels running specs (their cleanups run) and writes the report; a
+/// second one exits at once.
+pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
+    capture::init_tracing();
+    let usage_error = |message: String| {
+        eprintln!("error: {message}");
+        ExitCode::from(2)
+    };
+    if let Err(e) = registry.validate() {
+        return usage_error(e.to_string());
+    }
+    let selection = match args.selection() {
+        Ok(s) => s,
+        Err(e) => return usage_error(e.to_string()),
+    };
+    if args.list {
+        for spec in registry.specs().filter(|s| selection.matches(s)) {
+            println!("{}", spec.full_text());
+        }
+        return ExitCode::SUCCESS;
+    }
+    let backend = match KubeBackend::connect(args.kubeconfig.as_deref()).await {
+        Ok(b) => b,
+        Err(e) => return usage_error(e.to_string()),
+    };
+    install_panic_hook();
+    let interrupt = CancellationToken::new();
+    let signals = tokio::spawn(handle_ctrl_c(interrupt.clone()));
+    let report = run_with_backend(registry, &selection, args.options(), Arc::new(backend), interrupt).await;
+    signals.abort();
+    if let Some(error) = &report.error {
+        eprintln!("error: {error}");
+    }
+    ExitCode::from(report.exit_code())
+}
+
+/// First Ctrl-C: cancel the run. Second: exit immediately.
+async fn handle_ctrl_c(interrupt: CancellationToken) {
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        tracing::warn!("cannot listen for Ctrl-C: {e}");
+        return;
+    }
+    eprintln!(
+        "\nInterrupted: cancelling running specs and running their cleanups; press Ctrl-C again to exit at once."
+    );
+    interrupt.cancel();
+    if tokio::signal::ctrl_c().await.is_ok() {
+        eprintln!("\nInterrupted twice: exiting without cleanup.");
+        std::process::exit(130);
+    }
+}
+
+/// Panics inside a spec go to the spec's log (with their location) instead
+/// of stderr; other panics keep the default output.
+fn install_panic_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if tracing::Span::current().is_none() {
+            previous(info);
+            return;
+        }
+        let location = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with a non-string payload".to_owned());
+        tracing::error!(target: super::runner::OUTCOME_TARGET, "panicked{location}: {message}");
+    }));
+}

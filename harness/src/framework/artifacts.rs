@@ -1,0 +1,60 @@
+//! Artifacts of failed specs: the folder layout and [`ArtifactSource`]s.
+//!
+//! `<artifacts>/<spec name>[-attempt-N]/` holds what the backend collects
+//! from the cluster (`events.yaml`, `pods.yaml`, `logs/<pod>/<container>.log`,
+//! `resourceclaims.yaml`, `resourceslices.yaml`, `deviceclasses.yaml`), one
+//! sub-folder per registered [`ArtifactSource`], `failure.txt` and `spec.log`.
+//! Cluster state is collected before the cleanups run.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+
+use super::names;
+
+/// Something that can add files to a failed spec's artifacts, e.g. the
+/// Driver's recorded gRPC calls. Register it with
+/// [`Ctx::artifact_source`](super::Ctx::artifact_source).
+///
+/// ```
+/// use std::path::Path;
+/// use harness::framework::ArtifactSource;
+///
+/// struct Notes(String);
+///
+/// #[async_trait::async_trait]
+/// impl ArtifactSource for Notes {
+///     fn name(&self) -> &str {
+///         "notes"
+///     }
+///     async fn collect(&self, dir: &Path) -> anyhow::Result<()> {
+///         tokio::fs::write(dir.join("notes.txt"), &self.0).await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait ArtifactSource: Send + Sync {
+    /// A short name; also the name of the sub-folder `collect` writes into.
+    fn name(&self) -> &str;
+
+    /// Writes files into `dir` (created before the call). Errors are logged
+    /// and listed in the spec's `failure.txt`; they never change the outcome.
+    async fn collect(&self, dir: &Path) -> anyhow::Result<()>;
+}
+
+/// The artifact folder of a spec run.
+pub(crate) fn spec_dir(root: &Path, full_text: &str, attempt: u32, repeat: u32) -> PathBuf {
+    let name = names::dir_name(full_text);
+    if repeat > 1 { root.join(format!("{name}-attempt-{attempt}")) } else { root.join(name) }
+}
+
+/// Empties (or creates) a spec's artifact folder, so no file of an earlier run stays.
+pub(crate) async fn fresh_dir(dir: &Path) -> std::io::Result<()> {
+    match tokio::fs::remove_dir_all(dir).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    tokio::fs::create_dir_all(dir).await
+}

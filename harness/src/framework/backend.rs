@@ -1,0 +1,89 @@
+//! What the runner needs from a cluster, behind a small trait so the runner
+//! core can be tested without Kubernetes. The production implementation is
+//! [`KubeBackend`](super::KubeBackend).
+
+use std::{path::Path, time::Duration};
+
+use async_trait::async_trait;
+
+use super::cluster::{ClusterInfo, PreflightError};
+
+/// What a spec's namespace should look like.
+#[derive(Debug, Clone)]
+pub struct NamespaceRequest {
+    /// `metadata.generateName`, e.g. `dra-registers-plugin-`.
+    pub generate_name: String,
+    /// The spec's full text (recorded as an annotation).
+    pub full_text: String,
+}
+
+/// A namespace created for a spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecNamespace {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid`, to know when exactly this namespace is gone.
+    pub uid: String,
+}
+
+/// Where to put a failed spec's cluster artifacts.
+#[derive(Debug, Clone, Copy)]
+pub struct ArtifactRequest<'a> {
+    /// The spec's namespace.
+    pub namespace: &'a str,
+    /// Driver names the spec registered; ResourceSlices are filtered to
+    /// these (all slices when empty).
+    pub drivers: &'a [String],
+    /// The spec's artifact folder (exists).
+    pub dir: &'a Path,
+}
+
+/// A cluster operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The API server returned an error.
+    #[error("{what}: {source}")]
+    Kube {
+        /// What was attempted (`create namespace with generateName dra-x-`).
+        what: String,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A wait ran out of time.
+    #[error("timed out after {after} waiting for {what}")]
+    Timeout {
+        /// What was awaited (`namespace dra-x-abcde to be gone`).
+        what: String,
+        /// The timeout, for humans.
+        after: String,
+    },
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The cluster, as the runner uses it.
+#[async_trait]
+pub trait ClusterBackend: Send + Sync + 'static {
+    /// Checks that the cluster is usable for DRA specs and describes it.
+    async fn preflight(&self) -> Result<ClusterInfo, PreflightError>;
+
+    /// The admin client specs get on their [`Ctx`](super::Ctx).
+    fn client(&self) -> kube::Client;
+
+    /// Creates a spec's namespace (privileged pod security, labels marking it as ours).
+    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError>;
+
+    /// Deletes a spec's namespace and waits until it is gone.
+    async fn delete_namespace(
+        &self,
+        namespace: &SpecNamespace,
+        timeout: Duration,
+    ) -> Result<(), ClusterError>;
+
+    /// Writes the cluster's view of a failed spec into `request.dir`
+    /// (events, pods, container logs, claims, slices, classes). Returns the
+    /// problems met; collection never changes a spec's outcome.
+    async fn collect_artifacts(&self, request: ArtifactRequest<'_>) -> Vec<String>;
+}

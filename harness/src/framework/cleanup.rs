@@ -1,0 +1,171 @@
+//! The cleanup stack of a spec: cleanups run in reverse order of registration.
+
+use std::{
+    future::Future,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use futures::{FutureExt as _, future::BoxFuture};
+use tracing::Instrument as _;
+
+/// One registered cleanup.
+struct Cleanup {
+    what: String,
+    timeout: Duration,
+    run: BoxFuture<'static, anyhow::Result<()>>,
+}
+
+/// A cleanup that failed, panicked or timed out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupFailure {
+    /// What the cleanup does, as registered (`delete DeviceClass x`).
+    pub what: String,
+    /// Why it failed.
+    pub error: String,
+}
+
+impl std::fmt::Display for CleanupFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cleanup {:?} failed: {}", self.what, self.error)
+    }
+}
+
+/// Cleanups of one spec.
+#[derive(Default)]
+pub(crate) struct CleanupStack {
+    entries: Mutex<Vec<Cleanup>>,
+}
+
+impl CleanupStack {
+    pub(crate) fn push<F>(&self, what: String, timeout: Duration, cleanup: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        tracing::debug!(what = %what, "registered cleanup");
+        self.lock().push(Cleanup { what, timeout, run: cleanup.boxed() });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Cleanup>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs every cleanup, last registered first, each in its own task (so
+    /// panics are caught) with its own timeout. Cleanups registered while
+    /// this runs run too. Returns the failures; all cleanups run regardless.
+    pub(crate) async fn run_all(&self) -> Vec<CleanupFailure> {
+        let mut failures = Vec::new();
+        loop {
+            let Some(cleanup) = self.lock().pop() else { break };
+            let Cleanup { what, timeout, run } = cleanup;
+            let span = tracing::info_span!("cleanup", what = %what);
+            span.in_scope(|| tracing::info!("running cleanup"));
+            let mut task = tokio::spawn(run.instrument(span.clone()));
+            let error = match tokio::time::timeout(timeout, &mut task).await {
+                Ok(Ok(Ok(()))) => None,
+                Ok(Ok(Err(e))) => Some(format!("{e:#}")),
+                Ok(Err(join)) if join.is_panic() => {
+                    Some(format!("panicked: {}", panic_message(join.into_panic())))
+                }
+                Ok(Err(join)) => Some(format!("its task was cancelled: {join}")),
+                Err(_) => {
+                    task.abort();
+                    Some(format!("did not finish within {}", super::duration::display(timeout)))
+                }
+            };
+            match error {
+                None => span.in_scope(|| tracing::info!("cleanup done")),
+                Some(error) => {
+                    span.in_scope(|| tracing::error!(target: super::runner::OUTCOME_TARGET, error = %error, "cleanup failed"));
+                    failures.push(CleanupFailure { what, error });
+                }
+            }
+        }
+        failures
+    }
+}
+
+/// The message of a panic payload (`&str` or `String`, as `panic!` makes them).
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => match payload.downcast::<&'static str>() {
+            Ok(s) => (*s).to_owned(),
+            Err(_) => "a panic with a non-string payload".to_owned(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    type Log = Arc<Mutex<Vec<&'static str>>>;
+
+    /// A shared log, and a maker of cleanups that append their name to it.
+    fn recorder() -> (Log, impl Fn(&'static str) -> BoxFuture<'static, anyhow::Result<()>>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        (log, move |name| {
+            let l = l.clone();
+            async move {
+                l.lock().unwrap().push(name);
+                Ok(())
+            }
+            .boxed()
+        })
+    }
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn runs_in_reverse_order() {
+        let (log, rec) = recorder();
+        let stack = CleanupStack::default();
+        stack.push("namespace".into(), LONG, rec("namespace"));
+        stack.push("device class".into(), LONG, rec("device class"));
+        stack.push("driver".into(), LONG, rec("driver"));
+        assert!(stack.run_all().await.is_empty());
+        assert_eq!(*log.lock().unwrap(), ["driver", "device class", "namespace"]);
+        assert!(stack.run_all().await.is_empty(), "each cleanup runs once");
+        assert_eq!(log.lock().unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn failures_panics_and_timeouts_are_reported_and_the_rest_still_runs() {
+        let (log, rec) = recorder();
+        let stack = CleanupStack::default();
+        stack.push("first".into(), LONG, rec("first"));
+        stack.push("hangs".into(), Duration::from_millis(50), std::future::pending());
+        stack.push("panics".into(), LONG, async { panic!("cleanup exploded") });
+        stack.push("fails".into(), LONG, async { Err(anyhow::anyhow!("api said no")) });
+        stack.push("last".into(), LONG, rec("last"));
+        let failures = stack.run_all().await;
+        assert_eq!(*log.lock().unwrap(), ["last", "first"]);
+        let got: Vec<_> = failures.iter().map(|f| (f.what.as_str(), f.error.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("fails", "api said no"),
+                ("panics", "panicked: cleanup exploded"),
+                ("hangs", "did not finish within 50ms"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn cleanups_registered_during_cleanup_run_too() {
+        let (log, rec) = recorder();
+        let stack = Arc::new(CleanupStack::default());
+        let s = stack.clone();
+        let late = rec("late");
+        stack.push("registers another".into(), LONG, async move {
+            s.push("late".into(), LONG, late);
+            Ok(())
+        });
+        assert!(stack.run_all().await.is_empty());
+        assert_eq!(*log.lock().unwrap(), ["late"]);
+    }
+}

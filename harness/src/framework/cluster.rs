@@ -1,0 +1,272 @@
+//! What preflight found out about the cluster, and the skip helpers built on it.
+
+use std::{collections::BTreeSet, fmt};
+
+use super::error::{SpecError, SpecResult};
+
+/// The API group version every DRA spec needs.
+pub const DRA_API: &str = "resource.k8s.io/v1";
+
+/// A Kubernetes version as `major.minor.patch` (from `v1.37.2`, `v1.35.0-alpha.1+abc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct KubeVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+    /// Patch version.
+    pub patch: u32,
+}
+
+impl KubeVersion {
+    /// Parses `v1.37.2` or `1.37` (pre-release and build suffixes are ignored).
+    pub fn parse(text: &str) -> Option<Self> {
+        let core = text.trim().trim_start_matches('v');
+        let core = core.split(['-', '+']).next()?;
+        let mut parts = core.split('.');
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        let patch = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+        Some(Self { major, minor, patch })
+    }
+
+    /// `major.minor` as a pair, for comparisons like `>= (1, 34)`.
+    pub fn minor_version(self) -> (u32, u32) {
+        (self.major, self.minor)
+    }
+}
+
+impl fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// A node as preflight saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// `metadata.name`.
+    pub name: String,
+    /// `status.nodeInfo.kubeletVersion` as reported (`v1.37.2`).
+    pub kubelet_version: String,
+    /// Whether the `Ready` condition is `True`.
+    pub ready: bool,
+}
+
+impl NodeInfo {
+    /// The parsed kubelet version, if it parses.
+    pub fn kubelet(&self) -> Option<KubeVersion> {
+        KubeVersion::parse(&self.kubelet_version)
+    }
+}
+
+/// The cluster, as discovered once before any spec runs; on every [`Ctx`](super::Ctx).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterInfo {
+    /// The API server URL from the kubeconfig.
+    pub server: String,
+    /// `gitVersion` of the API server (`v1.37.2`).
+    pub server_version: String,
+    /// Every served API group version: `v1` (core), `apps/v1`, `resource.k8s.io/v1`, ...
+    pub api_versions: BTreeSet<String>,
+    /// All nodes.
+    pub nodes: Vec<NodeInfo>,
+}
+
+impl ClusterInfo {
+    /// Whether the API server serves this group version (`resource.k8s.io/v1beta2`).
+    pub fn serves(&self, group_version: &str) -> bool {
+        self.api_versions.contains(group_version)
+    }
+
+    /// The served versions of one API group, e.g. `resource.k8s.io`.
+    pub fn versions_of(&self, group: &str) -> Vec<&str> {
+        self.api_versions
+            .iter()
+            .filter_map(|gv| gv.split_once('/').filter(|(g, _)| *g == group).map(|_| gv.as_str()))
+            .collect()
+    }
+
+    /// The parsed API server version.
+    pub fn server(&self) -> Option<KubeVersion> {
+        KubeVersion::parse(&self.server_version)
+    }
+
+    /// Nodes whose `Ready` condition is `True`.
+    pub fn ready_nodes(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes.iter().filter(|n| n.ready)
+    }
+
+    /// Skips unless the API server serves this group version.
+    pub fn require_api(&self, group_version: &str) -> SpecResult {
+        if self.serves(group_version) {
+            return Ok(());
+        }
+        let group = group_version.split_once('/').map_or("", |(g, _)| g);
+        let served = self.versions_of(group);
+        Err(SpecError::skip(format!(
+            "needs API {group_version}, which the cluster does not serve (it serves {})",
+            if served.is_empty() { "no version of that group".to_owned() } else { served.join(", ") }
+        )))
+    }
+
+    /// Skips unless at least `count` nodes are ready.
+    pub fn require_nodes(&self, count: usize) -> SpecResult {
+        let ready = self.ready_nodes().count();
+        if ready >= count {
+            return Ok(());
+        }
+        Err(SpecError::skip(format!("needs {count} ready nodes, the cluster has {ready}")))
+    }
+
+    /// Skips unless every ready node's kubelet is at least `major.minor`
+    /// (upstream's `WithKubeletMinVersion`).
+    pub fn require_kubelet_version(&self, major: u32, minor: u32) -> SpecResult {
+        let old: Vec<String> = self
+            .ready_nodes()
+            .filter(|n| n.kubelet().is_none_or(|v| v.minor_version() < (major, minor)))
+            .map(|n| format!("{} has {}", n.name, n.kubelet_version))
+            .collect();
+        if old.is_empty() {
+            return Ok(());
+        }
+        Err(SpecError::skip(format!("needs kubelet v{major}.{minor} or newer, but {}", old.join(", "))))
+    }
+
+    /// Skips unless the API server is at least `major.minor`.
+    pub fn require_server_version(&self, major: u32, minor: u32) -> SpecResult {
+        match self.server() {
+            Some(v) if v.minor_version() >= (major, minor) => Ok(()),
+            _ => Err(SpecError::skip(format!(
+                "needs an API server v{major}.{minor} or newer, the cluster runs {}",
+                self.server_version
+            ))),
+        }
+    }
+}
+
+/// Why the runner cannot use the cluster. Each message says what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    /// The kubeconfig file cannot be read or used.
+    #[error("cannot use the kubeconfig {path}: {reason}; pass --kubeconfig with a valid admin kubeconfig")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// No `--kubeconfig`, and neither `KUBECONFIG`, `~/.kube/config` nor an in-cluster config exists.
+    #[error(
+        "no kubeconfig found: KUBECONFIG is unset, ~/.kube/config cannot be used ({reason}) and this is not a pod in a cluster; pass --kubeconfig PATH or set KUBECONFIG, or start a cluster with `cargo xtask cluster up`"
+    )]
+    NoKubeconfig {
+        /// What kube-rs tried.
+        reason: String,
+    },
+    /// Connecting failed.
+    #[error(
+        "cannot reach the API server at {server}: {reason}; is the cluster running (`cargo xtask cluster up` starts one) and is the kubeconfig's server address right?"
+    )]
+    Unreachable {
+        /// The API server URL.
+        server: String,
+        /// The root cause.
+        reason: String,
+    },
+    /// The API server did not answer in time.
+    #[error(
+        "the API server at {server} did not answer within {secs}s; is the cluster running and is the kubeconfig's server address right?"
+    )]
+    Timeout {
+        /// The API server URL.
+        server: String,
+        /// The preflight timeout.
+        secs: u64,
+    },
+    /// Authentication or authorization failed.
+    #[error(
+        "the API server at {server} refused the kubeconfig's credentials ({reason}); use an admin kubeconfig"
+    )]
+    Unauthorized {
+        /// The API server URL.
+        server: String,
+        /// The status message.
+        reason: String,
+    },
+    /// `resource.k8s.io/v1` is not served.
+    #[error(
+        "the cluster at {server} does not serve {DRA_API} ({served}); the DRA specs need Kubernetes 1.34 or newer with {DRA_API} enabled"
+    )]
+    NoDraApi {
+        /// The API server URL.
+        server: String,
+        /// What it serves of `resource.k8s.io`.
+        served: String,
+    },
+    /// Anything else the API server answered.
+    #[error("preflight against {server} failed: {reason}")]
+    Other {
+        /// The API server URL.
+        server: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+
+    fn cluster() -> ClusterInfo {
+        ClusterInfo {
+            server: "https://127.0.0.1:6443".into(),
+            server_version: "v1.37.2".into(),
+            api_versions: ["v1", "resource.k8s.io/v1", "resource.k8s.io/v1beta1"].map(String::from).into(),
+            nodes: vec![
+                NodeInfo { name: "a".into(), kubelet_version: "v1.37.2".into(), ready: true },
+                NodeInfo { name: "b".into(), kubelet_version: "v1.33.1".into(), ready: true },
+                NodeInfo { name: "c".into(), kubelet_version: "v1.30.0".into(), ready: false },
+            ],
+        }
+    }
+
+    #[rstest]
+    #[case("v1.37.2", Some((1, 37, 2)))]
+    #[case("1.34", Some((1, 34, 0)))]
+    #[case("v1.35.0-alpha.1+abc", Some((1, 35, 0)))]
+    #[case("v1.36.1+k3s1", Some((1, 36, 1)))]
+    #[case("garbage", None)]
+    fn parses_versions(#[case] text: &str, #[case] expected: Option<(u32, u32, u32)>) {
+        assert_eq!(
+            KubeVersion::parse(text),
+            expected.map(|(major, minor, patch)| KubeVersion { major, minor, patch })
+        );
+    }
+
+    #[test]
+    fn requirements_skip_with_reasons() {
+        let c = cluster();
+        assert!(c.require_api("resource.k8s.io/v1").is_ok());
+        assert_eq!(
+            c.require_api("resource.k8s.io/v1beta2").unwrap_err().skip_reason(),
+            Some(
+                "needs API resource.k8s.io/v1beta2, which the cluster does not serve (it serves resource.k8s.io/v1, resource.k8s.io/v1beta1)"
+            )
+        );
+        assert!(c.require_nodes(2).is_ok());
+        assert_eq!(
+            c.require_nodes(3).unwrap_err().skip_reason(),
+            Some("needs 3 ready nodes, the cluster has 2")
+        );
+        assert!(c.require_kubelet_version(1, 33).is_ok());
+        assert_eq!(
+            c.require_kubelet_version(1, 34).unwrap_err().skip_reason(),
+            Some("needs kubelet v1.34 or newer, but b has v1.33.1")
+        );
+        assert!(c.require_server_version(1, 37).is_ok());
+        assert!(c.require_server_version(1, 38).unwrap_err().is_skip());
+    }
+}

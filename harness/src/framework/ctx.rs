@@ -1,0 +1,275 @@
+//! [`Ctx`]: what a spec body gets.
+
+use std::{
+    fmt::Debug,
+    future::Future,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use kube::{Api, Resource, api::DeleteParams};
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    artifacts::ArtifactSource,
+    cleanup::CleanupStack,
+    cluster::ClusterInfo,
+    error::{SpecError, SpecResult},
+};
+
+/// The per-spec context: admin client, the spec's own namespace, a unique
+/// suffix for cluster-scoped names, cancellation and the cleanup stack.
+///
+/// Cheap to clone; all clones are the same spec.
+///
+/// ```no_run
+/// # use harness::framework::{Ctx, SpecResult};
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::{Api, api::PostParams};
+///
+/// async fn body(ctx: Ctx) -> SpecResult {
+///     ctx.cluster().require_nodes(1)?; // skipped, not failed, on an empty cluster
+///     let api: Api<ConfigMap> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+///     let mut cm = ConfigMap::default();
+///     cm.metadata.name = Some(ctx.unique_name("settings"));
+///     api.create(&PostParams::default(), &cm).await?;
+///     // namespaced objects go with the namespace; cluster-scoped ones need a cleanup:
+///     ctx.defer("say goodbye", async move {
+///         tracing::info!("bye");
+///         Ok(())
+///     });
+///     Ok(())
+/// }
+/// ```
+#[derive(Clone)]
+pub struct Ctx {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: kube::Client,
+    namespace: String,
+    suffix: String,
+    full_text: String,
+    labels: Vec<String>,
+    attempt: u32,
+    cluster: Arc<ClusterInfo>,
+    token: CancellationToken,
+    cleanups: Arc<CleanupStack>,
+    cleanup_timeout: Duration,
+    sources: Mutex<Vec<Arc<dyn ArtifactSource>>>,
+    drivers: Mutex<Vec<String>>,
+    artifacts_dir: PathBuf,
+    deadline: Instant,
+}
+
+/// Everything the runner knows when it creates a [`Ctx`].
+pub(crate) struct CtxParts {
+    pub(crate) client: kube::Client,
+    pub(crate) namespace: String,
+    pub(crate) suffix: String,
+    pub(crate) full_text: String,
+    pub(crate) labels: Vec<String>,
+    pub(crate) attempt: u32,
+    pub(crate) cluster: Arc<ClusterInfo>,
+    pub(crate) token: CancellationToken,
+    pub(crate) cleanups: Arc<CleanupStack>,
+    pub(crate) cleanup_timeout: Duration,
+    pub(crate) artifacts_dir: PathBuf,
+    pub(crate) deadline: Instant,
+}
+
+impl Ctx {
+    pub(crate) fn new(p: CtxParts) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client: p.client,
+                namespace: p.namespace,
+                suffix: p.suffix,
+                full_text: p.full_text,
+                labels: p.labels,
+                attempt: p.attempt,
+                cluster: p.cluster,
+                token: p.token,
+                cleanups: p.cleanups,
+                cleanup_timeout: p.cleanup_timeout,
+                sources: Mutex::default(),
+                drivers: Mutex::default(),
+                artifacts_dir: p.artifacts_dir,
+                deadline: p.deadline,
+            }),
+        }
+    }
+
+    /// The admin client.
+    pub fn client(&self) -> &kube::Client {
+        &self.inner.client
+    }
+
+    /// The spec's own namespace (created before the body runs, deleted last).
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// A random suffix unique to this spec run (8 lower-case letters and digits).
+    pub fn suffix(&self) -> &str {
+        &self.inner.suffix
+    }
+
+    /// `<base>-<suffix>`: a name for a cluster-scoped object no other spec uses.
+    pub fn unique_name(&self, base: &str) -> String {
+        format!("{base}-{}", self.inner.suffix)
+    }
+
+    /// The spec's full text.
+    pub fn full_text(&self) -> &str {
+        &self.inner.full_text
+    }
+
+    /// The spec's labels (inherited ones included).
+    pub fn labels(&self) -> &[String] {
+        &self.inner.labels
+    }
+
+    /// Which run of the spec this is (1-based; above 1 only with `--repeat`).
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// What preflight found: API versions, nodes, kubelet and server versions.
+    pub fn cluster(&self) -> &ClusterInfo {
+        &self.inner.cluster
+    }
+
+    /// A skip with this reason: `return Err(ctx.skip("needs 2 nodes"))`.
+    pub fn skip(&self, reason: impl Into<String>) -> SpecError {
+        SpecError::skip(reason)
+    }
+
+    /// Skips unless `condition` holds.
+    pub fn skip_unless(&self, condition: bool, reason: impl Into<String>) -> SpecResult {
+        if condition { Ok(()) } else { Err(SpecError::skip(reason)) }
+    }
+
+    /// A token cancelled when the spec times out or the run is interrupted
+    /// (Ctrl-C), and after its cleanups have run. Hand it to background
+    /// tasks the spec starts. Cancelling it yourself has no effect on the spec.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.inner.token.child_token()
+    }
+
+    /// Completes when the spec is cancelled (see [`Ctx::cancellation_token`]).
+    pub async fn cancelled(&self) {
+        self.inner.token.cancelled().await;
+    }
+
+    /// Whether the spec is cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.token.is_cancelled()
+    }
+
+    /// When the spec's timeout expires.
+    pub fn deadline(&self) -> Instant {
+        self.inner.deadline
+    }
+
+    /// Time left before the spec's timeout.
+    pub fn remaining(&self) -> Duration {
+        self.inner.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Registers a cleanup. Cleanups run after the body ends (also when it
+    /// fails, panics, times out or the run is interrupted), last registered
+    /// first, each with the default cleanup timeout. A failing cleanup fails
+    /// the spec. The future starts only when the cleanup runs.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: harness::framework::Ctx, api: kube::Api<k8s_openapi::api::core::v1::Node>) {
+    /// ctx.defer("remove node label", async move {
+    ///     // `?` converts any error into anyhow::Error
+    ///     api.patch("n", &Default::default(), &kube::api::Patch::Merge(serde_json::json!({}))).await?;
+    ///     Ok(())
+    /// });
+    /// # }
+    /// ```
+    pub fn defer<F>(&self, what: impl Into<String>, cleanup: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.inner.cleanups.push(what.into(), self.inner.cleanup_timeout, cleanup);
+    }
+
+    /// [`Ctx::defer`] with its own timeout.
+    pub fn defer_with_timeout<F>(&self, what: impl Into<String>, timeout: Duration, cleanup: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.inner.cleanups.push(what.into(), timeout, cleanup);
+    }
+
+    /// Registers a cleanup that deletes an object (usually cluster-scoped:
+    /// DeviceClass, ClusterRole, ValidatingAdmissionPolicy, ResourceSlice) and
+    /// waits until it is gone. Already-gone objects are fine.
+    pub fn delete_at_cleanup<K>(&self, api: Api<K>, name: impl Into<String>)
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default,
+    {
+        let name = name.into();
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        self.defer(format!("delete {kind} {name}"), async move { delete_and_wait(api, &kind, &name).await });
+    }
+
+    /// Adds files to this spec's artifacts if it fails (e.g. recorded gRPC calls).
+    pub fn artifact_source(&self, source: Box<dyn ArtifactSource>) {
+        lock(&self.inner.sources).push(Arc::from(source));
+    }
+
+    /// Records a DRA driver name the spec uses: on failure `resourceslices.yaml`
+    /// holds only slices of the recorded drivers (all slices if none is recorded).
+    pub fn add_driver_name(&self, driver: impl Into<String>) {
+        lock(&self.inner.drivers).push(driver.into());
+    }
+
+    /// The folder this spec's artifacts go to if it fails (it may not exist yet).
+    pub fn artifacts_dir(&self) -> &Path {
+        &self.inner.artifacts_dir
+    }
+
+    pub(crate) fn sources(&self) -> Vec<Arc<dyn ArtifactSource>> {
+        lock(&self.inner.sources).clone()
+    }
+
+    pub(crate) fn drivers(&self) -> Vec<String> {
+        lock(&self.inner.drivers).clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Deletes an object and waits until it is gone (the caller bounds the wait).
+async fn delete_and_wait<K>(api: Api<K>, kind: &str, name: &str) -> anyhow::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let uid = match api.delete(name, &DeleteParams::background()).await {
+        Ok(either) => either.left().and_then(|obj| obj.meta().uid.clone()),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::debug!("{kind} {name} was already gone");
+            return Ok(());
+        }
+        Err(e) => return Err(e).with_context(|| format!("delete {kind} {name}")),
+    };
+    let Some(uid) = uid else { return Ok(()) };
+    kube::runtime::wait::await_condition(api, name, kube::runtime::conditions::is_deleted(&uid))
+        .await
+        .with_context(|| format!("wait for {kind} {name} to be gone"))?;
+    tracing::debug!("{kind} {name} is gone");
+    Ok(())
+}

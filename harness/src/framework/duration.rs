@@ -1,0 +1,100 @@
+//! Durations on the command line (`90s`, `5m`, `1h30m`, `250ms`) and in messages.
+
+use std::time::Duration;
+
+/// Parses `250ms`, `30s`, `5m`, `1h30m`, or a bare number of seconds.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("empty duration; use e.g. 90s, 5m or 1h30m".to_owned());
+    }
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!("invalid duration {text:?}; use e.g. 90s, 5m or 1h30m"));
+        }
+        let number: u64 =
+            rest[..digits].parse().map_err(|_| format!("number too large in duration {text:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(1),
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            other => {
+                return Err(format!("unknown unit {other:?} in duration {text:?}; use ms, s, m or h"));
+            }
+        };
+        rest = &rest[unit_len..];
+        let part =
+            unit.checked_mul(u32::try_from(number).map_err(|_| format!("duration {text:?} is too large"))?);
+        total = part
+            .and_then(|p| total.checked_add(p))
+            .ok_or_else(|| format!("duration {text:?} is too large"))?;
+    }
+    Ok(total)
+}
+
+/// `250ms`, `1.5s`, `5m`, `1h30m`, `2m5s`: short and exact enough for messages.
+pub fn display(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let secs = d.as_secs();
+    if secs < 60 {
+        let tenths = (ms % 1000) / 100;
+        return if tenths == 0 { format!("{secs}s") } else { format!("{secs}.{tenths}s") };
+    }
+    let (h, m, s) = (secs / 3600, (secs % 3600) / 60, secs % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 {
+        out.push_str(&format!("{s}s"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+
+    #[rstest]
+    #[case("90", Ok(Duration::from_secs(90)))]
+    #[case("90s", Ok(Duration::from_secs(90)))]
+    #[case("5m", Ok(Duration::from_secs(300)))]
+    #[case("1h30m", Ok(Duration::from_secs(5400)))]
+    #[case("250ms", Ok(Duration::from_millis(250)))]
+    #[case("2m5s", Ok(Duration::from_secs(125)))]
+    #[case("", Err(()))]
+    #[case("5x", Err(()))]
+    #[case("m5", Err(()))]
+    #[case("-5s", Err(()))]
+    fn parses(#[case] text: &str, #[case] expected: Result<Duration, ()>) {
+        assert_eq!(parse(text).map_err(|_| ()), expected);
+    }
+
+    #[rstest]
+    #[case(Duration::from_millis(50), "50ms")]
+    #[case(Duration::from_millis(1500), "1.5s")]
+    #[case(Duration::from_secs(10), "10s")]
+    #[case(Duration::from_secs(600), "10m")]
+    #[case(Duration::from_secs(5400), "1h30m")]
+    #[case(Duration::from_secs(125), "2m5s")]
+    fn displays(#[case] d: Duration, #[case] expected: &str) {
+        assert_eq!(display(d), expected);
+    }
+}

@@ -1,0 +1,194 @@
+//! The JUnit XML report: one test suite, one test case per spec run.
+//!
+//! With `--repeat N` (N > 1) every attempt is its own test case, named
+//! `<full text> (attempt i/N)` and carrying an `attempt` property, so a report
+//! shows which attempt failed.
+
+use std::path::Path;
+
+use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
+
+use super::outcome::{Outcome, RunReport};
+
+/// The name of the report and its test suite.
+pub const SUITE_NAME: &str = "dra-e2e";
+
+/// Builds the report.
+pub fn report(run: &RunReport) -> Report {
+    let mut suite = TestSuite::new(SUITE_NAME);
+    suite.set_time(run.wall_time);
+    for spec in &run.specs {
+        let status = match &spec.outcome {
+            Outcome::Passed => TestCaseStatus::success(),
+            Outcome::Skipped { reason } => {
+                let mut s = TestCaseStatus::skipped();
+                s.set_message(reason.as_str());
+                s
+            }
+            Outcome::Failed { kind, message, details } => {
+                let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                s.set_message(message.as_str()).set_type(kind.as_str()).set_description(details.as_str());
+                s
+            }
+        };
+        let name = if run.repeat > 1 {
+            format!("{} (attempt {}/{})", spec.full_text, spec.attempt, run.repeat)
+        } else {
+            spec.full_text.clone()
+        };
+        let mut case = TestCase::new(name, status);
+        case.set_classname(SUITE_NAME).set_time(spec.duration).set_system_out_lossy(spec.log.as_bytes());
+        if run.repeat > 1 {
+            case.add_property(Property::new("attempt", spec.attempt.to_string()));
+        }
+        if let Some(dir) = &spec.artifacts {
+            case.add_property(Property::new("artifacts", dir.display().to_string()));
+        }
+        suite.add_test_case(case);
+    }
+    let mut report = Report::new(SUITE_NAME);
+    report.set_time(run.wall_time);
+    report.add_test_suite(suite);
+    report
+}
+
+/// Writes the report atomically (a temporary file next to it, then rename).
+pub fn write(run: &RunReport, path: &Path) -> Result<(), JunitError> {
+    let xml = report(run).to_string().map_err(|e| JunitError::Serialize(e.to_string()))?;
+    let tmp = path.with_extension("xml.tmp");
+    std::fs::write(&tmp, xml)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| JunitError::Write { path: path.display().to_string(), source })
+}
+
+/// The report could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum JunitError {
+    /// Serializing failed.
+    #[error("cannot serialize the JUnit report: {0}")]
+    Serialize(String),
+    /// Writing failed.
+    #[error("cannot write the JUnit report {path}: {source}")]
+    Write {
+        /// The report path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rstest::rstest;
+
+    use super::*;
+    use crate::framework::outcome::{FailureKind, SpecReport};
+
+    fn spec(text: &str, attempt: u32, outcome: Outcome, log: &str) -> SpecReport {
+        SpecReport {
+            full_text: text.into(),
+            labels: vec![],
+            index: 0,
+            attempt,
+            outcome,
+            duration: Duration::from_millis(1500),
+            log: log.into(),
+            artifacts: None,
+        }
+    }
+
+    fn run(repeat: u32) -> RunReport {
+        RunReport {
+            specs: vec![
+                spec(
+                    "[sig-node] [DRA] passes",
+                    1,
+                    Outcome::Passed,
+                    "[    0.001s] INFO  x: hello <&> \"quoted\"\n",
+                ),
+                spec(
+                    "[sig-node] [DRA] skips",
+                    1,
+                    Outcome::Skipped { reason: "needs 2 nodes, cluster has 1".into() },
+                    "",
+                ),
+                spec(
+                    "[sig-node] [DRA] fails <xml> & \"escapes\"",
+                    repeat,
+                    Outcome::Failed {
+                        kind: FailureKind::Panic,
+                        message: "panicked: boom".into(),
+                        details: "panicked: boom\nat src/x.rs:1".into(),
+                    },
+                    "control \u{1b}[31m char\n",
+                ),
+            ],
+            interrupted: false,
+            wall_time: Duration::from_secs(3),
+            error: None,
+            repeat,
+        }
+    }
+
+    #[rstest]
+    #[case(1, "[sig-node] [DRA] fails <xml> & \"escapes\"")]
+    #[case(3, "[sig-node] [DRA] fails <xml> & \"escapes\" (attempt 3/3)")]
+    fn round_trips_through_a_junit_parser(#[case] repeat: u32, #[case] failed_name: &str) {
+        let xml = report(&run(repeat)).to_string().unwrap();
+        assert!(xml.starts_with("<?xml"), "{xml}");
+        let parsed = Report::deserialize_from_str(&xml).unwrap();
+        assert_eq!(parsed.tests, 3);
+        assert_eq!(parsed.failures, 1);
+        assert_eq!(parsed.skipped, 1);
+        assert_eq!(parsed.test_suites.len(), 1);
+        let suite = &parsed.test_suites[0];
+        assert_eq!(suite.name.as_str(), SUITE_NAME);
+        let cases = &suite.test_cases;
+        assert!(cases[0].name.as_str().starts_with("[sig-node] [DRA] passes"));
+        assert_eq!(cases[0].time, Some(Duration::from_millis(1500)));
+        // the parser trims the text node's trailing newline
+        assert_eq!(
+            cases[0].system_out.as_ref().unwrap().as_str().trim_end(),
+            "[    0.001s] INFO  x: hello <&> \"quoted\""
+        );
+        match &cases[1].status {
+            TestCaseStatus::Skipped { message, .. } => {
+                assert_eq!(message.as_ref().unwrap().as_str(), "needs 2 nodes, cluster has 1");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(cases[2].name.as_str(), failed_name);
+        match &cases[2].status {
+            TestCaseStatus::NonSuccess { kind, message, ty, description, .. } => {
+                assert_eq!(*kind, NonSuccessKind::Failure);
+                assert_eq!(message.as_ref().unwrap().as_str(), "panicked: boom");
+                assert_eq!(ty.as_ref().unwrap().as_str(), "panic");
+                assert!(description.as_ref().unwrap().as_str().contains("at src/x.rs:1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // the control character cannot be represented in XML 1.0 and is replaced
+        assert!(cases[2].system_out.as_ref().unwrap().as_str().contains("char"));
+        let attempts: Vec<_> = cases[2]
+            .properties
+            .iter()
+            .filter(|p| p.name.as_str() == "attempt")
+            .map(|p| p.value.as_str())
+            .collect();
+        assert_eq!(attempts, if repeat > 1 { vec!["3"] } else { vec![] });
+    }
+
+    #[test]
+    fn writes_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("junit.xml");
+        write(&run(1), &path).unwrap();
+        let xml = std::fs::read_to_string(&path).unwrap();
+        assert!(Report::deserialize_from_str(&xml).is_ok());
+        assert!(!dir.path().join("junit.xml.tmp").exists());
+        let err = write(&run(1), &dir.path().join("missing/junit.xml")).unwrap_err();
+        assert!(err.to_string().starts_with("cannot write the JUnit report"), "{err}");
+    }
+}

@@ -1,0 +1,411 @@
+//! The production [`ClusterBackend`]: a real cluster through kube-rs.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    error::Error as StdError,
+    path::Path,
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use kube::{
+    Api, Client, Config,
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, LogParams, PostParams,
+        TypeMeta,
+    },
+    config::{KubeConfigOptions, Kubeconfig},
+    core::ObjectMeta,
+};
+use serde::Serialize;
+
+use super::{
+    backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
+    cluster::{ClusterInfo, DRA_API, NodeInfo, PreflightError},
+    duration,
+};
+
+/// How long preflight may take in total (connect, discovery, nodes).
+pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP connect timeout of the client.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Container logs are cut after this many bytes (the API server's `limitBytes`).
+const LOG_LIMIT_BYTES: i64 = 10 << 20;
+
+/// Label on every namespace the runner creates.
+pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "dra-e2e");
+/// Annotation with the spec's full text on its namespace.
+pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
+
+/// A real cluster.
+#[derive(Clone)]
+pub struct KubeBackend {
+    client: Client,
+    server: String,
+}
+
+impl KubeBackend {
+    /// Loads `kubeconfig` (or `KUBECONFIG`, `~/.kube/config`, in-cluster
+    /// config, as kube-rs infers) and builds a client. Does not contact the
+    /// cluster; [`ClusterBackend::preflight`] does.
+    pub async fn connect(kubeconfig: Option<&Path>) -> Result<Self, PreflightError> {
+        let env = std::env::var("KUBECONFIG").ok().filter(|v| !v.is_empty());
+        let mut config = match (kubeconfig, env) {
+            (Some(path), _) => {
+                let bad =
+                    |reason: String| PreflightError::Kubeconfig { path: path.display().to_string(), reason };
+                let kc = Kubeconfig::read_from(path).map_err(|e| bad(root_cause(&e)))?;
+                Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| bad(root_cause(&e)))?
+            }
+            (None, Some(env)) => {
+                Config::from_kubeconfig(&KubeConfigOptions::default()).await.map_err(|e| {
+                    PreflightError::Kubeconfig {
+                        path: format!("{env} (from KUBECONFIG)"),
+                        reason: root_cause(&e),
+                    }
+                })?
+            }
+            (None, None) => {
+                Config::infer().await.map_err(|e| PreflightError::NoKubeconfig { reason: root_cause(&e) })?
+            }
+        };
+        config.connect_timeout = Some(CONNECT_TIMEOUT);
+        let server = config.cluster_url.to_string();
+        let client = Client::try_from(config).map_err(|e| PreflightError::Kubeconfig {
+            path: kubeconfig.map_or_else(|| "(inferred)".to_owned(), |p| p.display().to_string()),
+            reason: root_cause(&e),
+        })?;
+        Ok(Self { client, server })
+    }
+
+    /// Uses an existing client.
+    pub fn new(client: Client, server: impl Into<String>) -> Self {
+        Self { client, server: server.into() }
+    }
+
+    fn classify(&self, error: kube::Error) -> PreflightError {
+        let server = self.server.clone();
+        match error {
+            kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
+                PreflightError::Unauthorized { server, reason: format!("{} {}", status.code, status.message) }
+            }
+            e @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => {
+                PreflightError::Unreachable { server, reason: root_cause(&e) }
+            }
+            e => PreflightError::Other { server, reason: root_cause(&e) },
+        }
+    }
+
+    async fn discover(&self) -> Result<ClusterInfo, PreflightError> {
+        let version = self.client.apiserver_version().await.map_err(|e| self.classify(e))?;
+        let core = self.client.list_core_api_versions().await.map_err(|e| self.classify(e))?;
+        let groups = self.client.list_api_groups().await.map_err(|e| self.classify(e))?;
+        let mut api_versions: BTreeSet<String> = core.versions.into_iter().collect();
+        for group in groups.groups {
+            api_versions.extend(group.versions.into_iter().map(|v| v.group_version));
+        }
+        let mut info = ClusterInfo {
+            server: self.server.clone(),
+            server_version: version.git_version,
+            api_versions,
+            nodes: Vec::new(),
+        };
+        if !info.serves(DRA_API) {
+            let served = info.versions_of("resource.k8s.io");
+            return Err(PreflightError::NoDraApi {
+                server: self.server.clone(),
+                served: if served.is_empty() {
+                    "no version of resource.k8s.io is served".to_owned()
+                } else {
+                    format!("it serves {}", served.join(", "))
+                },
+            });
+        }
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.classify(e))?;
+        info.nodes = nodes.items.into_iter().map(node_info).collect();
+        Ok(info)
+    }
+}
+
+fn node_info(node: Node) -> NodeInfo {
+    let status = node.status.unwrap_or_default();
+    NodeInfo {
+        name: node.metadata.name.unwrap_or_default(),
+        kubelet_version: status.node_info.map(|i| i.kubelet_version).unwrap_or_default(),
+        ready: status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True"),
+    }
+}
+
+/// The innermost cause of an error (the most specific message: "Connection refused (os error 111)").
+fn root_cause(error: &(dyn StdError + 'static)) -> String {
+    let mut current = error;
+    while let Some(source) = current.source() {
+        current = source;
+    }
+    current.to_string()
+}
+
+#[async_trait]
+impl ClusterBackend for KubeBackend {
+    async fn preflight(&self) -> Result<ClusterInfo, PreflightError> {
+        tokio::time::timeout(PREFLIGHT_TIMEOUT, self.discover()).await.unwrap_or_else(|_| {
+            Err(PreflightError::Timeout { server: self.server.clone(), secs: PREFLIGHT_TIMEOUT.as_secs() })
+        })
+    }
+
+    fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
+        let labels: BTreeMap<String, String> = [
+            ("pod-security.kubernetes.io/enforce", "privileged"),
+            ("pod-security.kubernetes.io/audit", "privileged"),
+            ("pod-security.kubernetes.io/warn", "privileged"),
+            MANAGED_BY_LABEL,
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                generate_name: Some(request.generate_name.clone()),
+                labels: Some(labels),
+                annotations: Some([(SPEC_ANNOTATION.to_owned(), request.full_text.clone())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        let created = Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .map_err(|source| ClusterError::Kube {
+                what: format!("create namespace with generateName {}", request.generate_name),
+                source,
+            })?;
+        let name = created.metadata.name.unwrap_or_default();
+        let uid = created.metadata.uid.unwrap_or_default();
+        if name.is_empty() || uid.is_empty() {
+            return Err(ClusterError::Other("the created namespace has no name or uid".to_owned()));
+        }
+        Ok(SpecNamespace { name, uid })
+    }
+
+    async fn delete_namespace(
+        &self,
+        namespace: &SpecNamespace,
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        let api = Api::<Namespace>::all(self.client.clone());
+        match api.delete(&namespace.name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(source) => {
+                return Err(ClusterError::Kube {
+                    what: format!("delete namespace {}", namespace.name),
+                    source,
+                });
+            }
+        }
+        let gone = kube::runtime::wait::await_condition(
+            api.clone(),
+            &namespace.name,
+            kube::runtime::conditions::is_deleted(&namespace.uid),
+        );
+        match tokio::time::timeout(timeout, gone).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                Err(ClusterError::Other(format!("wait for namespace {} to be gone: {e}", namespace.name)))
+            }
+            Err(_) => {
+                // Say what holds the namespace up (the namespace controller's conditions).
+                let remaining = match api.get_opt(&namespace.name).await {
+                    Ok(Some(ns)) => ns
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|c| c.status == "True")
+                        .filter_map(|c| c.message)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                    Ok(None) => return Ok(()),
+                    Err(e) => e.to_string(),
+                };
+                Err(ClusterError::Timeout {
+                    what: format!(
+                        "namespace {} to be gone{}",
+                        namespace.name,
+                        if remaining.is_empty() { String::new() } else { format!(" ({remaining})") }
+                    ),
+                    after: duration::display(timeout),
+                })
+            }
+        }
+    }
+
+    async fn collect_artifacts(&self, request: ArtifactRequest<'_>) -> Vec<String> {
+        let mut problems = Vec::new();
+        let dir = request.dir;
+        let ns = request.namespace;
+        let client = &self.client;
+
+        let mut note = |what: &str, result: Result<(), String>| {
+            if let Err(e) = result {
+                tracing::warn!("collecting {what} failed: {e}");
+                problems.push(format!("{what}: {e}"));
+            }
+        };
+
+        let events = Api::<Event>::namespaced(client.clone(), ns).list(&ListParams::default()).await;
+        note("events.yaml", write_list(dir, "events.yaml", events.map(|l| l.items)).await);
+
+        let pods = Api::<Pod>::namespaced(client.clone(), ns).list(&ListParams::default()).await;
+        let pods = pods.map(|l| l.items);
+        if let Ok(pods) = &pods {
+            for pod in pods {
+                if let Err(e) = pod_logs(client, ns, pod, &dir.join("logs")).await {
+                    note("logs", Err(e));
+                }
+            }
+        }
+        note("pods.yaml", write_list(dir, "pods.yaml", pods).await);
+
+        let claims = list_dynamic(client, "ResourceClaim", "resourceclaims", Some(ns)).await;
+        note("resourceclaims.yaml", write_list(dir, "resourceclaims.yaml", claims).await);
+
+        let slices = list_dynamic(client, "ResourceSlice", "resourceslices", None).await.map(|items| {
+            if request.drivers.is_empty() {
+                return items;
+            }
+            items
+                .into_iter()
+                .filter(|s| {
+                    s.data
+                        .pointer("/spec/driver")
+                        .and_then(|d| d.as_str())
+                        .is_some_and(|d| request.drivers.iter().any(|w| w == d))
+                })
+                .collect()
+        });
+        note("resourceslices.yaml", write_list(dir, "resourceslices.yaml", slices).await);
+
+        let classes = list_dynamic(client, "DeviceClass", "deviceclasses", None).await;
+        note("deviceclasses.yaml", write_list(dir, "deviceclasses.yaml", classes).await);
+        problems
+    }
+}
+
+/// Lists a `resource.k8s.io/v1` kind as dynamic objects, so no field the
+/// compiled-in k8s-openapi version lacks is dropped.
+async fn list_dynamic(
+    client: &Client,
+    kind: &str,
+    plural: &str,
+    namespace: Option<&str>,
+) -> Result<Vec<DynamicObject>, kube::Error> {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|mut o| {
+            // List items come without apiVersion/kind; put them back for readers.
+            o.types =
+                Some(TypeMeta { api_version: resource.api_version.clone(), kind: resource.kind.clone() });
+            o
+        })
+        .collect())
+}
+
+#[derive(Serialize)]
+struct List<'a, T> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    kind: &'static str,
+    items: &'a [T],
+}
+
+/// Writes `items` as a `v1 List` in YAML, without `managedFields` (as `kubectl get -o yaml`).
+async fn write_list<T: Serialize>(
+    dir: &Path,
+    file: &str,
+    items: Result<Vec<T>, kube::Error>,
+) -> Result<(), String> {
+    let items = items.map_err(|e| format!("list failed: {e}"))?;
+    let items: Vec<serde_json::Value> = items
+        .iter()
+        .map(|item| {
+            let mut value = serde_json::to_value(item).map_err(|e| format!("cannot serialize: {e}"))?;
+            if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                meta.remove("managedFields");
+            }
+            Ok(value)
+        })
+        .collect::<Result<_, String>>()?;
+    let yaml = serde_yaml::to_string(&List { api_version: "v1", kind: "List", items: &items })
+        .map_err(|e| format!("cannot serialize: {e}"))?;
+    tokio::fs::write(dir.join(file), yaml)
+        .await
+        .map_err(|e| format!("cannot write {}: {e}", dir.join(file).display()))
+}
+
+/// `logs/<pod>/<container>.log` for every container (init and ephemeral
+/// ones too), plus `<container>.previous.log` for restarted containers.
+async fn pod_logs(client: &Client, ns: &str, pod: &Pod, logs_dir: &Path) -> Result<(), String> {
+    let Some(name) = pod.metadata.name.as_deref() else { return Ok(()) };
+    let dir = logs_dir.join(name);
+    tokio::fs::create_dir_all(&dir).await.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let spec = pod.spec.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let mut restarts: BTreeMap<String, i32> = BTreeMap::new();
+    for s in
+        [&status.init_container_statuses, &status.container_statuses, &status.ephemeral_container_statuses]
+            .into_iter()
+            .flatten()
+            .flatten()
+    {
+        restarts.insert(s.name.clone(), s.restart_count);
+    }
+    let containers = spec
+        .init_containers
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.name)
+        .chain(spec.containers.into_iter().map(|c| c.name))
+        .chain(spec.ephemeral_containers.unwrap_or_default().into_iter().map(|c| c.name));
+    let api = Api::<Pod>::namespaced(client.clone(), ns);
+    for container in containers {
+        let mut runs = vec![(false, format!("{container}.log"))];
+        if restarts.get(&container).copied().unwrap_or(0) > 0 {
+            runs.push((true, format!("{container}.previous.log")));
+        }
+        for (previous, file) in runs {
+            let params = LogParams {
+                container: Some(container.clone()),
+                previous,
+                timestamps: true,
+                limit_bytes: Some(LOG_LIMIT_BYTES),
+                ..LogParams::default()
+            };
+            // A container that never started has no log; say so in the file.
+            let text = api.logs(name, &params).await.unwrap_or_else(|e| format!("(no log: {e})\n"));
+            let path = dir.join(file);
+            tokio::fs::write(&path, text)
+                .await
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}

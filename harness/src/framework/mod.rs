@@ -1,0 +1,142 @@
+//! The spec runner: a ginkgo-like registry of specs, selection by regex and
+//! label expressions, a parallel runner with per-spec namespaces, timeouts,
+//! cleanups, captured logs, artifacts of failed specs and a JUnit report.
+//!
+//! # Writing specs
+//!
+//! Specs are registered explicitly. Containers nest like ginkgo's
+//! `Describe`/`Context`; a spec's full text is the container texts, its name
+//! and a `[label]` for each label, where it was declared:
+//! `[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin`.
+//! `--focus`/`--skip` match that text; `--label-filter` matches the labels
+//! (inherited from containers).
+//!
+//! ```
+//! use std::time::Duration;
+//! use harness::framework::{Ctx, Registry, Skip, SpecResult};
+//!
+//! pub fn register(reg: &mut Registry) {
+//!     reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
+//!         r.context("control plane", |r| {
+//!             r.it("supports claim and class parameters", async |ctx: Ctx| {
+//!                 ctx.cluster().require_nodes(1)?;
+//!                 // ... create objects; `?` works on kube::Error, anyhow::Error, ...
+//!                 Ok(())
+//!             })
+//!             .labels(["ConformanceCandidate"]);
+//!         });
+//!         r.it("needs two nodes", async |ctx| {
+//!             if ctx.cluster().ready_nodes().count() < 2 {
+//!                 return Err(Skip::because("needs 2 nodes, cluster has 1"));
+//!             }
+//!             Ok(())
+//!         })
+//!         .labels(["Slow"])
+//!         .timeout(Duration::from_secs(300));
+//!     });
+//! }
+//! # let mut reg = Registry::new();
+//! # register(&mut reg);
+//! # assert_eq!(reg.len(), 2);
+//! ```
+//!
+//! Each spec gets a [`Ctx`]: an admin `kube::Client`, its own namespace
+//! (privileged pod security), a unique suffix for cluster-scoped names, the
+//! cluster facts from preflight ([`Ctx::cluster`]), a cancellation token
+//! (timeout, Ctrl-C) and a cleanup stack. Whoever creates a cluster-scoped
+//! object registers its deletion right after creating it:
+//!
+//! ```no_run
+//! # async fn body(ctx: harness::framework::Ctx) -> harness::framework::SpecResult {
+//! # let (api, class): (kube::Api<k8s_openapi::api::core::v1::Namespace>, k8s_openapi::api::core::v1::Namespace) = todo!();
+//! let created = api.create(&Default::default(), &class).await?;
+//! ctx.delete_at_cleanup(api.clone(), created.metadata.name.unwrap_or_default());
+//! // or anything else, as a future:
+//! ctx.defer("tell the driver to stop", async move { Ok(()) });
+//! # Ok(()) }
+//! ```
+//!
+//! Cleanups run after the body, last registered first, also when the body
+//! fails, panics, times out or the run is interrupted; each has a timeout,
+//! and a failing cleanup fails the spec. The namespace deletion is
+//! registered first, so it runs last and waits until the namespace is gone.
+//!
+//! # The binary
+//!
+//! ```no_run
+//! use clap::Parser;
+//! use harness::framework::{Registry, RunnerArgs};
+//!
+//! /// End-to-end tests for Kubernetes Dynamic Resource Allocation.
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     runner: RunnerArgs,
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> std::process::ExitCode {
+//!     let cli = Cli::parse();
+//!     let mut registry = Registry::new();
+//!     // suites::control_plane::register(&mut registry); ...
+//!     harness::framework::run(registry, cli.runner).await
+//! }
+//! ```
+//!
+//! `run` installs the tracing subscriber itself ([`init_tracing`]: `RUST_LOG`
+//! for the console, default `warn`; `DRA_E2E_SPEC_LOG` for what spec logs
+//! capture). A binary that installs its own subscriber must add
+//! [`capture_layer`] to it, or spec logs stay empty.
+//!
+//! Flags: `--focus REGEX`, `--skip REGEX` (repeatable), `--label-filter EXPR`,
+//! `-p N`, `--timeout 10m`, `--list`, `--junit FILE`, `--artifacts DIR`,
+//! `--repeat N`, `--kubeconfig PATH`. Before any spec runs, preflight checks
+//! within seconds that the cluster answers and serves `resource.k8s.io/v1`.
+//! Specs labelled `Serial` run alone after the others. Exit codes: 0 nothing
+//! failed, 1 a spec failed, 2 usage or configuration error, 130 interrupted.
+//!
+//! On failure, `<artifacts>/<spec name>[-attempt-N]/` holds `failure.txt`,
+//! `spec.log`, `events.yaml`, `pods.yaml`, `logs/<pod>/<container>.log`,
+//! `resourceclaims.yaml`, `resourceslices.yaml`, `deviceclasses.yaml` and a
+//! folder per [`ArtifactSource`] the spec registered.
+
+mod args;
+mod artifacts;
+mod backend;
+mod capture;
+mod cleanup;
+mod cluster;
+mod ctx;
+mod duration;
+mod error;
+mod junit;
+mod kube_backend;
+mod label;
+mod label_filter;
+mod names;
+mod outcome;
+mod progress;
+mod registry;
+mod runner;
+mod selection;
+
+pub use args::{RunnerArgs, run};
+pub use artifacts::ArtifactSource;
+pub use backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
+pub use capture::{
+    CaptureLayer, DEFAULT_CONSOLE_LOG, DEFAULT_SPEC_LOG, SPEC_LOG_ENV, SPEC_SPAN_TARGET, capture_layer,
+    init_tracing,
+};
+pub use cleanup::CleanupFailure;
+pub use cluster::{ClusterInfo, DRA_API, KubeVersion, NodeInfo, PreflightError};
+pub use ctx::Ctx;
+pub use duration::{display as display_duration, parse as parse_duration};
+pub use error::{Skip, SpecError, SpecResult, skip};
+pub use junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
+pub use kube_backend::{KubeBackend, MANAGED_BY_LABEL, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION};
+pub use label_filter::{LabelFilter, LabelFilterError};
+pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
+pub use progress::{Output, OutputBuffer};
+pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
+pub use runner::{OUTCOME_TARGET, RunOptions, run_with_backend};
+pub use selection::{Selection, SelectionError};

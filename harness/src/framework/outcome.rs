@@ -1,0 +1,147 @@
+//! Results: what happened to each spec run, and to the whole run.
+
+use std::{path::PathBuf, time::Duration};
+
+use super::duration;
+
+/// How a spec failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The body returned an error.
+    Error,
+    /// The body panicked.
+    Panic,
+    /// The body did not finish within its timeout.
+    Timeout,
+    /// The run was interrupted (Ctrl-C) while the spec ran.
+    Interrupted,
+    /// The runner could not set the spec up (its namespace).
+    Setup,
+    /// The body passed (or skipped) but a cleanup failed.
+    Cleanup,
+}
+
+impl FailureKind {
+    /// `error`, `panic`, `timeout`, `interrupted`, `setup` or `cleanup` (the JUnit failure type).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Panic => "panic",
+            Self::Timeout => "timeout",
+            Self::Interrupted => "interrupted",
+            Self::Setup => "setup",
+            Self::Cleanup => "cleanup",
+        }
+    }
+}
+
+/// The outcome of one spec run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Passed, and every cleanup succeeded.
+    Passed,
+    /// Skipped, with the reason (requirements the cluster lacks, or not run).
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// Failed.
+    Failed {
+        /// How.
+        kind: FailureKind,
+        /// One line: the error with its causes, and failed cleanups.
+        message: String,
+        /// Full text: the error with one line per cause, every failed cleanup.
+        details: String,
+    },
+}
+
+impl Outcome {
+    /// Whether this counts as a failure.
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Self::Failed { .. })
+    }
+
+    pub(crate) fn failed(kind: FailureKind, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self::Failed { kind, details: message.clone(), message }
+    }
+}
+
+/// One run of one spec.
+#[derive(Debug, Clone)]
+pub struct SpecReport {
+    /// The spec's full text.
+    pub full_text: String,
+    /// The spec's labels.
+    pub labels: Vec<String>,
+    /// Registration index.
+    pub index: usize,
+    /// 1-based attempt (`--repeat`).
+    pub attempt: u32,
+    /// What happened.
+    pub outcome: Outcome,
+    /// From start to the end of the last cleanup.
+    pub duration: Duration,
+    /// The captured log.
+    pub log: String,
+    /// The artifact folder, for failed specs.
+    pub artifacts: Option<PathBuf>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Default)]
+pub struct RunReport {
+    /// Every spec run, ordered by attempt, then registration order.
+    pub specs: Vec<SpecReport>,
+    /// Whether the run was interrupted (Ctrl-C).
+    pub interrupted: bool,
+    /// Wall time of the whole run.
+    pub wall_time: Duration,
+    /// A usage, configuration or cluster problem that stopped the run (exit code 2).
+    pub error: Option<String>,
+    /// How many times the selection ran (`--repeat`).
+    pub repeat: u32,
+}
+
+impl RunReport {
+    /// Spec runs that passed.
+    pub fn passed(&self) -> usize {
+        self.specs.iter().filter(|s| s.outcome == Outcome::Passed).count()
+    }
+
+    /// Spec runs that failed.
+    pub fn failed(&self) -> usize {
+        self.specs.iter().filter(|s| s.outcome.is_failed()).count()
+    }
+
+    /// Spec runs that were skipped.
+    pub fn skipped(&self) -> usize {
+        self.specs.iter().filter(|s| matches!(s.outcome, Outcome::Skipped { .. })).count()
+    }
+
+    /// `N passed, N failed, N skipped in 12.3s`.
+    pub fn summary_line(&self) -> String {
+        format!(
+            "{} passed, {} failed, {} skipped in {}",
+            self.passed(),
+            self.failed(),
+            self.skipped(),
+            duration::display(self.wall_time)
+        )
+    }
+
+    /// 0 when nothing failed, 1 when a spec failed, 2 for usage, configuration
+    /// or cluster problems, 130 when interrupted (128 + SIGINT).
+    pub fn exit_code(&self) -> u8 {
+        if self.error.is_some() {
+            2
+        } else if self.interrupted {
+            130
+        } else if self.failed() > 0 {
+            1
+        } else {
+            0
+        }
+    }
+}

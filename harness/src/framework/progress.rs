@@ -1,0 +1,138 @@
+//! Progress output: one line per finished spec, the failure with its
+//! captured log, and the closing summary.
+
+use std::{
+    fmt::Write as _,
+    io::Write,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use super::outcome::{Outcome, RunReport, SpecReport};
+
+/// Where progress lines go (stdout by default; tests capture them).
+#[derive(Clone)]
+pub struct Output(Arc<Mutex<Box<dyn Write + Send>>>);
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Output")
+    }
+}
+
+impl Default for Output {
+    fn default() -> Self {
+        Self::stdout()
+    }
+}
+
+/// What an [`Output::capture`] collected.
+#[derive(Clone, Default, Debug)]
+pub struct OutputBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl OutputBuffer {
+    /// Everything written so far.
+    pub fn contents(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+}
+
+impl Write for OutputBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Output {
+    /// Standard output.
+    pub fn stdout() -> Self {
+        Self::new(std::io::stdout())
+    }
+
+    /// Any writer.
+    pub fn new(writer: impl Write + Send + 'static) -> Self {
+        Self(Arc::new(Mutex::new(Box::new(writer))))
+    }
+
+    /// An output that keeps everything in memory.
+    pub fn capture() -> (Self, OutputBuffer) {
+        let buffer = OutputBuffer::default();
+        (Self::new(buffer.clone()), buffer)
+    }
+
+    /// Writes a block at once, so blocks of parallel specs never interleave.
+    pub(crate) fn block(&self, text: &str) {
+        let mut w = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // Progress output is best effort: a closed stdout must not stop the run.
+        let _ = w.write_all(text.as_bytes());
+        let _ = w.flush();
+    }
+}
+
+fn attempt_suffix(report: &SpecReport, repeat: u32) -> String {
+    if repeat > 1 { format!(" (attempt {}/{repeat})", report.attempt) } else { String::new() }
+}
+
+/// The block for one finished spec.
+pub(crate) fn spec_block(report: &SpecReport, repeat: u32) -> String {
+    let secs = report.duration.as_secs_f64();
+    let text = format!("{}{}", report.full_text, attempt_suffix(report, repeat));
+    match &report.outcome {
+        Outcome::Passed => format!("PASS [{secs:>8.2}s] {text}\n"),
+        Outcome::Skipped { reason } => format!("SKIP [{secs:>8.2}s] {text} -- {reason}\n"),
+        Outcome::Failed { kind, details, .. } => {
+            let mut out = format!("FAIL [{secs:>8.2}s] {text}\n");
+            let _ = writeln!(out, "  {} failure:", kind.as_str());
+            for line in details.lines() {
+                let _ = writeln!(out, "    {line}");
+            }
+            if let Some(dir) = &report.artifacts {
+                let _ = writeln!(out, "  artifacts: {}", dir.display());
+            }
+            if report.log.is_empty() {
+                out.push_str("  (nothing captured in the spec's log)\n");
+            } else {
+                out.push_str("  ---- captured log ----\n");
+                for line in report.log.lines() {
+                    let _ = writeln!(out, "  {line}");
+                }
+                out.push_str("  ---- end of captured log ----\n");
+            }
+            out
+        }
+    }
+}
+
+/// The closing lines: failed specs, interruption, and `N passed, N failed, N skipped in T`.
+pub(crate) fn summary(report: &RunReport, not_run: usize) -> String {
+    let mut out = String::new();
+    let failed: Vec<_> = report.specs.iter().filter(|s| s.outcome.is_failed()).collect();
+    if !failed.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nSummarizing {} failure{}:",
+            failed.len(),
+            if failed.len() == 1 { "" } else { "s" }
+        );
+        for s in failed {
+            if let Outcome::Failed { kind, message, .. } = &s.outcome {
+                let _ = writeln!(
+                    out,
+                    "  FAIL {}{} [{}]: {message}",
+                    s.full_text,
+                    attempt_suffix(s, report.repeat),
+                    kind.as_str()
+                );
+            }
+        }
+    }
+    if report.interrupted {
+        let _ = writeln!(out, "\nInterrupted: {not_run} spec run(s) did not start.");
+    }
+    let _ = writeln!(out, "{}", report.summary_line());
+    out
+}

@@ -1,0 +1,389 @@
+//! Explicit spec registration: containers (`describe`/`context`) and specs (`it`).
+
+use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
+
+use futures::{FutureExt as _, future::BoxFuture};
+
+use super::{ctx::Ctx, error::SpecResult, label};
+
+/// A spec body, type-erased and shareable (a spec may run several times with `--repeat`).
+pub(crate) type Body = Arc<dyn Fn(Ctx) -> BoxFuture<'static, SpecResult> + Send + Sync>;
+
+/// All registered specs, in registration order.
+///
+/// ```
+/// use std::time::Duration;
+/// use harness::framework::{Ctx, Registry};
+///
+/// let mut reg = Registry::new();
+/// reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
+///     r.context("control plane", |r| {
+///         r.it("supports claim and class parameters", async |_ctx: Ctx| Ok(()))
+///             .labels(["ConformanceCandidate"]);
+///     });
+///     r.context_with_labels("kubelet", ["Feature:DynamicResourceAllocation"], |r| {
+///         r.it("registers plugin", async |_ctx| Ok(())).timeout(Duration::from_secs(300));
+///     });
+/// });
+/// let texts: Vec<_> = reg.specs().map(|s| s.full_text().to_owned()).collect();
+/// assert_eq!(texts, [
+///     "[sig-node] [DRA] control plane supports claim and class parameters [ConformanceCandidate]",
+///     "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin",
+/// ]);
+/// ```
+///
+/// Bodies are `Fn(Ctx) -> impl Future<Output = SpecResult> + Send`: an async
+/// closure that captures nothing (`async |ctx| { ... }`), or, to capture
+/// parameters (table-driven specs), `move |ctx| { let p = p.clone(); async move { ... } }`.
+#[derive(Default)]
+pub struct Registry {
+    specs: Vec<SpecDef>,
+    containers: Vec<Container>,
+    problems: Vec<String>,
+}
+
+struct Container {
+    text: String,
+    labels: Vec<String>,
+}
+
+/// A registered spec: its description and its body.
+pub(crate) struct SpecDef {
+    pub(crate) info: SpecInfo,
+    pub(crate) body: Body,
+}
+
+/// The description of a registered spec.
+#[derive(Debug, Clone)]
+pub struct SpecInfo {
+    index: usize,
+    container_text: String,
+    name: String,
+    own_labels: Vec<String>,
+    inherited_labels: Vec<String>,
+    labels: Vec<String>,
+    full_text: String,
+    timeout: Option<Duration>,
+}
+
+impl SpecInfo {
+    /// Container texts, the name and every `[label]`, as ginkgo renders them:
+    /// `[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin`.
+    pub fn full_text(&self) -> &str {
+        &self.full_text
+    }
+
+    /// The spec's own text (the `it` text, without containers and labels).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// All labels: inherited from containers first, then the spec's own.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
+    }
+
+    /// The spec's own timeout, if it overrides `--timeout`.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Position in registration order.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Whether the spec carries the `Serial` label: it then runs alone, after
+    /// the parallel specs, as ginkgo does.
+    pub fn is_serial(&self) -> bool {
+        self.labels.iter().any(|l| l.eq_ignore_ascii_case("Serial"))
+    }
+
+    fn render(&mut self) {
+        let mut labels = self.inherited_labels.clone();
+        for l in &self.own_labels {
+            if !labels.contains(l) {
+                labels.push(l.clone());
+            }
+        }
+        self.labels = labels;
+        self.full_text = join_nonempty([self.container_text.clone(), render(&self.name, &self.own_labels)]);
+    }
+}
+
+/// `text [l1] [l2]`.
+fn render(text: &str, labels: &[String]) -> String {
+    let mut out = text.trim().to_owned();
+    for l in labels {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push('[');
+        out.push_str(l);
+        out.push(']');
+    }
+    out
+}
+
+fn join_nonempty(parts: impl IntoIterator<Item = String>) -> String {
+    parts.into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
+/// The registry is unusable; every problem is listed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid spec registration: {}", problems.join("; "))]
+pub struct RegistryError {
+    /// One sentence per problem.
+    pub problems: Vec<String>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A container (ginkgo `Describe`): specs registered in `body` get `text` in front of their name.
+    pub fn describe(&mut self, text: &str, body: impl FnOnce(&mut Registry)) {
+        self.container(text, Vec::<String>::new(), body);
+    }
+
+    /// A container with labels: rendered `text [label]...`, inherited by every spec inside.
+    pub fn describe_with_labels<I, S>(&mut self, text: &str, labels: I, body: impl FnOnce(&mut Registry))
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.container(text, labels, body);
+    }
+
+    /// Same as [`Registry::describe`] (ginkgo `Context`).
+    pub fn context(&mut self, text: &str, body: impl FnOnce(&mut Registry)) {
+        self.container(text, Vec::<String>::new(), body);
+    }
+
+    /// Same as [`Registry::describe_with_labels`].
+    pub fn context_with_labels<I, S>(&mut self, text: &str, labels: I, body: impl FnOnce(&mut Registry))
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.container(text, labels, body);
+    }
+
+    fn container<I, S>(&mut self, text: &str, labels: I, body: impl FnOnce(&mut Registry))
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let labels = self.checked_labels(labels, text);
+        self.containers.push(Container { text: text.to_owned(), labels });
+        body(self);
+        self.containers.pop();
+    }
+
+    fn checked_labels<I, S>(&mut self, labels: I, owner: &str) -> Vec<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut out = Vec::new();
+        for l in labels {
+            match label::validate(&l.into()) {
+                Ok(l) => out.push(l),
+                Err(problem) => self.problems.push(format!("{problem} (in {owner:?})")),
+            }
+        }
+        out
+    }
+
+    /// Registers a spec. Returns a handle to add labels or a timeout.
+    pub fn it<F, Fut>(&mut self, name: &str, body: F) -> SpecHandle<'_>
+    where
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = SpecResult> + Send + 'static,
+    {
+        let container_text = join_nonempty(self.containers.iter().map(|c| render(&c.text, &c.labels)));
+        let mut inherited_labels: Vec<String> = Vec::new();
+        for l in self.containers.iter().flat_map(|c| &c.labels) {
+            if !inherited_labels.contains(l) {
+                inherited_labels.push(l.clone());
+            }
+        }
+        if name.trim().is_empty() {
+            self.problems.push(format!("a spec in {container_text:?} has an empty name"));
+        }
+        let mut info = SpecInfo {
+            index: self.specs.len(),
+            container_text,
+            name: name.trim().to_owned(),
+            own_labels: Vec::new(),
+            inherited_labels,
+            labels: Vec::new(),
+            full_text: String::new(),
+            timeout: None,
+        };
+        info.render();
+        let body: Body = Arc::new(move |ctx| body(ctx).boxed());
+        self.specs.push(SpecDef { info, body });
+        let last = self.specs.len() - 1;
+        SpecHandle { registry: self, index: last }
+    }
+
+    /// The registered specs, in registration order.
+    pub fn specs(&self) -> impl Iterator<Item = &SpecInfo> {
+        self.specs.iter().map(|s| &s.info)
+    }
+
+    /// Number of registered specs.
+    pub fn len(&self) -> usize {
+        self.specs.len()
+    }
+
+    /// Whether no spec is registered.
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// Checks labels, names and that full texts are unique (they name
+    /// artifact folders and JUnit test cases).
+    pub fn validate(&self) -> Result<(), RegistryError> {
+        let mut problems = self.problems.clone();
+        let mut seen = HashSet::new();
+        for s in &self.specs {
+            if !seen.insert(s.info.full_text.as_str()) {
+                problems.push(format!("two specs are named {:?}", s.info.full_text));
+            }
+        }
+        if problems.is_empty() { Ok(()) } else { Err(RegistryError { problems }) }
+    }
+
+    pub(crate) fn into_specs(self) -> Vec<SpecDef> {
+        self.specs
+    }
+}
+
+/// Returned by [`Registry::it`]: adds labels or a timeout to the spec just registered.
+pub struct SpecHandle<'a> {
+    registry: &'a mut Registry,
+    index: usize,
+}
+
+impl SpecHandle<'_> {
+    /// Adds labels, rendered `name [label]...` in this order.
+    pub fn labels<I, S>(self, labels: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let owner = self.registry.specs[self.index].info.full_text.clone();
+        let labels = self.registry.checked_labels(labels, &owner);
+        let info = &mut self.registry.specs[self.index].info;
+        info.own_labels.extend(labels);
+        info.render();
+        self
+    }
+
+    /// Adds one label.
+    pub fn label(self, label: impl Into<String>) -> Self {
+        self.labels([label.into()])
+    }
+
+    /// Overrides the default `--timeout` for this spec.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.registry.specs[self.index].info.timeout = Some(timeout);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    use super::*;
+
+    fn sample() -> Registry {
+        let mut reg = Registry::new();
+        reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
+            r.context("control plane", |r| {
+                r.it("supports claim and class parameters", async |_| Ok(()))
+                    .labels(["ConformanceCandidate"]);
+                r.it("supports reusing resources", async |_| Ok(()));
+            });
+            r.context_with_labels("kubelet", ["Feature:DynamicResourceAllocation"], |r| {
+                r.it("must retry NodePrepareResources", async |_| Ok(()));
+                r.context("with rolling update", |r| {
+                    r.it("keeps slices", async |_| Ok(()))
+                        .labels(["KubeletMinVersion:1.33", "Slow"])
+                        .label("Serial")
+                        .timeout(Duration::from_secs(600));
+                });
+            });
+        });
+        reg.describe("CRUD Tests", |r| {
+            r.it("resource.k8s.io/v1 DeviceClass", async |_| Ok(())).labels(["Conformance", "DRA"]);
+        });
+        reg.it("top level", async |_| Ok(()));
+        reg
+    }
+
+    #[rstest]
+    #[case(0, "[sig-node] [DRA] control plane supports claim and class parameters [ConformanceCandidate]", &["DRA", "ConformanceCandidate"])]
+    #[case(1, "[sig-node] [DRA] control plane supports reusing resources", &["DRA"])]
+    #[case(2, "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] must retry NodePrepareResources", &["DRA", "Feature:DynamicResourceAllocation"])]
+    #[case(3, "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] with rolling update keeps slices [KubeletMinVersion:1.33] [Slow] [Serial]", &["DRA", "Feature:DynamicResourceAllocation", "KubeletMinVersion:1.33", "Slow", "Serial"])]
+    #[case(4, "CRUD Tests resource.k8s.io/v1 DeviceClass [Conformance] [DRA]", &["Conformance", "DRA"])]
+    #[case(5, "top level", &[])]
+    fn renders_full_text_and_inherits_labels(
+        #[case] index: usize,
+        #[case] text: &str,
+        #[case] labels: &[&str],
+    ) {
+        let reg = sample();
+        let spec = reg.specs().nth(index).unwrap();
+        assert_eq!(spec.full_text(), text);
+        assert_eq!(spec.labels(), labels);
+        assert_eq!(spec.index(), index);
+    }
+
+    #[test]
+    fn keeps_timeouts_and_serial() {
+        let reg = sample();
+        let spec = reg.specs().nth(3).unwrap();
+        assert_eq!(spec.timeout(), Some(Duration::from_secs(600)));
+        assert!(spec.is_serial());
+        assert_eq!(spec.name(), "keeps slices");
+        assert!(!reg.specs().next().unwrap().is_serial());
+        assert!(reg.validate().is_ok());
+    }
+
+    #[test]
+    fn reports_invalid_labels_and_duplicates() {
+        let mut reg = Registry::new();
+        reg.describe_with_labels("a", ["x|y"], |r| {
+            r.it("b", async |_| Ok(())).labels(["[Slow]"]);
+            r.it("b", async |_| Ok(()));
+        });
+        reg.it(" ", async |_| Ok(()));
+        let err = reg.validate().unwrap_err();
+        assert_eq!(err.problems.len(), 4, "{err}");
+        assert!(err.to_string().contains("two specs are named \"a b\""), "{err}");
+        assert!(err.to_string().contains("label \"x|y\" contains '|'"), "{err}");
+    }
+
+    #[test]
+    fn accepts_capturing_bodies() {
+        let mut reg = Registry::new();
+        for n in [1, 2] {
+            let param = format!("param {n}");
+            reg.it(&format!("table {n}"), move |_ctx| {
+                let param = param.clone();
+                async move {
+                    assert!(!param.is_empty());
+                    Ok(())
+                }
+            });
+        }
+        assert_eq!(reg.len(), 2);
+    }
+}

@@ -1,0 +1,530 @@
+//! The runner core: preflight, scheduling (`-p`, `Serial`, `--repeat`), one
+//! spec's life (namespace, body with timeout and cancellation, artifacts,
+//! cleanups), the JUnit report and the summary.
+//!
+//! It talks to the cluster only through a [`ClusterBackend`], so it runs the
+//! same against [`KubeBackend`](super::KubeBackend) and against test doubles.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{sync::Semaphore, task::JoinSet, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use super::{
+    artifacts,
+    backend::{ArtifactRequest, ClusterBackend, NamespaceRequest},
+    capture::{self, SPEC_SPAN_TARGET},
+    cleanup::{CleanupStack, panic_message},
+    cluster::ClusterInfo,
+    ctx::{Ctx, CtxParts},
+    duration,
+    error::SpecError,
+    junit, names,
+    outcome::{FailureKind, Outcome, RunReport, SpecReport},
+    progress::{self, Output},
+    registry::{Registry, SpecDef},
+    selection::Selection,
+};
+
+/// Target of the runner's per-spec outcome messages: in spec logs, but off
+/// on the console by default (the progress lines already say it).
+pub const OUTCOME_TARGET: &str = "dra_e2e::outcome";
+
+/// How long creating a spec's namespace may take.
+const NAMESPACE_CREATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Settings of a run (the parsed command line, see [`RunnerArgs`](super::RunnerArgs)).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Specs running at the same time (`-p`).
+    pub procs: usize,
+    /// Timeout of a spec body unless the spec sets its own (`--timeout`).
+    pub default_timeout: Duration,
+    /// How many times the selection runs (`--repeat`).
+    pub repeat: u32,
+    /// Root folder of failed specs' artifacts (`--artifacts`).
+    pub artifacts: PathBuf,
+    /// Where to write the JUnit report (`--junit`).
+    pub junit: Option<PathBuf>,
+    /// Timeout of each cleanup registered with [`Ctx::defer`].
+    pub cleanup_timeout: Duration,
+    /// How long deleting a spec's namespace may take until it is gone.
+    pub namespace_timeout: Duration,
+    /// How long preflight may take.
+    pub preflight_timeout: Duration,
+    /// After a timeout or Ctrl-C the spec's token is cancelled; the body gets
+    /// this long to return before it is aborted.
+    pub cancel_grace: Duration,
+    /// How long collecting a failed spec's artifacts may take.
+    pub artifact_timeout: Duration,
+    /// Where progress lines and the summary go.
+    pub output: Output,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            procs: 1,
+            default_timeout: Duration::from_secs(600),
+            repeat: 1,
+            artifacts: PathBuf::from("target/e2e/artifacts"),
+            junit: None,
+            cleanup_timeout: Duration::from_secs(120),
+            namespace_timeout: Duration::from_secs(300),
+            preflight_timeout: Duration::from_secs(15),
+            cancel_grace: Duration::from_secs(10),
+            artifact_timeout: Duration::from_secs(120),
+            output: Output::stdout(),
+        }
+    }
+}
+
+struct Env {
+    backend: Arc<dyn ClusterBackend>,
+    cluster: Arc<ClusterInfo>,
+    options: RunOptions,
+    interrupt: CancellationToken,
+}
+
+/// Runs the selected specs of `registry` against `backend`.
+///
+/// Cancel `interrupt` to stop the run as the first Ctrl-C does: running
+/// specs are cancelled (their cleanups still run) and reported as
+/// interrupted, specs not started yet are reported as skipped.
+pub async fn run_with_backend(
+    registry: Registry,
+    selection: &Selection,
+    options: RunOptions,
+    backend: Arc<dyn ClusterBackend>,
+    interrupt: CancellationToken,
+) -> RunReport {
+    let started = Instant::now();
+    let mut report = RunReport { repeat: options.repeat, ..RunReport::default() };
+    let stop = |mut report: RunReport, error: String| {
+        report.error = Some(error);
+        report.wall_time = started.elapsed();
+        report
+    };
+    if let Err(e) = registry.validate() {
+        return stop(report, e.to_string());
+    }
+    if options.procs == 0 || options.repeat == 0 {
+        return stop(report, "--procs and --repeat must be at least 1".to_owned());
+    }
+    let total = registry.len();
+    let specs: Vec<Arc<SpecDef>> =
+        registry.into_specs().into_iter().filter(|s| selection.matches(&s.info)).map(Arc::new).collect();
+    if let Some(parent) =
+        options.junit.as_deref().and_then(Path::parent).filter(|p| !p.as_os_str().is_empty())
+        && let Err(e) = std::fs::create_dir_all(parent)
+    {
+        return stop(report, format!("cannot create the folder {} for --junit: {e}", parent.display()));
+    }
+
+    let cluster = match tokio::time::timeout(options.preflight_timeout, backend.preflight()).await {
+        Ok(Ok(cluster)) => cluster,
+        Ok(Err(e)) => return stop(report, e.to_string()),
+        Err(_) => {
+            return stop(
+                report,
+                format!(
+                    "preflight did not finish within {}; is the cluster running?",
+                    duration::display(options.preflight_timeout)
+                ),
+            );
+        }
+    };
+    if !capture::is_installed() {
+        tracing::warn!(
+            "spec logs are not captured: the global tracing subscriber lacks harness::framework::capture_layer()"
+        );
+    }
+    options.output.block(&header(&specs, total, &options, &cluster));
+
+    let env = Arc::new(Env { backend, cluster: Arc::new(cluster), options, interrupt });
+    let (serial, parallel): (Vec<_>, Vec<_>) = specs.iter().cloned().partition(|s| s.info.is_serial());
+    let mut not_run = 0;
+    for attempt in 1..=env.options.repeat {
+        if env.interrupt.is_cancelled() {
+            break;
+        }
+        let mut started_specs = HashSet::new();
+        report.specs.extend(run_parallel(&env, &parallel, attempt, &mut started_specs).await);
+        for spec in &serial {
+            if env.interrupt.is_cancelled() {
+                break;
+            }
+            started_specs.insert(spec.info.index());
+            report.specs.push(spawn_spec(&env, spec.clone(), attempt).await);
+        }
+        for spec in specs.iter().filter(|s| !started_specs.contains(&s.info.index())) {
+            not_run += 1;
+            report.specs.push(SpecReport {
+                full_text: spec.info.full_text().to_owned(),
+                labels: spec.info.labels().to_vec(),
+                index: spec.info.index(),
+                attempt,
+                outcome: Outcome::Skipped { reason: "not run: the run was interrupted".to_owned() },
+                duration: Duration::ZERO,
+                log: String::new(),
+                artifacts: None,
+            });
+        }
+    }
+    report.specs.sort_by_key(|s| (s.attempt, s.index));
+    report.interrupted = env.interrupt.is_cancelled();
+    report.wall_time = started.elapsed();
+    if let Some(path) = &env.options.junit {
+        match junit::write(&report, path) {
+            Ok(()) => tracing::info!("wrote JUnit report {}", path.display()),
+            Err(e) => report.error = Some(e.to_string()),
+        }
+    }
+    env.options.output.block(&progress::summary(&report, not_run));
+    report
+}
+
+fn header(specs: &[Arc<SpecDef>], total: usize, options: &RunOptions, cluster: &ClusterInfo) -> String {
+    let ready = cluster.ready_nodes().count();
+    let mut line = format!("Running {} of {total} specs", specs.len());
+    if options.repeat > 1 {
+        line.push_str(&format!(" {} times", options.repeat));
+    }
+    line.push_str(&format!(
+        ", {} in parallel, against {} ({}, {ready} ready node{})\n",
+        options.procs,
+        cluster.server,
+        cluster.server_version,
+        if ready == 1 { "" } else { "s" }
+    ));
+    if specs.is_empty() {
+        line.push_str("No spec matches the selection (--focus, --skip, --label-filter).\n");
+    }
+    line
+}
+
+/// Runs the non-serial specs of one attempt, at most `procs` at a time, in registration order.
+async fn run_parallel(
+    env: &Arc<Env>,
+    specs: &[Arc<SpecDef>],
+    attempt: u32,
+    started: &mut HashSet<usize>,
+) -> Vec<SpecReport> {
+    let semaphore = Arc::new(Semaphore::new(env.options.procs));
+    let mut set = JoinSet::new();
+    let mut tasks = HashMap::new();
+    for spec in specs {
+        let permit = tokio::select! {
+            biased;
+            () = env.interrupt.cancelled() => break,
+            permit = semaphore.clone().acquire_owned() => permit,
+        };
+        let Ok(permit) = permit else { break };
+        started.insert(spec.info.index());
+        let (env, task_spec) = (env.clone(), spec.clone());
+        let handle = set.spawn(async move {
+            let report = run_spec(env, task_spec, attempt).await;
+            drop(permit);
+            report
+        });
+        tasks.insert(handle.id(), spec.clone());
+    }
+    let mut reports = Vec::new();
+    while let Some(joined) = set.join_next_with_id().await {
+        match joined {
+            Ok((_, report)) => reports.push(report),
+            Err(e) => {
+                if let Some(spec) = tasks.get(&e.id()) {
+                    reports.push(runner_failure(spec, attempt, &e));
+                }
+            }
+        }
+    }
+    reports
+}
+
+/// Runs one spec in its own task (so nothing in it can take the runner down).
+async fn spawn_spec(env: &Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
+    match tokio::spawn(run_spec(env.clone(), spec.clone(), attempt)).await {
+        Ok(report) => report,
+        Err(e) => runner_failure(&spec, attempt, &e),
+    }
+}
+
+fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::JoinError) -> SpecReport {
+    SpecReport {
+        full_text: spec.info.full_text().to_owned(),
+        labels: spec.info.labels().to_vec(),
+        index: spec.info.index(),
+        attempt,
+        outcome: Outcome::failed(
+            FailureKind::Error,
+            format!("the runner's task for this spec failed: {error}"),
+        ),
+        duration: Duration::ZERO,
+        log: String::new(),
+        artifacts: None,
+    }
+}
+
+/// One spec run, start to end: captured log, namespace, body, artifacts,
+/// cleanups, failure files, progress line.
+async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
+    let id = capture::new_spec_id();
+    capture::begin(id);
+    let span = tracing::error_span!(target: SPEC_SPAN_TARGET, "spec", spec_id = id, name = %spec.info.name());
+    let started = Instant::now();
+    let dir = artifacts::spec_dir(&env.options.artifacts, spec.info.full_text(), attempt, env.options.repeat);
+    let run = execute(&env, &spec, attempt, &dir).instrument(span).await;
+    let duration = started.elapsed();
+    let log = capture::take(id);
+    let artifacts = if run.outcome.is_failed() {
+        write_failure_files(&dir, &run, &log).await;
+        Some(dir)
+    } else {
+        None
+    };
+    let report = SpecReport {
+        full_text: spec.info.full_text().to_owned(),
+        labels: spec.info.labels().to_vec(),
+        index: spec.info.index(),
+        attempt,
+        outcome: run.outcome,
+        duration,
+        log,
+        artifacts,
+    };
+    env.options.output.block(&progress::spec_block(&report, env.options.repeat));
+    report
+}
+
+struct Execution {
+    outcome: Outcome,
+    /// Problems while collecting artifacts.
+    problems: Vec<String>,
+    /// Whether the artifact folder was already emptied for this run.
+    dir_ready: bool,
+}
+
+async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) -> Execution {
+    let info = &spec.info;
+    let options = &env.options;
+    tracing::info!("starting {:?} (attempt {attempt})", info.full_text());
+    let mut run = Execution { outcome: Outcome::Passed, problems: Vec::new(), dir_ready: false };
+
+    let request = NamespaceRequest {
+        generate_name: names::namespace_prefix(info.name()),
+        full_text: info.full_text().to_owned(),
+    };
+    let namespace =
+        match tokio::time::timeout(NAMESPACE_CREATE_TIMEOUT, env.backend.create_namespace(&request)).await {
+            Ok(Ok(ns)) => ns,
+            Ok(Err(e)) => {
+                tracing::error!(target: OUTCOME_TARGET, "cannot create the spec's namespace: {e}");
+                run.outcome =
+                    Outcome::failed(FailureKind::Setup, format!("cannot create the spec's namespace: {e}"));
+                return run;
+            }
+            Err(_) => {
+                let message = format!(
+                    "timed out after {} waiting for the spec's namespace to be created",
+                    duration::display(NAMESPACE_CREATE_TIMEOUT)
+                );
+                tracing::error!(target: OUTCOME_TARGET, "{message}");
+                run.outcome = Outcome::failed(FailureKind::Setup, message);
+                return run;
+            }
+        };
+    tracing::info!(namespace = %namespace.name, "created namespace");
+
+    let cleanups = Arc::new(CleanupStack::default());
+    let (backend, ns, ns_timeout) = (env.backend.clone(), namespace.clone(), options.namespace_timeout);
+    // First registered, so it runs last; its own timeout covers the wait inside.
+    cleanups.push(
+        format!("delete namespace {}", namespace.name),
+        ns_timeout + Duration::from_secs(15),
+        async move { backend.delete_namespace(&ns, ns_timeout).await.map_err(anyhow::Error::from) },
+    );
+
+    let timeout = info.timeout().unwrap_or(options.default_timeout);
+    let deadline = Instant::now() + timeout;
+    let token = env.interrupt.child_token();
+    let ctx = Ctx::new(CtxParts {
+        client: env.backend.client(),
+        namespace: namespace.name.clone(),
+        suffix: names::unique_suffix(),
+        full_text: info.full_text().to_owned(),
+        labels: info.labels().to_vec(),
+        attempt,
+        cluster: env.cluster.clone(),
+        token: token.clone(),
+        cleanups: cleanups.clone(),
+        cleanup_timeout: options.cleanup_timeout,
+        artifacts_dir: dir.to_owned(),
+        deadline,
+    });
+
+    let body = spec.body.clone();
+    let body_ctx = ctx.clone();
+    let mut task = tokio::spawn(async move { body(body_ctx).await }.in_current_span());
+    run.outcome = tokio::select! {
+        // The spec's token is only cancelled here by an interrupt (timeouts
+        // cancel it below): a body that returned because of it was interrupted.
+        joined = &mut task => {
+            if token.is_cancelled() {
+                tracing::warn!(target: OUTCOME_TARGET, "interrupted; the spec returned");
+                Outcome::failed(FailureKind::Interrupted, "interrupted (Ctrl-C) while running")
+            } else {
+                body_outcome(joined)
+            }
+        }
+        () = tokio::time::sleep_until(deadline) => {
+            let message = format!("timed out after {}", duration::display(timeout));
+            tracing::error!(target: OUTCOME_TARGET, "{message}; cancelling the spec");
+            stop_body(&token, task, options.cancel_grace).await;
+            Outcome::failed(FailureKind::Timeout, message)
+        }
+        () = env.interrupt.cancelled() => {
+            tracing::warn!(target: OUTCOME_TARGET, "interrupted; cancelling the spec");
+            stop_body(&token, task, options.cancel_grace).await;
+            Outcome::failed(FailureKind::Interrupted, "interrupted (Ctrl-C) while running")
+        }
+    };
+
+    // Collect what the cluster looks like now, before cleanups change it.
+    if matches!(&run.outcome, Outcome::Failed { kind, .. } if *kind != FailureKind::Interrupted) {
+        run.problems = collect(env, &ctx, &namespace.name, dir).await;
+        run.dir_ready = true;
+    }
+
+    let failures = cleanups.run_all().await;
+    token.cancel();
+    if !failures.is_empty() {
+        let list: Vec<String> = failures.iter().map(ToString::to_string).collect();
+        run.outcome = match run.outcome {
+            Outcome::Failed { kind, message, details } => Outcome::Failed {
+                kind,
+                message: format!("{message}; and {}", list.join("; ")),
+                details: format!("{details}\n\n{}", list.join("\n")),
+            },
+            Outcome::Passed | Outcome::Skipped { .. } => {
+                Outcome::failed(FailureKind::Cleanup, list.join("; "))
+            }
+        };
+    }
+    tracing::info!(
+        target: OUTCOME_TARGET,
+        "finished: {}",
+        match &run.outcome {
+            Outcome::Passed => "passed".to_owned(),
+            Outcome::Skipped { reason } => format!("skipped ({reason})"),
+            Outcome::Failed { kind, .. } => format!("failed ({})", kind.as_str()),
+        }
+    );
+    run
+}
+
+/// What the body's task ended with.
+fn body_outcome(joined: Result<Result<(), SpecError>, tokio::task::JoinError>) -> Outcome {
+    match joined {
+        Ok(Ok(())) => Outcome::Passed,
+        Ok(Err(SpecError::Skipped(reason))) => {
+            tracing::info!(target: OUTCOME_TARGET, "skipped: {reason}");
+            Outcome::Skipped { reason }
+        }
+        Ok(Err(SpecError::Failed(e))) => {
+            tracing::error!(target: OUTCOME_TARGET, "failed: {e:#}");
+            Outcome::Failed { kind: FailureKind::Error, message: format!("{e:#}"), details: format!("{e:?}") }
+        }
+        Err(e) if e.is_panic() => {
+            let message = format!("panicked: {}", panic_message(e.into_panic()));
+            tracing::error!(target: OUTCOME_TARGET, "{message}");
+            Outcome::failed(FailureKind::Panic, message)
+        }
+        Err(e) => Outcome::failed(FailureKind::Error, format!("the spec's task ended unexpectedly: {e}")),
+    }
+}
+
+/// Cancels the spec's token, gives the body `grace` to return, then aborts it.
+async fn stop_body(
+    token: &CancellationToken,
+    mut task: tokio::task::JoinHandle<Result<(), SpecError>>,
+    grace: Duration,
+) {
+    token.cancel();
+    if tokio::time::timeout(grace, &mut task).await.is_err() {
+        tracing::warn!(
+            "the spec body did not return within {} of being cancelled; aborting it",
+            duration::display(grace)
+        );
+        task.abort();
+        let _ = task.await;
+    }
+}
+
+/// Cluster state and artifact sources of a failed spec, bounded by the artifact timeout.
+async fn collect(env: &Env, ctx: &Ctx, namespace: &str, dir: &Path) -> Vec<String> {
+    if let Err(e) = artifacts::fresh_dir(dir).await {
+        let problem = format!("cannot create the artifact folder {}: {e}", dir.display());
+        tracing::error!("{problem}");
+        return vec![problem];
+    }
+    let limit = env.options.artifact_timeout;
+    let drivers = ctx.drivers();
+    let request = ArtifactRequest { namespace, drivers: &drivers, dir };
+    let mut problems = match tokio::time::timeout(limit, env.backend.collect_artifacts(request)).await {
+        Ok(problems) => problems,
+        Err(_) => {
+            vec![format!("collecting cluster artifacts did not finish within {}", duration::display(limit))]
+        }
+    };
+    for source in ctx.sources() {
+        let name = source.name().to_owned();
+        let sub = dir.join(names::dir_name(&name));
+        let result = match tokio::fs::create_dir_all(&sub).await {
+            Ok(()) => match tokio::time::timeout(limit, source.collect(&sub)).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("{e:#}")),
+                Err(_) => Err(format!("did not finish within {}", duration::display(limit))),
+            },
+            Err(e) => Err(format!("cannot create {}: {e}", sub.display())),
+        };
+        if let Err(e) = result {
+            tracing::warn!("artifact source {name:?} failed: {e}");
+            problems.push(format!("artifact source {name:?}: {e}"));
+        }
+    }
+    tracing::info!("collected artifacts into {}", dir.display());
+    problems
+}
+
+/// `failure.txt` and `spec.log` (written last, so they include the cleanups).
+async fn write_failure_files(dir: &Path, run: &Execution, log: &str) {
+    if !run.dir_ready
+        && let Err(e) = artifacts::fresh_dir(dir).await
+    {
+        tracing::error!("cannot create the artifact folder {}: {e}", dir.display());
+        return;
+    }
+    let mut failure = match &run.outcome {
+        Outcome::Failed { kind, details, .. } => format!("{} failure:\n{details}\n", kind.as_str()),
+        _ => String::new(),
+    };
+    if !run.problems.is_empty() {
+        failure.push_str("\nproblems while collecting artifacts:\n");
+        for p in &run.problems {
+            failure.push_str(&format!("- {p}\n"));
+        }
+    }
+    for (file, text) in [("failure.txt", failure.as_str()), ("spec.log", log)] {
+        if let Err(e) = tokio::fs::write(dir.join(file), text).await {
+            tracing::error!("cannot write {}: {e}", dir.join(file).display());
+        }
+    }
+}
