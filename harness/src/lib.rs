@@ -4,3 +4,4 @@ pub mod calls;
 pub mod framework;
 pub mod grpc;
 pub mod plugin;
+pub mod proxied;

@@ -1,15 +1,27 @@
 //! `dra-e2e`: runs the DRA specs against a cluster.
+//!
+//! ```sh
+//! dra-e2e --kubeconfig ~/.kube/config --focus 'control plane' -p 4 --junit junit.xml
+//! dra-e2e --list --label-filter 'DRA && !Slow'
+//! dra-e2e kubelet-plugin --driver-name D --node-name N --plugin-dir P --registry-dir R --cdi-dir C
+//! ```
 
 mod kubelet_plugin_cmd;
+mod specs;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use harness::framework::{Registry, RunnerArgs};
 
 /// End-to-end tests for Kubernetes Dynamic Resource Allocation.
 #[derive(Debug, Parser)]
-#[command(name = "dra-e2e", version)]
+#[command(name = "dra-e2e", version, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    runner: RunnerArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -19,17 +31,22 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
-        Some(Command::KubeletPlugin(args)) => kubelet_plugin_cmd::run(args).await,
-        // The spec runner (top-level flags) comes here.
-        None => Ok(()),
+async fn main() -> ExitCode {
+    // Usage errors exit with 2, as ginkgo and the runner's own configuration errors do.
+    let cli = Cli::try_parse().unwrap_or_else(|e| e.exit());
+    harness::framework::init_tracing();
+    match cli.command {
+        Some(Command::KubeletPlugin(args)) => match kubelet_plugin_cmd::run(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
+        None => {
+            let mut registry = Registry::new();
+            specs::register(&mut registry);
+            harness::framework::run(registry, cli.runner).await
+        }
     }
 }
