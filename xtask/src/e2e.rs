@@ -62,11 +62,25 @@ pub fn parse(args: Vec<String>) -> Result<E2eArgs> {
     Ok(out)
 }
 
+/// How to build `dra-e2e`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Build {
+    /// Only the binary (for users).
+    Binary,
+    /// With the features the workspace's tests unify to, so that `cargo xtask test` reuses the
+    /// artifacts of `cargo test --workspace` instead of compiling the dependencies again.
+    SameAsTests,
+}
+
 /// Builds `dra-e2e` and returns its path.
-pub fn build_runner(repo: &Path) -> Result<PathBuf> {
+pub fn build_runner(repo: &Path, build: Build) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let args: &[&str] = match build {
+        Build::Binary => &["build", "--quiet", "--package", "suites", "--bin", "dra-e2e"],
+        Build::SameAsTests => &["build", "--quiet", "--workspace", "--all-targets"],
+    };
     let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--package", "suites", "--bin", "dra-e2e"])
+        .args(args)
         .current_dir(repo)
         .status()
         .context("run cargo build for dra-e2e")?;
@@ -107,7 +121,7 @@ pub async fn run_runner(runner: &Path, kubeconfig: &Path, args: &[String]) -> Re
 pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
     let args = parse(raw)?;
     let repo = crate::cli::repo_root();
-    let runner = build_runner(&repo)?;
+    let runner = build_runner(&repo, Build::Binary)?;
     let (kubeconfig, teardown) = match (&args.kubeconfig, args.provider) {
         (Some(path), _) => (path.clone(), None),
         (None, Provider::Local) => {

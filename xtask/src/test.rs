@@ -90,15 +90,17 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
 }
 
 /// The cluster tests: `#[ignore]`d tests that read the kubeconfig from `DRA_E2E_KUBECONFIG`.
+/// `--workspace` keeps cargo's feature unification identical to the `cargo test --workspace`
+/// build before, so nothing is compiled twice.
 fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
     vec![
         (
             "local cluster tests (xtask/tests/local_cluster.rs)",
-            vec!["test", "--package", "xtask", "--test", "local_cluster", "--", "--ignored"],
+            vec!["test", "--workspace", "--test", "local_cluster", "--", "--ignored"],
         ),
         (
             "framework cluster tests (harness/tests/framework_cluster.rs)",
-            vec!["test", "--package", "harness", "--test", "framework_cluster", "--", "--ignored"],
+            vec!["test", "--workspace", "--test", "framework_cluster", "--", "--ignored"],
         ),
     ]
 }
@@ -124,7 +126,7 @@ fn suite_runs(repo: &Path) -> Vec<(&'static str, Vec<String>)> {
 }
 
 async fn run_suite(repo: &Path, kubeconfig: &Path, args: &[String]) -> Result<()> {
-    let runner = e2e::build_runner(repo)?;
+    let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
     let code = e2e::run_runner(&runner, kubeconfig, args).await?;
     if code != 0 {
         bail!("dra-e2e exited with {code}");

@@ -192,7 +192,11 @@ pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
 
 /// `go version`, or a clear error when Go is missing.
 fn go_version() -> Result<String> {
-    let out = Command::new("go").arg("version").output().map_err(|e| {
+    go_version_of("go")
+}
+
+fn go_version_of(go: &str) -> Result<String> {
+    let out = Command::new(go).arg("version").output().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             anyhow::anyhow!(
                 "`go` is not on PATH: the local cluster is built from Kubernetes Go modules; install Go 1.26 or later and retry"
@@ -283,6 +287,14 @@ mod tests {
         assert!(flags.contains("version.gitVersion=v1.37.2"), "{flags}");
         assert!(flags.contains("version.gitMajor=1 "), "{flags}");
         assert!(flags.contains("version.gitMinor=37 "), "{flags}");
+    }
+
+    #[test]
+    fn missing_go_is_one_clear_sentence() {
+        let err = go_version_of("go-that-does-not-exist").unwrap_err().to_string();
+        assert!(err.contains("`go` is not on PATH"), "{err}");
+        assert!(err.contains("install Go"), "{err}");
+        assert!(!err.contains('\n'), "one sentence: {err}");
     }
 
     #[test]

@@ -366,7 +366,11 @@ pub async fn client_from(path: &std::path::Path) -> Result<Client> {
 }
 
 fn check_ports_free() -> Result<()> {
-    for (port, owner) in ports::ALL {
+    check_ports(&ports::ALL)
+}
+
+fn check_ports(ports: &[(u16, &str)]) -> Result<()> {
+    for &(port, owner) in ports {
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
             bail!(
                 "port {port} on 127.0.0.1, which {owner} needs, is in use by another process; stop that process (if it is a leftover of this cluster, run `cargo xtask cluster down --provider local`)"
@@ -512,4 +516,20 @@ pub async fn down() -> Result<()> {
 /// `cluster status --provider local`.
 pub async fn status() -> Result<bool> {
     LocalCluster::new()?.status().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_in_use_names_the_port_and_its_component() {
+        let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let err = check_ports(&[(port, "kube-apiserver")]).unwrap_err().to_string();
+        assert!(err.contains(&format!("port {port}")), "{err}");
+        assert!(err.contains("kube-apiserver"), "{err}");
+        drop(taken);
+        check_ports(&[(port, "kube-apiserver")]).unwrap();
+    }
 }
