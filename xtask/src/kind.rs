@@ -13,7 +13,6 @@
 use std::{
     ffi::{OsStr, OsString},
     fmt,
-    future::Future,
     io::Write,
     path::{Path, PathBuf},
     process::Stdio,
@@ -23,15 +22,14 @@ use std::{
 use anyhow::{Context, bail, ensure};
 use clap::Args;
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api, Client,
-    api::ListParams,
-    config::{KubeConfigOptions, Kubeconfig},
-};
-use tokio::time::Instant;
+use kube::{Api, api::ListParams};
 use tracing::{debug, info, warn};
 
-use crate::cluster_config::{self, ClusterConfig};
+use crate::{
+    cluster_config::{self, ClusterConfig},
+    kube_api::{client_for, node_is_ready},
+    wait::{Probe, poll_until},
+};
 
 /// The kind release this project is tested with (also pinned in .github/workflows/e2e-kind.yaml).
 pub const KIND_VERSION: &str = "v0.33.0";
@@ -333,48 +331,6 @@ pub fn docker_platform() -> Option<&'static str> {
 
 // ---- waiting --------------------------------------------------------------------------------------
 
-/// What one probe of [`poll_until`] saw.
-#[derive(Debug)]
-pub enum Probe<T> {
-    /// The condition holds; the wait returns this value.
-    Done(T),
-    /// Not yet; the text describes what the probe saw (it ends up in the timeout error).
-    Pending(String),
-}
-
-/// Probes every `interval` until the probe reports [`Probe::Done`] or `timeout` has passed.
-///
-/// A probe error counts as "not yet" (an API server that is still starting is normal); the timeout
-/// error names `what` was waited for and what the last probe saw.
-pub async fn poll_until<T, F, Fut>(
-    what: &str,
-    timeout: Duration,
-    interval: Duration,
-    mut probe: F,
-) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Probe<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut last = "nothing yet (no probe finished)".to_string();
-    loop {
-        match tokio::time::timeout_at(deadline, probe()).await {
-            Ok(Ok(Probe::Done(value))) => return Ok(value),
-            Ok(Ok(Probe::Pending(seen))) => last = seen,
-            Ok(Err(err)) => last = format!("error: {err:#}"),
-            Err(_) => break,
-        }
-        debug!("waiting for {what}: {last}");
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        tokio::time::sleep_until((now + interval).min(deadline)).await;
-    }
-    bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}")
-}
-
 /// Whether every node in `expected` is listed and Ready, and a one-line account of each.
 pub fn readiness(listed: &[Node], expected: &[String]) -> (bool, String) {
     let mut all_ready = true;
@@ -392,23 +348,6 @@ pub fn readiness(listed: &[Node], expected: &[String]) -> (bool, String) {
         })
         .collect();
     (all_ready, states.join(", "))
-}
-
-fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// A client for the cluster of `kubeconfig` (its current context).
-pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
-    let file = Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("cannot read kubeconfig {}", kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-        .await
-        .with_context(|| format!("cannot use kubeconfig {}", kubeconfig.display()))?;
-    Client::try_from(config).context("cannot create a Kubernetes client")
 }
 
 /// Waits until every node in `nodes` is registered and Ready.
@@ -1174,46 +1113,6 @@ mod tests {
             err,
             "timed out after 300ms waiting for nodes cp, w1 to be Ready; last seen: cp Ready, w1 NotReady"
         );
-    }
-
-    #[tokio::test]
-    async fn poll_until_returns_when_done_and_names_what_it_waited_for() {
-        let mut calls = 0;
-        let value = poll_until("three probes", Duration::from_secs(30), Duration::from_millis(1), || {
-            calls += 1;
-            let n = calls;
-            async move { Ok(if n >= 3 { Probe::Done(n) } else { Probe::Pending(format!("probe {n}")) }) }
-        })
-        .await
-        .unwrap();
-        assert_eq!(value, 3);
-
-        let err = poll_until::<(), _, _>(
-            "the moon to turn blue",
-            Duration::from_millis(50),
-            Duration::from_millis(5),
-            || async { anyhow::bail!("still white") },
-        )
-        .await
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.starts_with(
-                "timed out after 50ms waiting for the moon to turn blue; last seen: error: still white"
-            ),
-            "{err}"
-        );
-
-        let err = poll_until::<(), _, _>(
-            "a probe that hangs",
-            Duration::from_millis(20),
-            Duration::from_millis(5),
-            std::future::pending::<anyhow::Result<Probe<()>>>,
-        )
-        .await
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("waiting for a probe that hangs; last seen: nothing yet"), "{err}");
     }
 
     // ---- .github/workflows/e2e-kind.yaml ---------------------------------------------------------

@@ -7,9 +7,11 @@ mod cli;
 mod cluster_config;
 mod e2e;
 mod kind;
+mod kube_api;
 mod local;
 mod progress;
 mod test;
+mod wait;
 
 use std::process::ExitCode;
 

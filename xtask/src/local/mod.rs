@@ -24,7 +24,6 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 
 pub use layout::Layout;
@@ -34,7 +33,12 @@ use self::{
     layout::{NODE_NAME, ports},
     process::Supervisor,
 };
-use crate::{cli::repo_root, cluster_config::ClusterConfig, progress::Step};
+use crate::{
+    cli::repo_root,
+    cluster_config::ClusterConfig,
+    kube_api::{client_for, node_is_ready},
+    progress::Step,
+};
 
 /// Component names in start order.
 const START_ORDER: [&str; 6] =
@@ -258,7 +262,7 @@ impl LocalCluster {
 
     /// A client with the admin kubeconfig.
     pub async fn admin_client(&self) -> Result<Client> {
-        client_from(&self.kubeconfig()).await
+        client_for(&self.kubeconfig()).await
     }
 
     /// Stops every process the cluster started (by recorded PID) and removes its containers,
@@ -357,14 +361,6 @@ impl LocalCluster {
     }
 }
 
-/// A client for a kubeconfig file.
-pub async fn client_from(path: &std::path::Path) -> Result<Client> {
-    let kubeconfig =
-        Kubeconfig::read_from(path).with_context(|| format!("read kubeconfig {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
-}
-
 fn check_ports_free() -> Result<()> {
     check_ports(&ports::ALL)
 }
@@ -403,7 +399,7 @@ async fn etcd_healthy() -> Result<bool> {
 }
 
 async fn readyz(kubeconfig: PathBuf) -> Result<bool> {
-    let client = client_from(&kubeconfig).await?;
+    let client = client_for(&kubeconfig).await?;
     let text = client.request_text(http::Request::get("/readyz").body(Vec::new())?).await?;
     Ok(text.trim() == "ok")
 }
@@ -419,13 +415,7 @@ async fn component_healthz(port: u16) -> Result<bool> {
 }
 
 async fn node_ready(nodes: Api<Node>) -> Result<bool> {
-    let Some(node) = nodes.get_opt(NODE_NAME).await? else { return Ok(false) };
-    Ok(node
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True"))
+    Ok(nodes.get_opt(NODE_NAME).await?.is_some_and(|node| node_is_ready(&node)))
 }
 
 /// The apiserver talks to the kubelet (exec, port-forward, logs) as user `kube-apiserver`.

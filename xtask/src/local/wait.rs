@@ -1,13 +1,13 @@
-//! Waiting for a component to become ready: poll a check with a deadline, notice at once when the
-//! component's process exits, and on failure say what was awaited, what was seen last, and show
-//! the component's last log lines with the path of its full log.
+//! Waiting for a component of the local cluster to become ready: the shared poll loop, stopped at
+//! once when the component's process exits, with the component's last log lines and the path of
+//! its full log in every failure.
 
 use std::{future::Future, time::Duration};
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 
 use super::process::Supervisor;
-use crate::progress::human;
+use crate::wait::{Probe, poll_until};
 
 /// How often a readiness check is repeated.
 const POLL: Duration = Duration::from_millis(250);
@@ -24,31 +24,34 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool>>,
 {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let last = match check().await {
-            Ok(true) => return Ok(()),
-            Ok(false) => "not ready yet".to_string(),
-            Err(e) => format!("{e:#}"),
-        };
-        if let Some((sup, name)) = component
-            && !sup.is_running(name)
-        {
-            return Err(sup.failure(name, &format!("exited while waiting for {what} (last check: {last})")));
+    let result = poll_until(what, timeout, POLL, || {
+        let checked = check();
+        async move {
+            let seen = match checked.await {
+                Ok(true) => return Ok(Probe::Done(())),
+                Ok(false) => "not ready yet".to_string(),
+                Err(e) => format!("error: {e:#}"),
+            };
+            match component {
+                Some((sup, name)) if !sup.is_running(name) => {
+                    Ok(Probe::Abort(format!("{name} exited (last check: {seen})")))
+                }
+                _ => Ok(Probe::Pending(seen)),
+            }
         }
-        if tokio::time::Instant::now() >= deadline {
-            let msg = format!("did not get to {what} within {} (last check: {last})", human(timeout));
-            return Err(match component {
-                Some((sup, name)) => sup.failure(name, &msg),
-                None => anyhow!("{msg}"),
-            });
-        }
-        tokio::time::sleep(POLL).await;
+    })
+    .await;
+    match (result, component) {
+        (Ok(()), _) => Ok(()),
+        (Err(e), Some((sup, name))) => Err(sup.failure(name, &format!("{e:#}"))),
+        (Err(e), None) => Err(e),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use anyhow::anyhow;
+
     use super::*;
 
     #[tokio::test]
