@@ -1,6 +1,10 @@
 //! The DRA specs, registered explicitly, grouped as upstream's test/e2e/dra groups them.
 
+mod crud;
+
 use harness::framework::Registry;
 
 /// Registers every spec.
-pub fn register(_registry: &mut Registry) {}
+pub fn register(registry: &mut Registry) {
+    crud::register(registry);
+}
