@@ -29,6 +29,7 @@
 //! # Ok(()) }
 //! ```
 
+mod authority;
 mod cdi;
 mod claims;
 mod config;

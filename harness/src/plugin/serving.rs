@@ -25,6 +25,8 @@ use tokio::{
 };
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use super::authority::NormalizeAuthority;
+
 /// Anything a gRPC server can talk over.
 pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 
@@ -118,15 +120,17 @@ impl ConnectionSender {
 }
 
 /// A served connection that fails all I/O once `kill` is cancelled, so the
-/// connection task ends even while the peer keeps the connection open.
+/// connection task ends even while the peer keeps the connection open. The
+/// client's HTTP/2 `:authority` is normalised on the way in (see
+/// [`NormalizeAuthority`]).
 pub(crate) struct ServedConnection {
-    io: BoxedConnection,
+    io: NormalizeAuthority<BoxedConnection>,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl ServedConnection {
     pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken) -> Self {
-        ServedConnection { io, killed: Box::pin(kill.clone().cancelled_owned()) }
+        ServedConnection { io: NormalizeAuthority::new(io), killed: Box::pin(kill.clone().cancelled_owned()) }
     }
 
     fn check_killed(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
