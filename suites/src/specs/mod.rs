@@ -1,5 +1,6 @@
 //! The DRA specs, registered explicitly, grouped as upstream's test/e2e/dra groups them.
 
+mod control_plane;
 mod crud;
 
 use harness::framework::Registry;
@@ -7,4 +8,5 @@ use harness::framework::Registry;
 /// Registers every spec.
 pub fn register(registry: &mut Registry) {
     crud::register(registry);
+    control_plane::register(registry);
 }

@@ -1,0 +1,374 @@
+//! Running commands in the proxy pod: collected output ([`Runner::output`]), long-running
+//! processes with their output logged ([`Runner::run_logged`]), CDI files through exec
+//! ([`PodFiles`]) and the `hostpathplugin` proxy processes ([`ProxyProcess`]).
+//!
+//! [`PodExec`] runs commands in a pod's container through the API server (kube's WebSocket exec;
+//! no stdin, no TTY). [`LocalRunner`] runs the same commands on this machine, for tests and for
+//! plugins whose "pod" is the local host. Commands are argv vectors; nothing variable is ever
+//! spliced into shell text (scripts take their values as positional parameters).
+//!
+//! Closing an exec stream does not end the remote process (checked on containerd 2.3 / Kubernetes
+//! 1.37: the process keeps running after the client disconnects), so [`ProxyProcess`] records the
+//! PID of what it starts and kills it explicitly.
+
+mod files;
+mod local;
+mod proxy;
+
+use std::{fmt, time::Duration};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, AttachParams};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, BufReader};
+
+pub use files::{MAX_FILE_SIZE, PodFiles};
+pub use local::LocalRunner;
+pub use proxy::{ProxyProcess, ProxyProcessConfig};
+
+use crate::tunnel::PodRef;
+
+/// How long a command run with [`Runner::output`] may take by default.
+pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a command ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Exit code (0 = success).
+    Code(i32),
+    /// Ended without an exit code (signal, or a runtime error), with the description.
+    Other(String),
+}
+
+impl ExitStatus {
+    /// Exit code 0.
+    pub fn success(&self) -> bool {
+        *self == ExitStatus::Code(0)
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitStatus::Code(code) => write!(f, "exit code {code}"),
+            ExitStatus::Other(what) => f.write_str(what),
+        }
+    }
+}
+
+/// What a command printed and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Standard output (lossy UTF-8).
+    pub stdout: String,
+    /// Standard error (lossy UTF-8).
+    pub stderr: String,
+    /// How it ended.
+    pub status: ExitStatus,
+}
+
+/// A failed command.
+#[derive(Debug, thiserror::Error)]
+pub enum PodExecError {
+    /// The command could not be started.
+    #[error("cannot run `{command}` in {place}: {reason}")]
+    Start {
+        /// The command, shortened.
+        command: String,
+        /// Where (`pod ns/name container c` or `this machine`).
+        place: String,
+        /// Why.
+        reason: String,
+    },
+    /// The command's stream broke or ended without an exit status.
+    #[error("lost `{command}` in {place}: {reason}")]
+    Stream {
+        /// The command, shortened.
+        command: String,
+        /// Where.
+        place: String,
+        /// Why.
+        reason: String,
+    },
+    /// The command did not finish in time.
+    #[error("`{command}` in {place} did not finish within {timeout:?}")]
+    Timeout {
+        /// The command, shortened.
+        command: String,
+        /// Where.
+        place: String,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// The command ran but failed.
+    #[error("`{command}` in {place} failed with {status}: {stderr}")]
+    Failed {
+        /// The command, shortened.
+        command: String,
+        /// Where.
+        place: String,
+        /// How it ended.
+        status: ExitStatus,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// An argument is too long for one exec argument.
+    #[error("argument of {len} bytes is too long for `{command}` (limit {limit} bytes)")]
+    TooLong {
+        /// The command, shortened.
+        command: String,
+        /// The argument's length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// Runs commands somewhere (a pod's container, or this machine).
+#[async_trait]
+pub trait Runner: Send + Sync + fmt::Debug + 'static {
+    /// Runs `argv` to completion (within the runner's timeout) and collects its output.
+    async fn output(&self, argv: Vec<String>) -> Result<ExecOutput, PodExecError>;
+
+    /// Runs `argv` until it ends, logging each output line at debug level with `name` and
+    /// passing it to `on_line`. Dropping the future disconnects from the process (it may keep
+    /// running, see the module docs).
+    async fn run_logged(
+        &self,
+        argv: Vec<String>,
+        name: &str,
+        on_line: &OnLine,
+    ) -> Result<ExitStatus, PodExecError>;
+
+    /// Where commands run, for messages.
+    fn place(&self) -> String;
+
+    /// Runs `argv` and fails unless it exits with code 0.
+    async fn checked(&self, argv: Vec<String>) -> Result<ExecOutput, PodExecError> {
+        let command = show_command(&argv);
+        let output = self.output(argv).await?;
+        if output.status.success() {
+            Ok(output)
+        } else {
+            Err(PodExecError::Failed {
+                command,
+                place: self.place(),
+                status: output.status,
+                stderr: output.stderr.trim().to_string(),
+            })
+        }
+    }
+}
+
+/// The command for messages: arguments longer than 60 characters are shortened.
+pub fn show_command(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            if a.chars().count() > 60 {
+                format!("{}…({} bytes)", a.chars().take(40).collect::<String>(), a.len())
+            } else {
+                a.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Turns the exec status object into an exit status.
+fn exit_status(status: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status) -> ExitStatus {
+    if status.status.as_deref() == Some("Success") {
+        return ExitStatus::Code(0);
+    }
+    let code = status
+        .details
+        .as_ref()
+        .and_then(|d| d.causes.as_ref())
+        .and_then(|causes| causes.iter().find(|c| c.reason.as_deref() == Some("ExitCode")))
+        .and_then(|c| c.message.as_deref())
+        .and_then(|m| m.trim().parse().ok());
+    match code {
+        Some(code) => ExitStatus::Code(code),
+        None => ExitStatus::Other(status.message.clone().unwrap_or_else(|| format!("{status:?}"))),
+    }
+}
+
+/// Called with every output line of a [`Runner::run_logged`] process.
+pub type OnLine = dyn Fn(&str) + Send + Sync;
+
+/// Logs every line of `reader` at debug level and passes it to `on_line`.
+async fn log_lines(
+    reader: Option<impl AsyncRead + Unpin>,
+    name: &str,
+    stream: &'static str,
+    on_line: &OnLine,
+) {
+    let Some(reader) = reader else { return };
+    let mut lines = BufReader::new(reader).lines();
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => {
+                tracing::debug!(process = name, stream, "{line}");
+                on_line(&line);
+            }
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(process = name, stream, error = %e, "cannot read output");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads `reader` to the end (lossy UTF-8).
+async fn read_all(reader: Option<impl AsyncRead + Unpin>) -> String {
+    let mut buf = Vec::new();
+    if let Some(mut reader) = reader
+        && let Err(e) = reader.read_to_end(&mut buf).await
+    {
+        tracing::debug!(error = %e, "cannot read command output");
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Runs commands in one container of a pod through the API server's exec.
+#[derive(Clone)]
+pub struct PodExec {
+    pods: Api<Pod>,
+    pod: PodRef,
+    timeout: Duration,
+}
+
+impl fmt::Debug for PodExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodExec").field("pod", &self.pod).field("timeout", &self.timeout).finish()
+    }
+}
+
+impl PodExec {
+    /// Commands in `pod.container` of `pod`, with the admin `client`.
+    pub fn new(client: kube::Client, pod: PodRef) -> Self {
+        PodExec { pods: Api::namespaced(client, &pod.namespace), pod, timeout: DEFAULT_EXEC_TIMEOUT }
+    }
+
+    /// Limits [`Runner::output`] commands to `timeout` (default [`DEFAULT_EXEC_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The pod.
+    pub fn pod(&self) -> &PodRef {
+        &self.pod
+    }
+
+    async fn attach(&self, argv: &[String]) -> Result<kube::api::AttachedProcess, PodExecError> {
+        let params =
+            AttachParams::default().container(&self.pod.container).stdin(false).stdout(true).stderr(true);
+        self.pods.exec(&self.pod.name, argv.to_vec(), &params).await.map_err(|e| PodExecError::Start {
+            command: show_command(argv),
+            place: self.place(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn lost(&self, argv: &[String], reason: impl fmt::Display) -> PodExecError {
+        PodExecError::Stream { command: show_command(argv), place: self.place(), reason: reason.to_string() }
+    }
+}
+
+#[async_trait]
+impl Runner for PodExec {
+    async fn output(&self, argv: Vec<String>) -> Result<ExecOutput, PodExecError> {
+        let run = async {
+            let mut process = self.attach(&argv).await?;
+            let status = process.take_status();
+            let (stdout, stderr, status) =
+                tokio::join!(read_all(process.stdout()), read_all(process.stderr()), async {
+                    match status {
+                        Some(status) => status.await,
+                        None => None,
+                    }
+                });
+            if let Err(e) = process.join().await {
+                tracing::debug!(command = %show_command(&argv), error = %e, "exec stream ended with an error");
+            }
+            let status = status.ok_or_else(|| self.lost(&argv, "the stream ended without an exit status"))?;
+            Ok(ExecOutput { stdout, stderr, status: exit_status(&status) })
+        };
+        let output = tokio::time::timeout(self.timeout, run).await.map_err(|_| PodExecError::Timeout {
+            command: show_command(&argv),
+            place: self.place(),
+            timeout: self.timeout,
+        })??;
+        tracing::trace!(command = %show_command(&argv), ?output, "exec done");
+        Ok(output)
+    }
+
+    async fn run_logged(
+        &self,
+        argv: Vec<String>,
+        name: &str,
+        on_line: &OnLine,
+    ) -> Result<ExitStatus, PodExecError> {
+        // Only starting is bounded: the process itself may run for as long as it likes.
+        let mut process = tokio::time::timeout(self.timeout, self.attach(&argv)).await.map_err(|_| {
+            PodExecError::Timeout { command: show_command(&argv), place: self.place(), timeout: self.timeout }
+        })??;
+        let status = process.take_status();
+        let (_, _, status) = tokio::join!(
+            log_lines(process.stdout(), name, "stdout", on_line),
+            log_lines(process.stderr(), name, "stderr", on_line),
+            async {
+                match status {
+                    Some(status) => status.await,
+                    None => None,
+                }
+            }
+        );
+        if let Err(e) = process.join().await {
+            tracing::debug!(process = name, error = %e, "exec stream ended with an error");
+        }
+        let status = status.ok_or_else(|| self.lost(&argv, "the stream ended without an exit status"))?;
+        Ok(exit_status(&status))
+    }
+
+    fn place(&self) -> String {
+        format!("pod {} container {}", self.pod.display(), self.pod.container)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+    use rstest::rstest;
+
+    use super::*;
+
+    fn failure(causes: Vec<StatusCause>, message: &str) -> Status {
+        Status {
+            status: Some("Failure".into()),
+            reason: Some("NonZeroExitCode".into()),
+            message: Some(message.into()),
+            details: Some(StatusDetails { causes: Some(causes), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn cause(reason: &str, message: &str) -> StatusCause {
+        StatusCause { reason: Some(reason.into()), message: Some(message.into()), field: None }
+    }
+
+    #[rstest]
+    #[case::success(Status { status: Some("Success".into()), ..Default::default() }, ExitStatus::Code(0))]
+    #[case::exit_code(failure(vec![cause("ExitCode", "3")], "command terminated with non-zero exit code"), ExitStatus::Code(3))]
+    #[case::no_code(failure(vec![], "runtime error"), ExitStatus::Other("runtime error".into()))]
+    fn exit_status_from_status(#[case] status: Status, #[case] expected: ExitStatus) {
+        assert_eq!(exit_status(&status), expected);
+    }
+
+    #[test]
+    fn show_command_shortens_long_arguments() {
+        let argv = vec!["sh".to_string(), "x".repeat(100)];
+        assert_eq!(show_command(&argv), format!("sh {}…(100 bytes)", "x".repeat(40)));
+    }
+}

@@ -1,0 +1,299 @@
+//! The Driver and the Builder against a real cluster. Run through `cargo xtask test`, or:
+//!
+//! ```text
+//! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
+//!     cargo test -p harness --test driver_cluster -- --ignored
+//! ```
+//!
+//! Every test fails (never passes silently) when `DRA_E2E_KUBECONFIG` is unset.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use harness::{
+    builder::Builder,
+    driver::{Driver, DriverConfig, Nodes, resources},
+    framework::{
+        ClusterBackend as _, Ctx, KubeBackend, Output, Registry, RunOptions, RunReport, Selection,
+        SpecResult, init_tracing, run_with_backend,
+    },
+    manifests::INSTANCE_LABEL,
+};
+use k8s_openapi::api::{
+    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+    core::v1::{Namespace, Pod},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+    resource::v1::{DeviceClass, ResourceSlice},
+};
+use kube::{
+    Api, Client, ResourceExt as _,
+    api::{ListParams, PostParams},
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn kubeconfig() -> PathBuf {
+    match std::env::var_os("DRA_E2E_KUBECONFIG") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => panic!(
+            "DRA_E2E_KUBECONFIG is not set: run these tests through `cargo xtask test`, or set it to an admin kubeconfig"
+        ),
+    }
+}
+
+/// Names of what a spec created, for the checks after the run.
+#[derive(Default, Clone)]
+struct Created(Arc<Mutex<Vec<(&'static str, String)>>>);
+
+impl Created {
+    fn add(&self, kind: &'static str, name: impl Into<String>) {
+        self.0.lock().unwrap().push((kind, name.into()));
+    }
+    fn all(&self) -> Vec<(&'static str, String)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+async fn run(registry: Registry) -> (RunReport, String, Client) {
+    init_tracing();
+    let backend = Arc::new(KubeBackend::connect(Some(&kubeconfig())).await.unwrap());
+    let client = backend.client();
+    let dir = tempfile::tempdir().unwrap();
+    let (output, buffer) = Output::capture();
+    let options = RunOptions {
+        artifacts: dir.path().join("artifacts"),
+        default_timeout: Duration::from_secs(300),
+        namespace_timeout: Duration::from_secs(120),
+        output,
+        ..RunOptions::default()
+    };
+    let report =
+        run_with_backend(registry, &Selection::all(), options, backend, CancellationToken::new()).await;
+    (report, buffer.contents(), client)
+}
+
+/// After the run every recorded object is gone.
+async fn assert_nothing_left(client: &Client, created: &Created) {
+    let all = created.all();
+    assert!(!all.is_empty());
+    for (kind, name) in all {
+        let left = match kind {
+            "Namespace" => Api::<Namespace>::all(client.clone()).get_opt(&name).await.unwrap().is_some(),
+            "DeviceClass" => Api::<DeviceClass>::all(client.clone()).get_opt(&name).await.unwrap().is_some(),
+            "ClusterRole" => Api::<ClusterRole>::all(client.clone()).get_opt(&name).await.unwrap().is_some(),
+            "ClusterRoleBinding" => {
+                Api::<ClusterRoleBinding>::all(client.clone()).get_opt(&name).await.unwrap().is_some()
+            }
+            "ValidatingAdmissionPolicy" => {
+                Api::<ValidatingAdmissionPolicy>::all(client.clone()).get_opt(&name).await.unwrap().is_some()
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+                    .get_opt(&name)
+                    .await
+                    .unwrap()
+                    .is_some()
+            }
+            "Driver" => !Api::<ResourceSlice>::all(client.clone())
+                .list(&ListParams::default().fields(&format!("spec.driver={name}")))
+                .await
+                .unwrap()
+                .items
+                .is_empty(),
+            other => panic!("unknown kind {other}"),
+        };
+        assert!(!left, "{kind} {name} is left behind");
+    }
+}
+
+/// Records the cluster-scoped objects of a driver with RBAC.
+fn record_driver(created: &Created, ctx: &Ctx, driver: &Driver) {
+    let id = driver.deployment_id();
+    created.add("Namespace", ctx.namespace());
+    created.add("Driver", driver.name());
+    created.add("ClusterRole", format!("dra-kubelet-plugin-{id}-role"));
+    created.add("ClusterRoleBinding", format!("dra-kubelet-plugin-{id}-role-binding"));
+    created.add("ValidatingAdmissionPolicy", format!("resourceslices-policy-dra-kubelet-plugin-{id}"));
+    created.add("ValidatingAdmissionPolicyBinding", format!("resourceslices-policy-dra-kubelet-plugin-{id}"));
+}
+
+async fn control_plane_body(ctx: Ctx, created: Created) -> SpecResult {
+    let nodes = Nodes::select(&ctx, 1, 1).await?;
+    let node = nodes.names()[0].clone();
+    let driver =
+        Driver::start(&ctx, &nodes, DriverConfig::control_plane(resources::node_local(2)).rbac(true)).await?;
+    record_driver(&created, &ctx, &driver);
+    assert_eq!(driver.name(), format!("{}.k8s.io", ctx.namespace()));
+
+    // RBAC and policy exist, per driver.
+    let id = driver.deployment_id();
+    Api::<ClusterRole>::all(ctx.client().clone()).get(&format!("dra-kubelet-plugin-{id}-role")).await?;
+    let vap = Api::<ValidatingAdmissionPolicy>::all(ctx.client().clone())
+        .get(&format!("resourceslices-policy-dra-kubelet-plugin-{id}"))
+        .await?;
+    let condition = &vap.spec.unwrap().match_conditions.unwrap()[0].expression;
+    assert!(condition.contains(&format!(
+        "system:serviceaccount:{}:{}",
+        ctx.namespace(),
+        driver.service_account().unwrap()
+    )));
+
+    // The node's slice: published by the plugin identity, owned by the Node.
+    let slices = driver.slices().await?;
+    assert_eq!(slices.len(), 1, "{slices:?}");
+    let slice = &slices[0];
+    assert!(
+        slice.name_any().starts_with(&format!("00000-{}-{node}-", driver.name())),
+        "{}",
+        slice.name_any()
+    );
+    assert_eq!(slice.spec.node_name.as_deref(), Some(node.as_str()));
+    assert_eq!(slice.spec.pool.name, node);
+    assert_eq!(slice.spec.pool.generation, 1);
+    let owner = &slice.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("Node", node.as_str(), Some(true))
+    );
+    let devices: Vec<_> = slice.spec.devices.as_ref().unwrap().iter().map(|d| d.name.clone()).collect();
+    assert_eq!(devices, ["device-00", "device-01"]);
+    assert!(slice.managed_fields().iter().any(|f| f.manager.as_deref().is_some_and(|m| !m.is_empty())));
+
+    // The plugin identity may not write another node's slice.
+    let other: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"generateName": "driver-test-"},
+        "spec": {"driver": driver.name(), "nodeName": "some-other-node", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}},
+    }))?;
+    let plugin_slices: Api<ResourceSlice> = Api::all(driver.client(&node).unwrap().clone());
+    let err = plugin_slices
+        .create(&PostParams { dry_run: true, ..Default::default() }, &other)
+        .await
+        .expect_err("the policy must deny it");
+    assert!(
+        err.to_string().contains(&format!(
+            "this user running on node '{node}' may not modify resourceslices on node 'some-other-node'"
+        )),
+        "{err}"
+    );
+
+    // No kubelet: no calls, nothing prepared.
+    assert_eq!(driver.calls(&node).log().records.len(), 0);
+    assert!(driver.prepared_claims(&node).is_empty());
+    assert!(!driver.is_registered(&node));
+
+    // Builder: a claim is allocated on the node's devices with the configuration.
+    let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
+    created.add("DeviceClass", b.class_name());
+    let claim = b.external_claim();
+    let pod = b.pod_external(&claim.name_any());
+    b.create_claim(&claim).await?;
+    b.create_pod(&pod).await?;
+    let scheduled = b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
+    assert_eq!(harness::builder::node_name(&scheduled), Some(node.as_str()));
+    let wrong = b.check_allocations(&scheduled, &[("user_a", "c")]).await;
+    assert!(wrong.unwrap_err().to_string().contains("user_a=b, expected user_a=c"));
+
+    // Exec in a running container (a pod without claims runs without a plugin).
+    let plain = b.pod();
+    b.create_pod(&plain).await?;
+    let running = b.wait_running(&plain).await?;
+    let container = running.spec.as_ref().unwrap().containers[0].name.clone();
+    b.expect_env(&running, &container, &[("HOSTNAME", plain.name_any().as_str())]).await?;
+    let err = b.expect_env(&running, &container, &[("user_a", "b")]).await.unwrap_err();
+    assert!(err.to_string().contains("user_a is not set"), "{err}");
+    b.delete_pod_and_wait(&plain).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster: run via cargo xtask test"]
+async fn control_plane_driver_with_rbac_publishes_as_the_plugin_and_cleans_up() {
+    let created = Created::default();
+    let c = created.clone();
+    let mut reg = Registry::new();
+    reg.describe("[driver]", |r| {
+        r.it("control plane driver with RBAC", move |ctx: Ctx| control_plane_body(ctx, c.clone()));
+    });
+    let (report, output, client) = run(reg).await;
+    assert_eq!(report.failed(), 0, "{output}");
+    assert_eq!(report.passed(), 1, "{output}");
+    assert_nothing_left(&client, &created).await;
+}
+
+async fn kubelet_body(ctx: Ctx, created: Created) -> SpecResult {
+    let nodes = Nodes::select(&ctx, 1, 1).await?;
+    created.add("Namespace", ctx.namespace());
+    created.add("Driver", format!("{}.k8s.io", ctx.namespace()));
+    let id = harness::driver::deployment_id(&format!("{}.k8s.io", ctx.namespace()), "");
+    for (kind, name) in [
+        ("ClusterRole", format!("dra-kubelet-plugin-{id}-role")),
+        ("ClusterRoleBinding", format!("dra-kubelet-plugin-{id}-role-binding")),
+        ("ValidatingAdmissionPolicy", format!("resourceslices-policy-dra-kubelet-plugin-{id}")),
+        ("ValidatingAdmissionPolicyBinding", format!("resourceslices-policy-dra-kubelet-plugin-{id}")),
+    ] {
+        created.add(kind, name);
+    }
+    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    let node = nodes.names()[0].clone();
+
+    // One proxy pod per node, with the plugin directory at the same path as on the node.
+    let pods = Api::<Pod>::namespaced(ctx.client().clone(), ctx.namespace())
+        .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={}", driver.name())))
+        .await?;
+    assert_eq!(pods.items.len(), 1);
+    let pod = &pods.items[0];
+    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(node.as_str()));
+    let mounts: Vec<_> = pod.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| m.mount_path.clone())
+        .collect();
+    assert_eq!(mounts[0], format!("/var/lib/kubelet/plugins/{}", driver.name()));
+    assert_eq!(driver.proxy_pod(&node).unwrap().name_any(), pod.name_any());
+
+    // Registered, and the calls recorded.
+    assert!(driver.is_registered(&node));
+    let log = driver.calls(&node).log();
+    assert!(log.count(harness::calls::Method::GetInfo) >= 1, "{log}");
+
+    // A pod with a claim runs and sees the driver's env.
+    let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
+    created.add("DeviceClass", b.class_name());
+    let (pod, template) = b.pod_inline();
+    b.create_template(&template).await?;
+    b.create_pod(&pod).await?;
+    let running = b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
+    assert!(driver.calls(&node).count(harness::calls::Method::NodePrepareResources) >= 1);
+    assert_eq!(driver.prepared_claims(&node).len(), 1);
+    let container = running.spec.as_ref().unwrap().containers[0].name.clone();
+    let claim = harness::builder::pod_claim_names(&running).into_values().next().flatten().unwrap();
+    let claim_var = harness::plugin::claim_env_name(&claim, "my-request");
+    b.expect_env_exact(
+        &running,
+        &container,
+        &[("admin_x", "y"), ("user_a", "b"), (claim_var.as_str(), "true")],
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster: run via cargo xtask test"]
+async fn kubelet_driver_deploys_proxy_pods_and_cleans_up() {
+    let created = Created::default();
+    let c = created.clone();
+    let mut reg = Registry::new();
+    reg.describe("[driver]", |r| {
+        r.it("kubelet driver", move |ctx: Ctx| kubelet_body(ctx, c.clone()));
+    });
+    let (report, output, client) = run(reg).await;
+    assert_eq!(report.failed(), 0, "{output}");
+    assert_eq!(report.passed(), 1, "{output}");
+    assert_nothing_left(&client, &created).await;
+}

@@ -1,0 +1,218 @@
+//! The tunnel chain on this machine, without a cluster: a kubelet-like tonic client on the Unix
+//! socket ↔ the real `hostpathplugin --proxy-endpoint` (started and restarted by
+//! `ProxyProcess`) ↔ a TCP tunnel ↔ the in-process plugin.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
+
+mod common;
+mod tunnel_support;
+
+use std::{sync::Arc, time::Duration};
+
+use common::*;
+use harness::{
+    calls::Method,
+    grpc::registration,
+    plugin::{LocalDirFiles, MemoryClaims},
+    tunnel::{TcpDialer, Tunnel, TunnelConfig},
+};
+use tunnel_support::*;
+
+/// Claims `claim-0` … `claim-{n-1}` (uid `uid-i`), each with one device.
+fn claims(n: usize) -> MemoryClaims {
+    let claims = MemoryClaims::new();
+    for i in 0..n {
+        claims.insert(allocated_claim(&format!("claim-{i}"), &format!("uid-{i}"), &[("req", "device-00")]));
+    }
+    claims
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_and_200_round_trips_through_the_tunnel() {
+    let baseline = alive_tasks();
+    let chain = Chain::start(Arc::new(claims(200)), Arc::new(LocalDirFiles), TunnelConfig::default()).await;
+    chain.ready(10).await;
+    // Dials before the proxy listened failed; none may fail from here on.
+    let failures_at_start = [chain.dra.tunnel.stats().failures, chain.registration.tunnel.stats().failures];
+
+    // Registration exactly as the kubelet does it (GetInfo within 1 s on a fresh connection).
+    let registered = register_like_kubelet(&chain.registration.path).await;
+    assert_eq!(registered.info.name, DRIVER);
+    assert_eq!(registered.info.endpoint, chain.dra.path.display().to_string());
+    assert_eq!(registered.chosen, "v1.DRAPlugin");
+    within("registration", chain.plugin.wait_registered(TIMEOUT)).await.unwrap();
+
+    let dra = DraClient::connect(&chain.dra.path, &registered.chosen).await;
+    for i in 0..200 {
+        let (name, uid) = (format!("claim-{i}"), format!("uid-{i}"));
+        let claim = [claim_ref(&name, &uid)];
+        let prepared = within("prepare", dra.prepare(&claim)).await.unwrap();
+        let devices = prepared[&uid].clone().unwrap();
+        assert_eq!(devices[0].cdi_device_ids, [format!("{DRIVER}/test=claim-{uid}-req")]);
+        assert!(chain.cdi_file(&uid, "req").exists());
+        let unprepared = within("unprepare", dra.unprepare(&claim)).await.unwrap();
+        assert_eq!(unprepared[&uid], "");
+        assert!(!chain.cdi_file(&uid, "req").exists());
+    }
+    let calls = chain.plugin.calls().log();
+    assert_eq!(calls.succeeded(Method::NodePrepareResources), 200, "{calls}");
+    assert_eq!(calls.succeeded(Method::NodeUnprepareResources), 200, "{calls}");
+    assert_eq!(calls.succeeded(Method::GetInfo), 1, "{calls}");
+
+    // The used connections were replaced: each tunnel still holds 10 unused ones.
+    for (socket, failures) in [&chain.dra, &chain.registration].into_iter().zip(failures_at_start) {
+        let stats =
+            socket.tunnel.wait_for("10 idle again", TIMEOUT, |s| s.idle == 10 && s.used >= 1).await.unwrap();
+        assert_eq!(stats.failures, failures, "{stats:?}");
+    }
+    drop(dra);
+    chain.stop().await;
+    wait_tasks(baseline, "after stopping the chain").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_connections_get_info_within_the_kubelets_budget() {
+    let chain =
+        Chain::start(Arc::new(MemoryClaims::new()), Arc::new(LocalDirFiles), TunnelConfig::default()).await;
+    chain.ready(10).await;
+    // More fresh connections than pre-established ones, one after the other, each with the
+    // kubelet's 1 s GetInfo deadline; the tunnel replaces each used connection.
+    let mut slowest = Duration::ZERO;
+    for _ in 0..30 {
+        let started = tokio::time::Instant::now();
+        let mut client = registration::registration_client::RegistrationClient::new(
+            unix_channel(&chain.registration.path).await,
+        );
+        let mut request = tonic::Request::new(registration::InfoRequest {});
+        request.set_timeout(Duration::from_secs(1));
+        let info = tokio::time::timeout(Duration::from_secs(1), client.get_info(request))
+            .await
+            .expect("GetInfo must answer within 1 s")
+            .unwrap()
+            .into_inner();
+        assert_eq!(info.name, DRIVER);
+        slowest = slowest.max(started.elapsed());
+    }
+    println!("slowest connect + GetInfo: {slowest:?}");
+    chain.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_reconnects_after_the_proxy_process_is_killed_and_restarted() {
+    let chain = Chain::start(Arc::new(claims(2)), Arc::new(LocalDirFiles), TunnelConfig::default()).await;
+    chain.ready(10).await;
+    let registered = register_like_kubelet(&chain.registration.path).await;
+    let dra = DraClient::connect(&chain.dra.path, &registered.chosen).await;
+    let first = [claim_ref("claim-0", "uid-0")];
+    within("prepare before kill", dra.prepare(&first)).await.unwrap()["uid-0"].clone().unwrap();
+
+    // Kill both proxies hard; ProxyProcess restarts them (1 s backoff).
+    for socket in [&chain.dra, &chain.registration] {
+        let pids = processes_with_arg(&socket.endpoint_arg());
+        assert_eq!(pids.len(), 1, "{pids:?}");
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pids[0]).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+    }
+    for socket in [&chain.dra, &chain.registration] {
+        socket.proxy.wait_starts(2, Duration::from_secs(10)).await.unwrap();
+    }
+
+    // The same client channel reconnects (tonic redials the Unix socket) and calls succeed.
+    let second = [claim_ref("claim-1", "uid-1")];
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut failures = 0;
+    loop {
+        match dra.prepare(&second).await {
+            Ok(result) => {
+                result["uid-1"].clone().unwrap();
+                break;
+            }
+            Err(status) => {
+                failures += 1;
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no successful prepare after restart: {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    println!("prepare failed {failures} times while the proxy restarted");
+    within("unprepare after restart", dra.unprepare(&first)).await.unwrap();
+
+    // Registration works again on a fresh connection, within the 1 s budget.
+    chain.registration.tunnel.wait_for("an idle connection", TIMEOUT, |s| s.idle >= 1).await.unwrap();
+    register_like_kubelet(&chain.registration.path).await;
+    let stats = chain.dra.tunnel.stats();
+    assert!(stats.failures >= 1, "the dead connections count as failures: {stats:?}");
+    drop(dra);
+    chain.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_tunnel_leaves_no_connection_or_task() {
+    let chain =
+        Chain::start(Arc::new(MemoryClaims::new()), Arc::new(LocalDirFiles), TunnelConfig::default()).await;
+    chain.ready(10).await;
+
+    // A second tunnel to the DRA proxy on a runtime of its own, so that its tasks can be
+    // counted exactly; dropped without close().
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (sender, listener) = harness::plugin::Listener::channel(64);
+    let extra = {
+        let _entered = runtime.enter();
+        Tunnel::start(
+            Arc::new(TcpDialer::new(([127, 0, 0, 1], chain.dra.port).into())),
+            sender,
+            TunnelConfig::default(),
+        )
+    };
+    extra.wait_for("10 idle connections", TIMEOUT, |s| s.idle == 10).await.unwrap();
+    // The dial loop and one supervisor per connection (the last one may be spawning still).
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while runtime.metrics().num_alive_tasks() != 11 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} tasks, expected 11",
+            runtime.metrics().num_alive_tasks()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(established_to(chain.dra.port), 20);
+    drop(extra);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while runtime.metrics().num_alive_tasks() > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "tasks of the dropped tunnel still alive");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Closed although the consumer still holds the handed-over connections.
+    assert_eq!(established_to(chain.dra.port), 10);
+    drop(listener);
+    runtime.shutdown_background();
+
+    chain.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnel_retries_until_the_proxy_listens() {
+    // The tunnel starts long before anything listens: failed dials are retried with backoff.
+    let port = free_port();
+    let (sender, _listener) = harness::plugin::Listener::channel(64);
+    let tunnel = Tunnel::start(
+        Arc::new(TcpDialer::new(([127, 0, 0, 1], port).into())),
+        sender,
+        TunnelConfig::default(),
+    );
+    tunnel.wait_for("3 failed dials", TIMEOUT, |s| s.failures >= 3).await.unwrap();
+    assert_eq!(tunnel.stats().idle, 0);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    tunnel
+        .wait_for("10 handed-over idle connections", TIMEOUT, |s| s.idle == 10 && s.handed_over == 10)
+        .await
+        .unwrap();
+    let final_stats = within("close", tunnel.close()).await.unwrap();
+    assert_eq!((final_stats.open, final_stats.idle), (0, 0));
+    drop(listener);
+}

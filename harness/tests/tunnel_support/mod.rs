@@ -1,0 +1,210 @@
+//! Shared by the tunnel tests: the real `hostpathplugin` proxy binary, and the whole chain on
+//! this machine (kubelet-like client → Unix socket → hostpathplugin → TCP tunnel → in-process
+//! plugin).
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
+
+use harness::{
+    plugin::{ClaimSource, FileOps, KubeletPlugin, Listener, PluginConfig, PluginListeners},
+    podexec::{LocalRunner, ProxyProcess, ProxyProcessConfig},
+    tunnel::{TcpDialer, Tunnel, TunnelConfig},
+};
+use tempfile::TempDir;
+
+use crate::common::{DRIVER, NODE, within};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Builds the project's `hostpathplugin` (the proxy mode of the real binary, as in the image)
+/// once per test binary and returns its path.
+pub fn hostpathplugin() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tunnel-hostpathplugin");
+            std::fs::create_dir_all(&dir).unwrap();
+            let binary = dir.join("hostpathplugin");
+            // Build under a unique name, then rename: test binaries build concurrently.
+            let tmp = dir.join(format!("hostpathplugin.{}", std::process::id()));
+            let status = std::process::Command::new("go")
+                .args(["build", "-o"])
+                .arg(&tmp)
+                .arg("./cmd/hostpathplugin")
+                .current_dir(workspace().join("xtask/local-cluster/images"))
+                .env("CGO_ENABLED", "0")
+                .status()
+                .expect("go must be installed to build hostpathplugin for the tunnel tests");
+            assert!(status.success(), "go build of hostpathplugin failed");
+            std::fs::rename(&tmp, &binary).unwrap();
+            binary
+        })
+        .clone()
+}
+
+/// A free TCP port on 127.0.0.1 (released again; good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Number of live tasks of the current runtime.
+pub fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current().metrics().num_alive_tasks()
+}
+
+/// Waits until the runtime's live task count is back to `baseline`.
+pub async fn wait_tasks(baseline: usize, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while alive_tasks() > baseline {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {} tasks still alive, expected {baseline}",
+            alive_tasks()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Established TCP connections (from /proc/net/tcp) whose remote port is `port`: the tunnel's
+/// side of its connections to the proxy.
+pub fn established_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = fields[2].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok());
+            remote_port == Some(port) && fields[3] == "01"
+        })
+        .count()
+}
+
+/// PIDs of processes that have exactly `arg` as one argument.
+pub fn processes_with_arg(arg: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        if cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// One socket of the chain: its proxy process (a local `hostpathplugin`) and its tunnel.
+pub struct Socket {
+    pub path: PathBuf,
+    pub port: u16,
+    pub proxy: ProxyProcess,
+    pub tunnel: Tunnel,
+}
+
+impl Socket {
+    /// Starts the proxy for `path` on a free port and a TCP tunnel to it feeding `sender`.
+    fn start(path: PathBuf, sender: harness::plugin::ConnectionSender, config: TunnelConfig) -> Socket {
+        let port = free_port();
+        let proxy = ProxyProcess::start(
+            Arc::new(LocalRunner::new()),
+            ProxyProcessConfig::new(path.display().to_string(), port)
+                .binary(hostpathplugin().display().to_string())
+                .proxy_endpoint(format!("tcp://127.0.0.1:{port}")),
+        );
+        let tunnel = Tunnel::start(Arc::new(TcpDialer::new(([127, 0, 0, 1], port).into())), sender, config);
+        Socket { path, port, proxy, tunnel }
+    }
+
+    /// The `--endpoint=` argument of its proxy process.
+    pub fn endpoint_arg(&self) -> String {
+        format!("--endpoint={}", self.path.display())
+    }
+
+    /// Closes the tunnel and stops the proxy; asserts nothing is left of either.
+    pub async fn stop(self) {
+        let port = self.port;
+        let stats = within("tunnel close", self.tunnel.close()).await.unwrap();
+        assert_eq!((stats.open, stats.idle), (0, 0), "{stats:?}");
+        assert_eq!(established_to(port), 0, "tunnel connections to port {port} left open");
+        let endpoint = format!("--endpoint={}", self.path.display());
+        within("proxy stop", self.proxy.stop()).await.unwrap();
+        assert!(
+            processes_with_arg(&endpoint).is_empty(),
+            "proxy process for {} still running",
+            self.path.display()
+        );
+        assert!(!self.path.exists(), "socket {} left behind", self.path.display());
+    }
+}
+
+/// The whole chain on this machine.
+pub struct Chain {
+    pub dir: TempDir,
+    pub plugin: KubeletPlugin,
+    pub dra: Socket,
+    pub registration: Socket,
+    pub cdi_dir: PathBuf,
+}
+
+impl Chain {
+    /// Starts the plugin (claims from `claims`, files through `files`), then per socket a
+    /// tunnel and a `hostpathplugin` proxy, DRA first.
+    pub async fn start(claims: Arc<dyn ClaimSource>, files: Arc<dyn FileOps>, tunnel: TunnelConfig) -> Chain {
+        let dir = tempfile::Builder::new().prefix("dra-tunnel").tempdir().unwrap();
+        let plugin_dir = dir.path().join("plugins").join(DRIVER);
+        let registry = dir.path().join("plugins_registry");
+        let cdi_dir = dir.path().join("cdi");
+        for d in [&plugin_dir, &registry, &cdi_dir] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let dra_path = plugin_dir.join("dra.sock");
+        let reg_path = registry.join(format!("{DRIVER}-reg.sock"));
+        let (dra_tx, dra_listener) = Listener::channel(tunnel.max_open);
+        let (reg_tx, reg_listener) = Listener::channel(tunnel.max_open);
+        let plugin = KubeletPlugin::builder(
+            PluginConfig::new(DRIVER, NODE, &cdi_dir)
+                .dra_endpoint(dra_path.display().to_string())
+                .health_resend_interval(None),
+        )
+        .claim_source(claims)
+        .file_ops(files)
+        .start(PluginListeners { registration: reg_listener, dra: dra_listener })
+        .await
+        .unwrap();
+        let dra = Socket::start(dra_path, dra_tx, tunnel.clone());
+        let registration = Socket::start(reg_path, reg_tx, tunnel);
+        Chain { dir, plugin, dra, registration, cdi_dir }
+    }
+
+    /// Waits until both proxies run and both tunnels hold `idle` unused connections.
+    pub async fn ready(&self, idle: usize) {
+        for socket in [&self.dra, &self.registration] {
+            socket.proxy.wait_starts(1, Duration::from_secs(10)).await.unwrap();
+            socket
+                .tunnel
+                .wait_for(&format!("{idle} idle connections"), Duration::from_secs(10), |s| s.idle >= idle)
+                .await
+                .unwrap();
+            // The proxy listens on the socket once it accepts TCP connections.
+            assert!(socket.path.exists(), "{} missing", socket.path.display());
+        }
+    }
+
+    pub fn cdi_file(&self, uid: &str, request: &str) -> PathBuf {
+        self.cdi_dir.join(format!("{DRIVER}-{uid}-{request}.json"))
+    }
+
+    /// Stops everything in the design's order and asserts nothing is left.
+    pub async fn stop(self) {
+        within("plugin stop", self.plugin.stop()).await;
+        self.dra.stop().await;
+        self.registration.stop().await;
+    }
+}
