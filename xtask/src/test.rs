@@ -102,6 +102,14 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             "framework cluster tests (harness/tests/framework_cluster.rs)",
             vec!["test", "--workspace", "--test", "framework_cluster", "--", "--ignored"],
         ),
+        (
+            "tunnel cluster tests (harness/tests/tunnel_cluster.rs)",
+            vec!["test", "--workspace", "--test", "tunnel_cluster", "--", "--ignored"],
+        ),
+        (
+            "driver cluster tests (harness/tests/driver_cluster.rs)",
+            vec!["test", "--workspace", "--test", "driver_cluster", "--", "--ignored"],
+        ),
     ]
 }
 
