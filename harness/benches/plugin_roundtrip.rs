@@ -9,74 +9,16 @@
 //! `NodeUnprepareResources` (file removed), sequentially on one connection,
 //! the way one kubelet talks to one plugin.
 
-use std::{
-    error::Error,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+mod common;
 
+use std::{sync::Arc, time::Duration};
+
+use common::{BATCH, BoxError, DRIVER, WARMUP, claim, quantile, round_trip, unix_channel};
 use harness::{
-    grpc::dra_v1::{self, dra_plugin_client::DraPluginClient},
+    grpc::dra_v1::dra_plugin_client::DraPluginClient,
     plugin::{KubeletPlugin, Listener, MemoryClaims, PluginConfig, PluginListeners},
 };
-use hyper_util::rt::TokioIo;
-use k8s_openapi::{
-    api::resource::v1::{
-        AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
-        DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
-    },
-    apimachinery::pkg::{apis::meta::v1::ObjectMeta, runtime::RawExtension},
-};
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint};
-
-const DRIVER: &str = "bench.dra-e2e.k8s.io";
-const WARMUP: usize = 200;
-const BATCH: usize = 250;
-
-fn claim() -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some("claim".into()),
-            namespace: Some("bench".into()),
-            uid: Some("uid-bench".into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    config: Some(vec![DeviceAllocationConfiguration {
-                        opaque: Some(OpaqueDeviceConfiguration {
-                            driver: DRIVER.into(),
-                            parameters: RawExtension(serde_json::json!({"a": "b"})),
-                        }),
-                        requests: None,
-                        source: "FromClaim".into(),
-                    }]),
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        device: "device-00".into(),
-                        driver: DRIVER.into(),
-                        pool: "node".into(),
-                        request: "req".into(),
-                        ..Default::default()
-                    }]),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
-}
-
-async fn connect(path: std::path::PathBuf) -> Result<Channel, Box<dyn Error>> {
-    Ok(Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await?)
-}
+use tonic::transport::Channel;
 
 /// One plugin and a client connected to it.
 struct Target {
@@ -88,7 +30,7 @@ struct Target {
     calls: usize,
 }
 
-async fn start(record: bool) -> Result<Target, Box<dyn Error>> {
+async fn start(record: bool) -> Result<Target, BoxError> {
     let dir = tempfile::Builder::new().prefix("dra-bench").tempdir()?;
     let cdi = dir.path().join("cdi");
     std::fs::create_dir_all(&cdi)?;
@@ -103,42 +45,24 @@ async fn start(record: bool) -> Result<Target, Box<dyn Error>> {
             dra: Listener::unix(&dra_socket),
         })
         .await?;
-    let client = DraPluginClient::new(connect(dra_socket).await?);
+    let client = DraPluginClient::new(unix_channel(dra_socket).await?);
     Ok(Target { _dir: dir, plugin, client, record, latencies: Vec::new(), calls: 0 })
 }
 
 impl Target {
     /// `n` round trips; latencies are kept when `keep`.
-    async fn run(&mut self, n: usize, keep: bool) -> Result<(), Box<dyn Error>> {
-        let claims =
-            vec![dra_v1::Claim { namespace: "bench".into(), uid: "uid-bench".into(), name: "claim".into() }];
+    async fn run(&mut self, n: usize, keep: bool) -> Result<(), BoxError> {
         for _ in 0..n {
-            let start = Instant::now();
-            let prepared = self
-                .client
-                .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: claims.clone() })
-                .await?
-                .into_inner();
-            if prepared.claims.get("uid-bench").is_none_or(|c| !c.error.is_empty()) {
-                return Err(format!("prepare failed: {prepared:?}").into());
-            }
-            let unprepared = self
-                .client
-                .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest { claims: claims.clone() })
-                .await?
-                .into_inner();
-            if unprepared.claims.get("uid-bench").is_none_or(|c| !c.error.is_empty()) {
-                return Err(format!("unprepare failed: {unprepared:?}").into());
-            }
+            let trip = round_trip(&mut self.client).await?;
             self.calls += 2;
             if keep {
-                self.latencies.push(start.elapsed());
+                self.latencies.push(trip.total);
             }
         }
         Ok(())
     }
 
-    async fn report(mut self, name: &str) -> Result<(), Box<dyn Error>> {
+    async fn report(self, name: &str) -> Result<(), BoxError> {
         if self.record {
             // Sanity: the layer saw every call.
             let recorded = self.plugin.calls().log().records.len();
@@ -147,12 +71,8 @@ impl Target {
             }
         }
         self.plugin.stop().await;
-        self.latencies.sort();
         let total: Duration = self.latencies.iter().sum();
-        let pick = |q: f64| {
-            let index = ((self.latencies.len() as f64 - 1.0) * q).round() as usize;
-            self.latencies.get(index).copied().unwrap_or_default()
-        };
+        let pick = |q: f64| quantile(&self.latencies, q);
         println!(
             "  {name:<24} {:>8.0} round trips/s   p50 {:>7.1} µs   p99 {:>7.1} µs",
             self.latencies.len() as f64 / total.as_secs_f64(),
@@ -163,7 +83,7 @@ impl Target {
     }
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> Result<(), BoxError> {
     let iterations = std::env::var("BENCH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -184,6 +104,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         plain.report("without recording layer").await?;
         recorded.report("with recording layer").await?;
-        Ok::<(), Box<dyn Error>>(())
+        Ok::<(), BoxError>(())
     })
 }

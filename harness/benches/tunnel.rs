@@ -11,74 +11,27 @@
 //! then `NodeUnprepareResources`, sequentially on one connection, as one kubelet does. The two
 //! modes alternate in batches so that they share the machine's noise.
 
+mod common;
+
 use std::{
-    error::Error,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
 
+use common::{BATCH, BoxError, DRIVER, WARMUP, claim, quantile, round_trip, unix_channel};
 use harness::{
     grpc::{
-        dra_v1::{self, dra_plugin_client::DraPluginClient},
+        dra_v1::dra_plugin_client::DraPluginClient,
         registration::{InfoRequest, registration_client::RegistrationClient},
     },
     plugin::{KubeletPlugin, Listener, LocalDirFiles, MemoryClaims, PluginConfig, PluginListeners},
     podexec::{LocalRunner, ProxyProcess, ProxyProcessConfig},
     tunnel::{TcpDialer, Tunnel, TunnelConfig},
 };
-use hyper_util::rt::TokioIo;
-use k8s_openapi::{
-    api::resource::v1::{
-        AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
-        DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
-    },
-    apimachinery::pkg::{apis::meta::v1::ObjectMeta, runtime::RawExtension},
-};
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-type BoxError = Box<dyn Error + Send + Sync>;
-
-const DRIVER: &str = "bench.dra-e2e.k8s.io";
-const WARMUP: usize = 200;
-const BATCH: usize = 250;
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-fn claim() -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some("claim".into()),
-            namespace: Some("bench".into()),
-            uid: Some("uid-bench".into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    config: Some(vec![DeviceAllocationConfiguration {
-                        opaque: Some(OpaqueDeviceConfiguration {
-                            driver: DRIVER.into(),
-                            parameters: RawExtension(serde_json::json!({"a": "b"})),
-                        }),
-                        requests: None,
-                        source: "FromClaim".into(),
-                    }]),
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        device: "device-00".into(),
-                        driver: DRIVER.into(),
-                        pool: "node".into(),
-                        request: "req".into(),
-                        ..Default::default()
-                    }]),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
-}
 
 /// Builds `hostpathplugin` from this workspace.
 fn build_hostpathplugin() -> Result<PathBuf, BoxError> {
@@ -113,15 +66,6 @@ fn listening(port: u16) -> Result<bool, BoxError> {
             && fields[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
             && fields[3] == "0A"
     }))
-}
-
-async fn unix_channel(path: PathBuf) -> Result<Channel, BoxError> {
-    Ok(Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await?)
 }
 
 /// A `hostpathplugin` proxy for `socket` on a fresh port, running and listening.
@@ -207,41 +151,19 @@ async fn start(name: &'static str, binary: Option<&Path>) -> Result<Target, BoxE
 impl Target {
     /// `n` round trips; measured when `keep`.
     async fn run(&mut self, n: usize, keep: bool) -> Result<(), BoxError> {
-        let claims =
-            vec![dra_v1::Claim { namespace: "bench".into(), uid: "uid-bench".into(), name: "claim".into() }];
         for _ in 0..n {
-            let start = Instant::now();
-            let prepared = self
-                .client
-                .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: claims.clone() })
-                .await?
-                .into_inner();
-            let prepare = start.elapsed();
-            if prepared.claims.get("uid-bench").is_none_or(|c| !c.error.is_empty()) {
-                return Err(format!("prepare failed: {prepared:?}").into());
-            }
-            let unprepared = self
-                .client
-                .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest { claims: claims.clone() })
-                .await?
-                .into_inner();
-            if unprepared.claims.get("uid-bench").is_none_or(|c| !c.error.is_empty()) {
-                return Err(format!("unprepare failed: {unprepared:?}").into());
-            }
+            let trip = round_trip(&mut self.client).await?;
             if keep {
-                self.prepare.push(prepare);
+                self.prepare.push(trip.prepare);
                 self.calls += 2;
-                self.busy += start.elapsed();
+                self.busy += trip.total;
             }
         }
         Ok(())
     }
 
     fn p(&self, q: f64) -> Duration {
-        let mut sorted = self.prepare.clone();
-        sorted.sort();
-        let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-        sorted.get(index).copied().unwrap_or_default()
+        quantile(&self.prepare, q)
     }
 
     fn rate(&self) -> f64 {
