@@ -73,7 +73,8 @@ fn pod(name: &str, image: &str, command: &[&str]) -> Result<Pod> {
 }
 
 async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<()> {
-    match tokio::time::timeout(WAIT, await_condition(pods.clone(), name, conditions::is_pod_running())).await {
+    match tokio::time::timeout(WAIT, await_condition(pods.clone(), name, conditions::is_pod_running())).await
+    {
         Ok(result) => {
             result?;
             Ok(())
@@ -419,7 +420,10 @@ async fn cdi_spec_of_a_prepared_claim_reaches_the_container() -> Result<()> {
             assert!(spec_file.is_file(), "no CDI spec at {}", spec_file.display());
 
             let env = exec(&pods, "with-device", &["env"]).await?;
-            assert!(env.lines().any(|l| l == "user_a=b"), "the claim's config did not reach the container:\n{env}");
+            assert!(
+                env.lines().any(|l| l == "user_a=b"),
+                "the claim's config did not reach the container:\n{env}"
+            );
             assert!(
                 env.lines().any(|l| l == "claim_external_claim_my_request=true"),
                 "the claim's marker did not reach the container:\n{env}"
@@ -427,10 +431,7 @@ async fn cdi_spec_of_a_prepared_claim_reaches_the_container() -> Result<()> {
 
             // Deleting the pod unprepares the claim, which removes the CDI spec.
             pods.delete("with-device", &DeleteParams::default()).await?;
-            plugin
-                .calls()
-                .eventually(|c| c.succeeded(Method::NodeUnprepareResources) >= 1, WAIT)
-                .await?;
+            plugin.calls().eventually(|c| c.succeeded(Method::NodeUnprepareResources) >= 1, WAIT).await?;
             assert!(!spec_file.exists(), "CDI spec {} still exists after unprepare", spec_file.display());
             Ok(())
         }
