@@ -271,6 +271,11 @@ async fn kubelet_body(ctx: Ctx, created: Created) -> SpecResult {
     let running = b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
     assert!(driver.calls(&node).count(harness::calls::Method::NodePrepareResources) >= 1);
     assert_eq!(driver.prepared_claims(&node).len(), 1);
+    // The claim's history in the call log: prepared once, not unprepared.
+    let stored = b.pod_claims(&running).await?.into_values().next().unwrap();
+    let history = driver.claim_calls(&node, &stored.uid().unwrap());
+    assert_eq!((history.prepared(), history.unprepares().count()), (1, 0), "{history}");
+    assert!(history.is_prepared());
     let container = running.spec.as_ref().unwrap().containers[0].name.clone();
     let claim = harness::builder::pod_claim_names(&running).into_values().next().flatten().unwrap();
     let claim_var = harness::plugin::claim_env_name(&claim, "my-request");

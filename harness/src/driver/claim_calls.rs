@@ -79,7 +79,10 @@ fn outcome(record: &CallRecord, uid: &str) -> (ClaimOutcome, Vec<(String, String
         return (ClaimOutcome::CallFailed(format!("{:?}: {}", status.code, status.message)), Vec::new());
     }
     let Some(result) = record.response.as_ref().and_then(|r| r.get("claims")).and_then(|c| c.get(uid)) else {
-        return (ClaimOutcome::ClaimFailed("the response has no result for the claim".to_owned()), Vec::new());
+        return (
+            ClaimOutcome::ClaimFailed("the response has no result for the claim".to_owned()),
+            Vec::new(),
+        );
     };
     let error = str_field(result, "error");
     if !error.is_empty() {
@@ -214,7 +217,13 @@ mod tests {
     use super::*;
     use crate::calls::{CallStatus, ClaimRef};
 
-    fn record(id: u64, method: &str, uid: &str, status: Option<tonic::Code>, response: serde_json::Value) -> CallRecord {
+    fn record(
+        id: u64,
+        method: &str,
+        uid: &str,
+        status: Option<tonic::Code>,
+        response: serde_json::Value,
+    ) -> CallRecord {
         CallRecord {
             id,
             method: format!("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/{method}"),
@@ -257,7 +266,9 @@ mod tests {
         assert_eq!(first.devices, [("p".to_owned(), "d".to_owned(), vec!["x/test=y".to_owned()])]);
         assert!(calls.is_prepared());
         assert_eq!(calls.calls[3].outcome, ClaimOutcome::InProgress);
-        assert!(calls.to_string().contains("#1 NodePrepareResources -> call failed (Unknown: boom) [injected]"));
+        assert!(
+            calls.to_string().contains("#1 NodePrepareResources -> call failed (Unknown: boom) [injected]")
+        );
         let none = ClaimCalls::of(&log, "u3");
         assert!(!none.is_prepared());
         assert_eq!(none.to_string(), "no prepare/unprepare call named claim UID u3");

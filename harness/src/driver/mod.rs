@@ -558,15 +558,52 @@ impl Driver {
             return Ok(());
         }
         tracing::info!(driver = %inner.name, instance = %inner.config.instance_suffix, "stopping driver");
-        for state in inner.per_node.values() {
+        for (node, state) in &inner.per_node {
             let plugin = lock(&state.plugin).take();
             if let Some(plugin) = plugin {
-                plugin.stop().await;
+                self.stop_plugin(node, plugin).await;
             }
         }
         let rs_api: Api<ReplicaSet> = Api::namespaced(inner.admin.clone(), &inner.namespace);
         let rs_name = format!("dra-test-driver{}{}", inner.config.name_suffix, inner.config.instance_suffix);
         scale_proxy_down(&rs_api, &rs_name, &inner.name).await
+    }
+
+    /// Stops a node's plugin. Claims it still holds as prepared (the kubelet did not unprepare
+    /// them, e.g. after a failed spec) would leave their CDI files on the node: those are removed
+    /// through the proxy pod first, with a warning.
+    async fn stop_plugin(&self, node: &str, plugin: ProxiedPlugin) {
+        let driver = &self.inner.name;
+        let leftover = plugin.plugin().prepared_claims();
+        if !leftover.is_empty() {
+            tracing::warn!(%driver, %node, claims = ?leftover, "stopping a plugin that still holds prepared claims; removing their CDI files");
+            let pod = self
+                .inner
+                .per_node
+                .get(node)
+                .and_then(|s| s.pod.as_ref())
+                .map(crate::tunnel::PodRef::from_pod);
+            if let Some(Ok(pod)) = pod {
+                let files = crate::podexec::PodFiles::new(Arc::new(crate::podexec::PodExec::new(
+                    self.inner.admin.clone(),
+                    pod,
+                )));
+                let cdi_dir = plugin.plugin().config().cdi_dir.clone();
+                for claim in &leftover {
+                    let devices = plugin.plugin().prepared_devices(claim).unwrap_or_default();
+                    let mut requests: Vec<&String> = devices.iter().flat_map(|d| &d.requests).collect();
+                    requests.sort();
+                    requests.dedup();
+                    for request in requests {
+                        let path = crate::plugin::spec_path(&cdi_dir, driver, &claim.uid, request);
+                        if let Err(e) = crate::plugin::FileOps::remove(&files, &path).await {
+                            tracing::warn!(%driver, %node, error = %e, "cannot remove a leftover CDI file");
+                        }
+                    }
+                }
+            }
+        }
+        plugin.stop().await;
     }
 
     /// Starts one proxied plugin per proxy pod and registers their stop, then the scale-down.
@@ -606,7 +643,7 @@ impl Driver {
                 async move {
                     let plugin = this.inner.per_node.get(&node).and_then(|s| lock(&s.plugin).take());
                     if let Some(plugin) = plugin {
-                        plugin.stop().await;
+                        this.stop_plugin(&node, plugin).await;
                     }
                     Ok(())
                 },
@@ -679,9 +716,15 @@ impl Driver {
             // Another instance of the same driver (an update) may have published this node's
             // pools already: keep identical slices, as upstream's slice controller does.
             let existing = Api::<ResourceSlice>::all(inner.admin.clone())
-                .list(&ListParams::default().fields(&format!("spec.driver={},spec.nodeName={node}", inner.name)))
+                .list(
+                    &ListParams::default()
+                        .fields(&format!("spec.driver={},spec.nodeName={node}", inner.name)),
+                )
                 .await
-                .map_err(api_error(format!("list the ResourceSlices of driver {} on node {node}", inner.name)))?
+                .map_err(api_error(format!(
+                    "list the ResourceSlices of driver {} on node {node}",
+                    inner.name
+                )))?
                 .items;
             for slice in resources::node_slices(&inner.name, &node_obj, res) {
                 if let Some(same) = existing.iter().find(|e| same_slice_content(e, &slice)) {
@@ -859,7 +902,12 @@ impl Driver {
     /// Waits until the kubelet of `node` has unprepared the claim with this UID: its last
     /// successful prepare/unprepare call is a `NodeUnprepareResources` (the error carries the
     /// node's whole call log). Returns the claim's calls.
-    pub async fn wait_unprepared(&self, node: &str, uid: &str, timeout: Duration) -> Result<ClaimCalls, DriverError> {
+    pub async fn wait_unprepared(
+        &self,
+        node: &str,
+        uid: &str,
+        timeout: Duration,
+    ) -> Result<ClaimCalls, DriverError> {
         let calls = self.state(node)?.calls.clone();
         let owned = uid.to_owned();
         let what = format!("a successful NodeUnprepareResources for claim UID {uid} on node {node}");
@@ -882,7 +930,13 @@ impl Driver {
     }
 
     /// Waits until `condition` holds for the call log of `node` (the error carries the whole log).
-    pub async fn wait_calls<F>(&self, node: &str, what: impl Into<String>, condition: F, timeout: Duration) -> Result<CallLog, DriverError>
+    pub async fn wait_calls<F>(
+        &self,
+        node: &str,
+        what: impl Into<String>,
+        condition: F,
+        timeout: Duration,
+    ) -> Result<CallLog, DriverError>
     where
         F: Fn(&CallLog) -> bool + Send + 'static,
     {

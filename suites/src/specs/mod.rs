@@ -2,6 +2,9 @@
 
 mod control_plane;
 mod crud;
+mod health;
+mod kubelet;
+mod kubelet_drivers;
 
 use harness::framework::Registry;
 
@@ -9,4 +12,7 @@ use harness::framework::Registry;
 pub fn register(registry: &mut Registry) {
     crud::register(registry);
     control_plane::register(registry);
+    kubelet::register(registry);
+    kubelet_drivers::register(registry);
+    health::register(registry);
 }

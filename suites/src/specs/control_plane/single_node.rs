@@ -140,7 +140,8 @@ async fn claim_and_class_parameters(ctx: Ctx, kubelet: bool) -> SpecResult {
         let marker = harness::plugin::claim_env_name(&claim, harness::builder::REQUEST_NAME);
         let mut env = EXPECTED_ENV.to_vec();
         env.push((marker.as_str(), "true"));
-        let container = pod.spec.as_ref().and_then(|s| s.containers.first()).context("pod without container")?;
+        let container =
+            pod.spec.as_ref().and_then(|s| s.containers.first()).context("pod without container")?;
         b.expect_env_exact(&pod, &container.name, &env).await?;
     }
     Ok(())

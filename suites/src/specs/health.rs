@@ -1,0 +1,472 @@
+//! Device health in the pod status (KEP-4680, `ResourceHealthStatus`): the kubelet watches a
+//! driver's `DRAResourceHealth` stream and publishes each device's health (and, with
+//! `ResourceHealthStatusMessage`, its message) in
+//! `pod.status.containerStatuses[].allocatedResourcesStatus[name="claim:<pod claim>"]`, the entry
+//! identified by the device's first CDI device ID (`<driver>/test=...`).
+//!
+//! | upstream | specs |
+//! |---|---|
+//! | test/e2e/dra/health.go (`kubelet ... [FeatureGate:ResourceHealthStatus] [KubeletMinVersion:1.36]`) | must reflect device health changes in the pod status, with a driver which serves both health API versions, only v1alpha1, only v1 |
+//! | test/e2e/dra/dra.go (`kubelet`) | should report device health with custom messages |
+//!
+//! Kubernetes v1.37.2's own tree has the three health.go specs in test/e2e_node/dra_test.go
+//! instead (health.go was added to test/e2e/dra later); the names, labels and checks here are
+//! health.go's.
+//!
+//! What the kubelet does, and what the call log must show: at registration it picks the most
+//! recent health version that both it and the plugin support (a 1.37 kubelet: `v1` before
+//! `v1alpha1`; 1.36 has only `v1alpha1`), then keeps one `NodeWatchResources` stream open on it,
+//! reopening it if it ends. So each spec expects at least one call of exactly
+//! `/v1.DRAResourceHealth/NodeWatchResources` or `/v1alpha1.DRAResourceHealth/NodeWatchResources`
+//! and none of the other.
+//!
+//! Feature gates: specs skip when the API server reports `ResourceHealthStatus` (or
+//! `ResourceHealthStatusMessage`) off, because it then drops those fields. The kubelet's own gates
+//! are read from its metrics through the node proxy when that works (see [`gates`]); when it does
+//! not (the local single-node cluster's node address is loopback, which the API server refuses to
+//! proxy to), they are inferred from behaviour that is decided in one place in the kubelet:
+//! - with `ResourceHealthStatus` on, the kubelet opens the health stream as soon as it registers a
+//!   plugin that advertises a health service, and it adds `allocatedResourcesStatus` to the very
+//!   status update that reports the pod running. If neither happened by the time the pod runs,
+//!   the gate is off and the spec is skipped; if only one happened, the spec fails.
+//! - `ResourceHealthStatusMessage` decides whether the kubelet copies the message into the entry
+//!   it builds from the same cached report as the health. If the first reported health arrives
+//!   without its message, the gate is off and the spec is skipped.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use harness::{
+    builder::{Builder, CLAIM_CONTAINER, node_name},
+    calls::{CallLog, Method},
+    driver::{Driver, DriverConfig, Nodes, resources},
+    framework::{Ctx, Registry, SpecResult},
+    plugin::Health,
+    wait::Verdict,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt as _;
+
+use super::kubelet_drivers::{
+    FEATURE_DRA,
+    evidence::{self, HealthApi},
+    gates::{self, Gate},
+};
+
+/// `ensure!` for spec bodies: returns a failure (anyhow error, converted into the caller's error
+/// type) unless the condition holds.
+macro_rules! expect {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err(anyhow::anyhow!($($arg)+).into());
+        }
+    };
+}
+
+/// `bail!` for spec bodies.
+macro_rules! fail {
+    ($($arg:tt)+) => {
+        return Err(anyhow::anyhow!($($arg)+).into())
+    };
+}
+
+/// How long a health change may take to reach the pod status (health.go: 60 s).
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a health change with a message may take (dra.go: 30 s).
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the kubelet may take to open the health stream (health.go: 60 s).
+const WATCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The name of health.go's specs.
+const REFLECT: &str = "must reflect device health changes in the pod status";
+/// ginkgo appends the gate's stability and dependency to the spec name.
+const HEALTH_LEAF_LABELS: [&str; 2] = ["Beta", "FeatureGate:DynamicResourceAllocation"];
+
+/// Registers the specs under `[sig-node] [DRA]`.
+pub fn register(registry: &mut Registry) {
+    registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
+        r.context_with_labels(
+            "kubelet",
+            [FEATURE_DRA, "FeatureGate:ResourceHealthStatus", "KubeletMinVersion:1.36"],
+            |r| {
+                r.context("with a driver which serves all health API versions", |r| {
+                    r.it(REFLECT, |ctx| reflect_health(ctx, true, true)).labels(HEALTH_LEAF_LABELS);
+                });
+                // Like a driver which shipped before the v1 API existed.
+                r.context("with a driver which only serves the v1alpha1 health API", |r| {
+                    r.it(REFLECT, |ctx| reflect_health(ctx, false, true)).labels(HEALTH_LEAF_LABELS);
+                });
+                // Like a driver which dropped v1alpha1; kubelets before 1.37 cannot consume it.
+                r.context("with a driver which only serves the v1 health API", |r| {
+                    r.it(REFLECT, |ctx| reflect_health(ctx, true, false))
+                        .labels(["KubeletMinVersion:1.37"].into_iter().chain(HEALTH_LEAF_LABELS));
+                });
+            },
+        );
+        r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
+            r.it("should report device health with custom messages", custom_messages).labels([
+                "KubeletMinVersion:1.36",
+                "FeatureGate:ResourceHealthStatusMessage",
+                "Beta",
+                "FeatureGate:DynamicResourceAllocation",
+                "FeatureGate:ResourceHealthStatus",
+            ]);
+        });
+    });
+}
+
+/// The health and message of the driver's device as the pod status shows it under
+/// `status_name`, from the first container status that has it.
+fn device_health(pod: &Pod, status_name: &str, driver: &str) -> Option<(String, Option<String>)> {
+    let prefix = format!("{driver}/");
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+        .filter(|rs| rs.name == status_name)
+        .flat_map(|rs| rs.resources.iter().flatten())
+        .find(|h| h.resource_id.starts_with(&prefix))
+        .map(|h| (h.health.clone().unwrap_or_default(), h.message.clone()))
+}
+
+/// Whether the status of the container that uses the claim has `allocatedResourcesStatus`.
+fn publishes_resource_status(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|cs| cs.name == CLAIM_CONTAINER)
+        .any(|cs| cs.allocated_resources_status.as_ref().is_some_and(|r| !r.is_empty()))
+}
+
+/// What the kubelet's behaviour says about its `ResourceHealthStatus` gate.
+#[derive(Debug, PartialEq, Eq)]
+enum Inferred {
+    On,
+    /// Off; the text says what it did not do.
+    Off(&'static str),
+    /// Only one of the two things the gate controls happened; the text says which.
+    Inconsistent(&'static str),
+}
+
+/// Infers the kubelet's `ResourceHealthStatus` gate once a pod using a claim runs: with the gate
+/// on, the kubelet opened a health stream when it registered the plugin (`watches`), and the
+/// status update that reported the pod running carries `allocatedResourcesStatus` (`publishes`).
+fn infer_health_gate(watches: bool, publishes: bool) -> Inferred {
+    match (watches, publishes) {
+        (true, true) => Inferred::On,
+        (false, false) => Inferred::Off(
+            "it opened no NodeWatchResources stream and reported the running pod without allocatedResourcesStatus",
+        ),
+        (true, false) => Inferred::Inconsistent(
+            "watches device health but reported the running pod without allocatedResourcesStatus",
+        ),
+        (false, true) => {
+            Inferred::Inconsistent("reports allocatedResourcesStatus but opened no NodeWatchResources stream")
+        }
+    }
+}
+
+/// Health string and message the plugin last sent for `pool/device` on the stream of `method`.
+fn last_report(log: &CallLog, method: &Method, pool: &str, device: &str) -> Option<(i64, String)> {
+    let response = log.last(method.clone())?.response.as_ref()?;
+    response["devices"].as_array()?.iter().find_map(|d| {
+        (d["device"]["pool_name"] == pool && d["device"]["device_name"] == device).then(|| {
+            (d["health"].as_i64().unwrap_or_default(), d["message"].as_str().unwrap_or_default().to_owned())
+        })
+    })
+}
+
+/// A running pod with one allocated device, and what is known about the kubelet.
+struct HealthFixture {
+    driver: Driver,
+    b: Builder,
+    pod: Pod,
+    node: String,
+    pool: String,
+    device: String,
+    /// `claim:<pod claim>` (the container's claim has no request).
+    status_name: String,
+    /// The health API the kubelet must watch.
+    api: HealthApi,
+}
+
+impl HealthFixture {
+    /// Sets up the driver (`config`) on one node, a claim (named `claim_name` if given) and a pod
+    /// using it, waits until the pod runs, and checks the health stream in the call log. Skips
+    /// when `ResourceHealthStatus` is off (see the module documentation).
+    async fn start(ctx: &Ctx, config: DriverConfig, claim_name: Option<&str>) -> SpecResult<Self> {
+        ctx.cluster().require_kubelet_version(1, 36)?;
+        gates::require_api_server(
+            ctx,
+            "ResourceHealthStatus",
+            "it drops allocatedResourcesStatus from pod status",
+        )
+        .await?;
+        let nodes = Nodes::select(ctx, 1, 1).await?;
+        let node = nodes.names().first().context("no node selected")?.clone();
+        let kubelet_gate = gates::kubelet(ctx, &node, "ResourceHealthStatus").await;
+        tracing::info!(node, ?kubelet_gate, "kubelet feature gate ResourceHealthStatus");
+        if kubelet_gate.is_off() {
+            return Err(ctx.skip(format!(
+                "the kubelet of node {node} runs with feature gate ResourceHealthStatus off"
+            )));
+        }
+        let (health_v1, health_v1alpha1) = (config.health_v1, config.health_v1alpha1);
+        let driver = Driver::start(ctx, &nodes, config).await?;
+        let b = Builder::start(ctx, &driver, None).await?;
+
+        let mut claim = b.external_claim();
+        if let Some(name) = claim_name {
+            claim.metadata.name = Some(name.to_owned());
+        }
+        let pod = b.pod_external(&claim.name_any());
+        b.create_claim(&claim).await?;
+        b.create_pod(&pod).await?;
+        let running = b.test_pod(&pod, &[]).await?;
+        let running_node = node_name(&running).context("the running pod has no node")?;
+        expect!(running_node == node, "the pod runs on {running_node}, the driver only on {node}");
+
+        let claims = b.pod_claims(&running).await?;
+        let stored = claims.values().next().context("the pod has no claim")?;
+        let result = stored
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_ref())
+            .and_then(|r| r.first())
+            .with_context(|| format!("claim {} has no allocation result", stored.name_any()))?;
+        let (pool, device) = (result.pool.clone(), result.device.clone());
+
+        let calls = driver.try_calls(&node)?;
+        let unknown = match &kubelet_gate {
+            Gate::On | Gate::Off => None,
+            Gate::Unknown(why) => Some(why.clone()),
+            Gate::NotReported => Some("the kubelet does not report the gate".to_owned()),
+        };
+        if let Some(why) = unknown {
+            let watches = calls.count(Method::NodeWatchResources) > 0;
+            match infer_health_gate(watches, publishes_resource_status(&running)) {
+                Inferred::On => {}
+                Inferred::Off(what) => {
+                    return Err(ctx.skip(format!(
+                        "the kubelet of node {node} runs with feature gate ResourceHealthStatus off, judging by its \
+                         behaviour ({what}; its metrics were not available: {why})"
+                    )));
+                }
+                Inferred::Inconsistent(what) => fail!(
+                    "the kubelet of node {node} {what}\nrunning pod: {}\ncall log:\n{}",
+                    harness::wait::describe(&running),
+                    calls.log()
+                ),
+            }
+        }
+
+        // The most recent version served by the driver that the kubelet supports.
+        let kubelet = ctx.cluster().nodes.iter().find(|n| n.name == node).and_then(|n| n.kubelet());
+        let api = match (health_v1, health_v1alpha1) {
+            (false, _) => HealthApi::V1alpha1,
+            // Only choice; the spec's kubelet version requirement ensures the v1 client.
+            (true, false) => HealthApi::V1,
+            (true, true) if kubelet.is_some_and(|v| v.minor_version() >= (1, 37)) => HealthApi::V1,
+            (true, true) => HealthApi::V1alpha1,
+        };
+        // A stream on the other version decides the check at once.
+        let (expected, other) = (api.watch(), api.other().watch());
+        calls
+            .wait_for(
+                format!("a health stream on {api} (one on {} fails the spec)", api.other()),
+                move |log| log.count(expected.clone()) > 0 || log.count(other.clone()) > 0,
+                WATCH_TIMEOUT,
+            )
+            .await?;
+        let watch = evidence::check_watch(&calls.log(), api)?;
+        tracing::info!(%api, ?kubelet, "kubelet gRPC evidence on node {node}: {watch}");
+
+        let status_name = format!(
+            "claim:{}",
+            running
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.resources.as_ref())
+                .and_then(|r| r.claims.as_ref())
+                .and_then(|c| c.first())
+                .map(|c| c.name.clone())
+                .context("the pod's container uses no claim")?
+        );
+        Ok(HealthFixture { driver, b, pod: running, node, pool, device, status_name, api })
+    }
+
+    /// Reports `health` with `message` for the device.
+    fn set(&self, health: Health, message: &str) {
+        tracing::info!(pool = %self.pool, device = %self.device, ?health, message, "setting device health");
+        self.driver.health(&self.node).set(&self.pool, &self.device, health, message);
+    }
+
+    /// Waits until the pod status shows a health and message for the device for which `done`
+    /// holds; returns them.
+    async fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&str, Option<&str>) -> bool,
+    ) -> anyhow::Result<(String, Option<String>)> {
+        let (status_name, driver) = (self.status_name.clone(), self.driver.name().to_owned());
+        let what = format!("to show {what} for device {}/{} under {status_name}", self.pool, self.device);
+        let pod = self
+            .b
+            .wait_pod(&self.pod, &what, timeout, |p| {
+                Verdict::done_if(
+                    device_health(p, &status_name, &driver).is_some_and(|(h, m)| done(&h, m.as_deref())),
+                )
+            })
+            .await?;
+        device_health(&pod, &self.status_name, self.driver.name()).context("the device's health disappeared")
+    }
+
+    /// Checks again that the kubelet watched only the expected health API, and that the plugin's
+    /// last report on that stream is `health` with `message`. Returns a summary.
+    fn check_stream(&self, health: Health, message: &str) -> anyhow::Result<String> {
+        let log = self.driver.try_calls(&self.node)?.log();
+        let watch = evidence::check_watch(&log, self.api)?;
+        let method = self.api.watch();
+        let want = match health {
+            Health::Unknown => 0,
+            Health::Healthy => 1,
+            Health::Unhealthy => 2,
+        };
+        let got = last_report(&log, &method, &self.pool, &self.device);
+        anyhow::ensure!(
+            got.as_ref().is_some_and(|(h, m)| *h == want && m == message),
+            "the last report on {method} for {}/{} is {got:?}, expected health {want} with message {message:?}\ncall log:\n{log}",
+            self.pool,
+            self.device
+        );
+        let streams = log.matching(method.clone());
+        let sent: u64 = streams.iter().map(|r| r.responses).sum();
+        Ok(format!("{watch}; {sent} reports sent on {} stream(s)", streams.len()))
+    }
+}
+
+/// health.go: Healthy -> Unhealthy -> Healthy, each visible in the pod status.
+async fn reflect_health(ctx: Ctx, health_v1: bool, health_v1alpha1: bool) -> SpecResult {
+    if !health_v1alpha1 {
+        // The v1 health client came with 1.37.
+        ctx.cluster().require_kubelet_version(1, 37)?;
+    }
+    let config = DriverConfig::kubelet(resources::node_local(1)).health_versions(health_v1, health_v1alpha1);
+    let f = HealthFixture::start(&ctx, config, None).await?;
+
+    // A baseline: without a report the kubelet shows the device as Unknown.
+    for (health, text) in
+        [(Health::Healthy, "Healthy"), (Health::Unhealthy, "Unhealthy"), (Health::Healthy, "Healthy")]
+    {
+        f.set(health, "");
+        f.wait(&format!("health {text}"), HEALTH_TIMEOUT, |h, _| h == text).await?;
+    }
+    let summary = f.check_stream(Health::Healthy, "")?;
+    tracing::info!("kubelet gRPC evidence on node {}: {summary}", f.node);
+    Ok(())
+}
+
+/// dra.go: health and message changes, including a message change without a health change.
+async fn custom_messages(ctx: Ctx) -> SpecResult {
+    gates::require_api_server(
+        &ctx,
+        "ResourceHealthStatusMessage",
+        "it drops the message from allocatedResourcesStatus",
+    )
+    .await?;
+    let config = DriverConfig::kubelet(resources::network(10, false));
+    let f = HealthFixture::start(&ctx, config, Some("health-test-claim")).await?;
+    let message_gate = gates::kubelet(&ctx, &f.node, "ResourceHealthStatusMessage").await;
+    tracing::info!(node = %f.node, ?message_gate, "kubelet feature gate ResourceHealthStatusMessage");
+    if message_gate.is_off() {
+        return Err(ctx.skip(format!(
+            "the kubelet of node {} runs with feature gate ResourceHealthStatusMessage off",
+            f.node
+        )));
+    }
+
+    let steps = [
+        (Health::Healthy, "Healthy", "Device operating normally, temperature: 45°C"),
+        (Health::Unhealthy, "Unhealthy", "ECC error count exceeded threshold (15 errors in last hour)"),
+        // Only the message changes.
+        (Health::Unhealthy, "Unhealthy", "Critical: Memory corruption detected"),
+        (Health::Healthy, "Healthy", "Recovered after reset, all diagnostics passed"),
+    ];
+    for (i, (health, text, message)) in steps.into_iter().enumerate() {
+        f.set(health, message);
+        if i == 0 && !matches!(message_gate, Gate::On) {
+            // Health and message come from the same cached report (see the module docs).
+            let (_, shown) = f.wait(&format!("health {text}"), MESSAGE_TIMEOUT, |h, _| h == text).await?;
+            if shown.is_none() {
+                return Err(ctx.skip(format!(
+                    "the kubelet of node {} runs with feature gate ResourceHealthStatusMessage off, judging by its \
+                     behaviour (its metrics were not available: {message_gate:?}): it published health {text} without \
+                     the message that came with it",
+                    f.node
+                )));
+            }
+        }
+        f.wait(&format!("health {text} with message {message:?}"), MESSAGE_TIMEOUT, |h, m| {
+            h == text && m == Some(message)
+        })
+        .await?;
+    }
+    let summary = f.check_stream(Health::Healthy, "Recovered after reset, all diagnostics passed")?;
+    tracing::info!("kubelet gRPC evidence on node {}: {summary}", f.node);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(statuses: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "p" },
+            "status": { "containerStatuses": statuses },
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn infers_the_gate_from_both_signals() {
+        assert_eq!(infer_health_gate(true, true), Inferred::On);
+        assert!(matches!(infer_health_gate(false, false), Inferred::Off(_)));
+        assert!(matches!(infer_health_gate(true, false), Inferred::Inconsistent(_)));
+        assert!(matches!(infer_health_gate(false, true), Inferred::Inconsistent(_)));
+    }
+
+    #[test]
+    fn reads_the_drivers_device_health_from_the_pod_status() {
+        let p = pod(json!([{
+            "name": "with-resource", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "allocatedResourcesStatus": [
+                { "name": "claim:other", "resources": [{ "resourceID": "d.k8s.io/test=x", "health": "Unhealthy" }] },
+                { "name": "claim:resource-claim", "resources": [
+                    { "resourceID": "other.k8s.io/test=y", "health": "Unhealthy" },
+                    { "resourceID": "d.k8s.io/test=claim-1-my-request", "health": "Healthy", "message": "ok" },
+                ] },
+            ],
+        }]));
+        assert_eq!(
+            device_health(&p, "claim:resource-claim", "d.k8s.io"),
+            Some(("Healthy".to_owned(), Some("ok".to_owned())))
+        );
+        assert_eq!(device_health(&p, "claim:resource-claim", "e.k8s.io"), None);
+        assert!(publishes_resource_status(&p));
+        let bare = pod(
+            json!([{ "name": "with-resource", "image": "i", "imageID": "", "ready": true, "restartCount": 0 }]),
+        );
+        assert!(!publishes_resource_status(&bare));
+        assert_eq!(device_health(&bare, "claim:resource-claim", "d.k8s.io"), None);
+    }
+}

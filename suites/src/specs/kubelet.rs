@@ -1,0 +1,107 @@
+//! `[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] ...`: the specs of upstream's
+//! test/e2e/dra/dra.go (Kubernetes v1.37) in which the test driver registers with the kubelet
+//! through the proxy pods and pods really run.
+//!
+//! Beyond what upstream checks (pod phase, env inside containers), every spec checks what the
+//! kubelet did, from the gRPC calls the in-process plugin recorded per node: which
+//! `NodePrepareResources` / `NodeUnprepareResources` calls named which claim (by UID), whether
+//! they succeeded for it, and in which order. [`harness::builder::Builder::test_pod`] checks for
+//! every claim of a running pod that the kubelet prepared it (see
+//! [`harness::builder::Builder::expect_prepared`]); the specs add what is specific to them.
+//!
+//! | upstream context (dra.go) | module | specs |
+//! |---|---|---|
+//! | `kubelet` with `NetworkResources(10)`, one node | [`network`] | 8 |
+//! | `kubelet` with `DriverResources(1)`, 1-4 nodes | [`node_local`] | 5 |
+//! | `kubelet` with individual driver lifecycles | [`lifecycle`] | 5 (4 need what the driver cannot do yet and are skipped) |
+//! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (1 skipped: needs a device plugin) |
+//! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
+//!
+//! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
+//! in parallel.
+
+/// `ensure!` for spec bodies: returns a failure (anyhow error, converted into the caller's error
+/// type) unless the condition holds.
+macro_rules! expect {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err(anyhow::anyhow!($($arg)+).into());
+        }
+    };
+}
+
+mod checks;
+mod lifecycle;
+mod multiple_claims;
+mod network;
+mod node_local;
+
+use harness::framework::Registry;
+
+use super::control_plane::single_node;
+
+/// The label of upstream's `feature.DynamicResourceAllocation` on every kubelet context.
+pub(crate) const FEATURE: &str = "Feature:DynamicResourceAllocation";
+
+/// Registers the kubelet specs under `[sig-node] [DRA]`, in upstream's order.
+pub fn register(registry: &mut Registry) {
+    registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
+        r.context_with_labels("kubelet", [FEATURE], network::register);
+        r.context_with_labels("kubelet", [FEATURE], node_local::register);
+        r.context_with_labels("kubelet", [FEATURE], lifecycle::register);
+        r.context_with_labels("kubelet", [FEATURE], |r| {
+            r.context("on single node", single_node::register_kubelet);
+        });
+        r.context_with_labels("kubelet", [FEATURE], |r| {
+            r.context("on single node with multiple claims allocation", multiple_claims::register);
+        });
+    });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    /// The full texts as upstream renders them (ginkgo `--dry-run -v` of v1.37.2 dra.go).
+    #[test]
+    fn full_texts_match_upstream() {
+        let mut registry = Registry::new();
+        register(&mut registry);
+        registry.validate().unwrap();
+        let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();
+        let k = "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation]";
+        for expected in [
+            format!("{k} registers plugin"),
+            format!("{k} must retry NodePrepareResources"),
+            format!("{k} must not run a pod if a claim is not ready"),
+            format!("{k} must unprepare resources for force-deleted pod"),
+            format!("{k} must call NodePrepareResources even if not used by any container"),
+            format!("{k} must map configs and devices to the right containers"),
+            format!("{k} blocks new pod after force-delete [KubeletMinVersion:1.34]"),
+            format!("{k} DaemonSet with admin access"),
+            format!("{k} must manage ResourceSlices"),
+            format!("{k} supports init containers with external claims"),
+            format!("{k} removes reservation from claim when pod is done"),
+            format!("{k} deletes generated claims when pod is done"),
+            format!("{k} does not delete generated claims when pod is restarting"),
+            format!("{k} runs pod after driver starts"),
+            format!("{k} rolling update [KubeletMinVersion:1.33]"),
+            format!("{k} rolling update with long driver name [KubeletMinVersion:1.33]"),
+            format!("{k} failed update [KubeletMinVersion:1.33]"),
+            format!("{k} sequential update with pods replacing each other [KubeletMinVersion:1.33] [Slow]"),
+            format!("{k} on single node supports claim and class parameters"),
+            format!("{k} on single node must deallocate after use"),
+            format!("{k} on single node supports extended resources together with ResourceClaim [Serial]"),
+            format!(
+                "{k} on single node with multiple claims allocation requests an already allocated and a new claim for a pod"
+            ),
+        ] {
+            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
+        }
+        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1);
+        let serial: Vec<_> =
+            registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
+        assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);
+    }
+}
