@@ -113,24 +113,20 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
     ]
 }
 
-/// The e2e suite runs against the local cluster, each with its JUnit report.
+/// The e2e suite runs against the local cluster, each with its JUnit report: the control-plane
+/// specs (API server, scheduler and controllers only), then the kubelet specs (pods run, the
+/// kubelet talks to the in-process plugin through the proxy pods).
 fn suite_runs(repo: &Path) -> Vec<(&'static str, Vec<String>)> {
     let out = e2e::target_dir(repo).join("e2e");
-    let junit = |name: &str| out.join(format!("{name}.xml")).display().to_string();
     let artifacts = out.join("artifacts").display().to_string();
-    vec![(
-        "e2e: control plane and CRUD suites",
-        vec![
-            "--focus".into(),
-            "control plane|CRUD".into(),
-            "-p".into(),
-            "4".into(),
-            "--junit".into(),
-            junit("control-plane"),
-            "--artifacts".into(),
-            artifacts,
-        ],
-    )]
+    let run = |focus: &str, junit: &str| -> Vec<String> {
+        let junit = out.join(format!("{junit}.xml")).display().to_string();
+        ["--focus", focus, "-p", "4", "--junit", &junit, "--artifacts", &artifacts].map(String::from).to_vec()
+    };
+    vec![
+        ("e2e: control plane and CRUD suites", run("control plane|CRUD", "control-plane")),
+        ("e2e: kubelet suites", run("kubelet", "kubelet")),
+    ]
 }
 
 async fn run_suite(repo: &Path, kubeconfig: &Path, args: &[String]) -> Result<()> {
