@@ -320,6 +320,8 @@ struct Inner {
     config: DriverConfig,
     nodes: Nodes,
     admin: kube::Client,
+    /// The admin client for tunnels and exec into the proxy pods (`TCP_NODELAY`).
+    stream: kube::Client,
     deployment_id: String,
     service_account: Option<String>,
     per_node: BTreeMap<String, NodeState>,
@@ -524,6 +526,7 @@ impl Driver {
                 config,
                 nodes: nodes.clone(),
                 admin,
+                stream: ctx.stream_client().clone(),
                 deployment_id: id,
                 service_account,
                 per_node,
@@ -585,7 +588,7 @@ impl Driver {
                 .map(crate::tunnel::PodRef::from_pod);
             if let Some(Ok(pod)) = pod {
                 let files = crate::podexec::PodFiles::new(Arc::new(crate::podexec::PodExec::new(
-                    self.inner.admin.clone(),
+                    self.inner.stream.clone(),
                     pod,
                 )));
                 let cdi_dir = plugin.plugin().config().cdi_dir.clone();
@@ -622,7 +625,7 @@ impl Driver {
                 .health_v1(inner.config.health_v1)
                 .health_v1alpha1(inner.config.health_v1alpha1);
             let started = ProxiedPlugin::start(ProxiedPluginSpec {
-                client: inner.admin.clone(),
+                client: inner.stream.clone(),
                 pod,
                 plugin,
                 claims: Arc::new(KubeClaims::new(claims_client)),

@@ -72,6 +72,12 @@ pub trait ClusterBackend: Send + Sync + 'static {
     /// The admin client specs get on their [`Ctx`](super::Ctx).
     fn client(&self) -> kube::Client;
 
+    /// The admin client for long-lived streams (port-forward tunnels, exec): by default the
+    /// same as [`client`](Self::client).
+    fn stream_client(&self) -> kube::Client {
+        self.client()
+    }
+
     /// Creates a spec's namespace (privileged pod security, labels marking it as ours).
     async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError>;
 

@@ -52,6 +52,7 @@ pub struct Ctx {
 
 struct Inner {
     client: kube::Client,
+    stream_client: kube::Client,
     namespace: String,
     suffix: String,
     full_text: String,
@@ -70,6 +71,7 @@ struct Inner {
 /// Everything the runner knows when it creates a [`Ctx`].
 pub(crate) struct CtxParts {
     pub(crate) client: kube::Client,
+    pub(crate) stream_client: kube::Client,
     pub(crate) namespace: String,
     pub(crate) suffix: String,
     pub(crate) full_text: String,
@@ -88,6 +90,7 @@ impl Ctx {
         Self {
             inner: Arc::new(Inner {
                 client: p.client,
+                stream_client: p.stream_client,
                 namespace: p.namespace,
                 suffix: p.suffix,
                 full_text: p.full_text,
@@ -108,6 +111,12 @@ impl Ctx {
     /// The admin client.
     pub fn client(&self) -> &kube::Client {
         &self.inner.client
+    }
+
+    /// The admin client for port-forward tunnels and exec: its connections set `TCP_NODELAY`
+    /// (see [`tunnel_client`](crate::tunnel::tunnel_client)).
+    pub fn stream_client(&self) -> &kube::Client {
+        &self.inner.stream_client
     }
 
     /// The spec's own namespace (created before the body runs, deleted last).

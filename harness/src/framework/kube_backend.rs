@@ -42,6 +42,8 @@ pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
 #[derive(Clone)]
 pub struct KubeBackend {
     client: Client,
+    /// The same identity, with `TCP_NODELAY` connections, for port-forward and exec.
+    stream_client: Client,
     server: String,
 }
 
@@ -74,16 +76,18 @@ impl KubeBackend {
         };
         config.connect_timeout = Some(CONNECT_TIMEOUT);
         let server = config.cluster_url.to_string();
-        let client = Client::try_from(config).map_err(|e| PreflightError::Kubeconfig {
+        let bad = |e: kube::Error| PreflightError::Kubeconfig {
             path: kubeconfig.map_or_else(|| "(inferred)".to_owned(), |p| p.display().to_string()),
             reason: root_cause(&e),
-        })?;
-        Ok(Self { client, server })
+        };
+        let stream_client = crate::tunnel::tunnel_client(&config).map_err(bad)?;
+        let client = Client::try_from(config).map_err(bad)?;
+        Ok(Self { client, stream_client, server })
     }
 
     /// Uses an existing client.
     pub fn new(client: Client, server: impl Into<String>) -> Self {
-        Self { client, server: server.into() }
+        Self { stream_client: client.clone(), client, server: server.into() }
     }
 
     fn classify(&self, error: kube::Error) -> PreflightError {
@@ -161,6 +165,10 @@ impl ClusterBackend for KubeBackend {
 
     fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    fn stream_client(&self) -> Client {
+        self.stream_client.clone()
     }
 
     async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {

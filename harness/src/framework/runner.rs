@@ -357,6 +357,7 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
     let token = env.interrupt.child_token();
     let ctx = Ctx::new(CtxParts {
         client: env.backend.client(),
+        stream_client: env.backend.stream_client(),
         namespace: namespace.name.clone(),
         suffix: names::unique_suffix(),
         full_text: info.full_text().to_owned(),

@@ -128,13 +128,14 @@ impl fmt::Debug for PortForwardDialer {
 /// gRPC frames; a second small write waits for the ACK of the first, which the API server's
 /// kernel delays (up to 40 ms), so some calls through a tunnel take 40 ms longer (seen as the
 /// p99 of `cargo bench --bench tunnel` through a real port-forward). Use this client for
-/// [`PortForwardDialer`] (and exec). It has no retry layer, timeouts or request tracing, which
-/// upgrades do not use anyway.
+/// [`PortForwardDialer`] (and exec). It keeps the config's connect timeout but has no read or
+/// write timeouts (streams are long-lived) and no request tracing.
 pub fn tunnel_client(config: &kube::Config) -> Result<kube::Client, kube::Error> {
     use kube::client::ConfigExt as _;
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
     let https = config.rustls_https_connector_with_connector(http)?;
     let service = tower::ServiceBuilder::new()
         .layer(config.base_uri_layer())
