@@ -119,7 +119,9 @@ impl Supervisor {
     /// process is gone (or whose PID now belongs to another process) is only removed.
     pub fn stop(&self, name: &str, grace: Duration) -> Result<()> {
         if let Some(record) = self.record(name) {
+            let started = Instant::now();
             stop_process(record, grace).with_context(|| format!("stop {name} (pid {})", record.pid))?;
+            tracing::debug!(name, pid = record.pid, elapsed = ?started.elapsed(), "stopped");
         }
         match fs::remove_file(self.record_path(name)) {
             Ok(()) => Ok(()),
@@ -156,6 +158,7 @@ pub fn stop_process(record: ProcessRecord, grace: Duration) -> Result<()> {
     if wait_gone(record, grace) {
         return Ok(());
     }
+    tracing::warn!(pid = record.pid, "still running {grace:?} after SIGTERM; sending SIGKILL");
     let _ = kill_process(pid, Signal::KILL);
     if wait_gone(record, Duration::from_secs(10)) {
         return Ok(());
