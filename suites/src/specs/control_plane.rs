@@ -16,23 +16,6 @@
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
 
-/// `ensure!` for spec bodies: returns a failure (anyhow error, converted into the caller's error
-/// type) unless the condition holds.
-macro_rules! expect {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err(anyhow::anyhow!($($arg)+).into());
-        }
-    };
-}
-
-/// `bail!` for spec bodies.
-macro_rules! fail {
-    ($($arg:tt)+) => {
-        return Err(anyhow::anyhow!($($arg)+).into())
-    };
-}
-
 mod multi_node;
 mod network;
 mod permissions;

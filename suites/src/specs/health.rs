@@ -47,28 +47,13 @@ use harness::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 
-use super::kubelet_drivers::{
+use super::{
     FEATURE_DRA,
-    evidence::{self, HealthApi},
-    gates::{self, Gate},
+    kubelet_drivers::{
+        evidence::{self, HealthApi},
+        gates::{self, Gate},
+    },
 };
-
-/// `ensure!` for spec bodies: returns a failure (anyhow error, converted into the caller's error
-/// type) unless the condition holds.
-macro_rules! expect {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err(anyhow::anyhow!($($arg)+).into());
-        }
-    };
-}
-
-/// `bail!` for spec bodies.
-macro_rules! fail {
-    ($($arg:tt)+) => {
-        return Err(anyhow::anyhow!($($arg)+).into())
-    };
-}
 
 /// How long a health change may take to reach the pod status (health.go: 60 s).
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);

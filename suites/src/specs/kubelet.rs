@@ -20,16 +20,6 @@
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
 
-/// `ensure!` for spec bodies: returns a failure (anyhow error, converted into the caller's error
-/// type) unless the condition holds.
-macro_rules! expect {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err(anyhow::anyhow!($($arg)+).into());
-        }
-    };
-}
-
 mod checks;
 mod lifecycle;
 mod multiple_claims;
@@ -38,21 +28,18 @@ mod node_local;
 
 use harness::framework::Registry;
 
-use super::control_plane::single_node;
-
-/// The label of upstream's `feature.DynamicResourceAllocation` on every kubelet context.
-pub(crate) const FEATURE: &str = "Feature:DynamicResourceAllocation";
+use super::{FEATURE_DRA, control_plane::single_node};
 
 /// Registers the kubelet specs under `[sig-node] [DRA]`, in upstream's order.
 pub fn register(registry: &mut Registry) {
     registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
-        r.context_with_labels("kubelet", [FEATURE], network::register);
-        r.context_with_labels("kubelet", [FEATURE], node_local::register);
-        r.context_with_labels("kubelet", [FEATURE], lifecycle::register);
-        r.context_with_labels("kubelet", [FEATURE], |r| {
+        r.context_with_labels("kubelet", [FEATURE_DRA], network::register);
+        r.context_with_labels("kubelet", [FEATURE_DRA], node_local::register);
+        r.context_with_labels("kubelet", [FEATURE_DRA], lifecycle::register);
+        r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             r.context("on single node", single_node::register_kubelet);
         });
-        r.context_with_labels("kubelet", [FEATURE], |r| {
+        r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             r.context("on single node with multiple claims allocation", multiple_claims::register);
         });
     });

@@ -1,5 +1,22 @@
 //! The DRA specs, registered explicitly, grouped as upstream's test/e2e/dra groups them.
 
+/// `ensure!` for spec bodies: returns a failure (anyhow error, converted into the caller's error
+/// type) unless the condition holds.
+macro_rules! expect {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err(anyhow::anyhow!($($arg)+).into());
+        }
+    };
+}
+
+/// `bail!` for spec bodies.
+macro_rules! fail {
+    ($($arg:tt)+) => {
+        return Err(anyhow::anyhow!($($arg)+).into())
+    };
+}
+
 mod control_plane;
 mod crud;
 mod health;
@@ -7,6 +24,9 @@ mod kubelet;
 mod kubelet_drivers;
 
 use harness::framework::Registry;
+
+/// The label of upstream's `feature.DynamicResourceAllocation` on every `kubelet` context.
+const FEATURE_DRA: &str = "Feature:DynamicResourceAllocation";
 
 /// Registers every spec.
 pub fn register(registry: &mut Registry) {

@@ -16,16 +16,6 @@
 //! place, its stability (`[Beta]`) and its dependencies (`[FeatureGate:DynamicResourceAllocation]`)
 //! at the end of the spec name.
 
-/// `ensure!` for spec bodies: returns a failure (anyhow error, converted into the caller's error
-/// type) unless the condition holds.
-macro_rules! expect {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err(anyhow::anyhow!($($arg)+).into());
-        }
-    };
-}
-
 mod api_versions;
 pub(crate) mod evidence;
 pub(crate) mod gates;
@@ -34,8 +24,7 @@ mod partitionable;
 
 use harness::framework::Registry;
 
-/// Upstream's `feature.DynamicResourceAllocation` on every `kubelet` context.
-pub(crate) const FEATURE_DRA: &str = "Feature:DynamicResourceAllocation";
+use super::FEATURE_DRA;
 
 /// Registers the specs under `[sig-node] [DRA]`.
 pub fn register(registry: &mut Registry) {
