@@ -125,7 +125,7 @@ pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
     let go = layout.go_dir();
 
     let step = Step::start(format!(
-        "build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet {} and etcd {} (cold: ~25 min on 2 cores)",
+        "build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet {} and etcd {} (cold: ~9 min on 2 cores)",
         versions.kubernetes, versions.etcd
     ));
     go_build(
