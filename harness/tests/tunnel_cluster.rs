@@ -24,7 +24,7 @@ use std::{
 use common::*;
 use harness::{
     calls::{Calls, Method},
-    plugin::{HealthState, KubeletPlugin, Listener, MemoryClaims, PluginConfig, PluginListeners},
+    plugin::{ClaimState, HealthState, KubeletPlugin, Listener, MemoryClaims, PluginConfig, PluginListeners},
     podexec::{PodExec, PodFiles, ProxyProcess, ProxyProcessConfig, Runner},
     proxied::{self, ProxiedPlugin, ProxiedPluginSpec},
     tunnel::{PodRef, PortForwardDialer, Tunnel, tunnel_client},
@@ -403,6 +403,7 @@ async fn real_kubelet_registers_a_proxied_plugin() {
         claims: Arc::new(MemoryClaims::new()),
         calls: Calls::new(),
         health: HealthState::new(),
+        claim_state: ClaimState::default(),
     };
 
     let proxied = ProxiedPlugin::start(spec()).await.unwrap();

@@ -31,6 +31,7 @@ pub mod impersonate;
 mod nodes;
 pub mod proxy;
 pub mod resources;
+mod shared_claims;
 
 use std::{
     collections::BTreeMap,
@@ -115,6 +116,17 @@ pub struct DriverConfig {
     pub name_suffix: String,
     /// Distinguishes two instances of the same driver (object names, instance label).
     pub instance_suffix: String,
+    /// Per-instance sockets, so that this instance can run next to another instance of the same
+    /// driver (upstream's `Driver.RollingUpdate`, which passes the proxy pod's UID to
+    /// `kubeletplugin.RollingUpdate`; needs a kubelet of 1.33 or newer): each node's plugin
+    /// uses its proxy pod's UID in its socket names (`dra-<pod UID>.sock` and a registration
+    /// socket named after the UID, see [`crate::proxied::sockets`]).
+    ///
+    /// Instances of one driver that run on a node at the same time always share their
+    /// prepared claims, whether or not this is set: the kubelet may prepare a claim through
+    /// one and unprepare it through the other, and two instances never work on the same claim
+    /// at once (upstream serializes the calls of all instances with a file lock instead).
+    pub rolling_update: bool,
     /// What to publish.
     pub resources: ResourcesFn,
     /// Run proxy pods and plugins and expect the kubelets to register them.
@@ -149,6 +161,7 @@ impl DriverConfig {
         DriverConfig {
             name_suffix: String::new(),
             instance_suffix: String::new(),
+            rolling_update: false,
             resources,
             with_kubelet: true,
             with_rbac: true,
@@ -177,6 +190,12 @@ impl DriverConfig {
     /// Sets [`DriverConfig::instance_suffix`].
     pub fn instance_suffix(mut self, suffix: impl Into<String>) -> Self {
         self.instance_suffix = suffix.into();
+        self
+    }
+
+    /// Sets [`DriverConfig::rolling_update`].
+    pub fn rolling_update(mut self, on: bool) -> Self {
+        self.rolling_update = on;
         self
     }
 
@@ -285,6 +304,16 @@ pub enum DriverError {
         #[source]
         source: Box<CallsError>,
     },
+    /// A proxy pod has no UID, which a rolling update needs for its socket names.
+    #[error(
+        "proxy pod {pod} of driver {driver} has no UID; the rolling update needs it for the socket names"
+    )]
+    MissingPodUid {
+        /// The driver.
+        driver: String,
+        /// `namespace/name` of the pod.
+        pod: String,
+    },
     /// The driver does not run on this node.
     #[error("driver {driver} does not run on node {node}; it runs on {nodes:?}")]
     UnknownNode {
@@ -311,7 +340,13 @@ struct NodeState {
     /// The proxy pod (with kubelet).
     pod: Option<Pod>,
     /// The running plugin (with kubelet), taken at teardown.
-    plugin: Mutex<Option<ProxiedPlugin>>,
+    plugin: Mutex<Option<RunningPlugin>>,
+}
+
+/// A node's running plugin and its share of the claim state of the driver on the node.
+struct RunningPlugin {
+    plugin: ProxiedPlugin,
+    claims: shared_claims::Lease,
 }
 
 struct Inner {
@@ -562,9 +597,9 @@ impl Driver {
         }
         tracing::info!(driver = %inner.name, instance = %inner.config.instance_suffix, "stopping driver");
         for (node, state) in &inner.per_node {
-            let plugin = lock(&state.plugin).take();
-            if let Some(plugin) = plugin {
-                self.stop_plugin(node, plugin).await;
+            let running = lock(&state.plugin).take();
+            if let Some(running) = running {
+                self.stop_plugin(node, running).await;
             }
         }
         let rs_api: Api<ReplicaSet> = Api::namespaced(inner.admin.clone(), &inner.namespace);
@@ -573,12 +608,22 @@ impl Driver {
     }
 
     /// Stops a node's plugin. Claims it still holds as prepared (the kubelet did not unprepare
-    /// them, e.g. after a failed spec) would leave their CDI files on the node: those are removed
-    /// through the proxy pod first, with a warning.
-    async fn stop_plugin(&self, node: &str, plugin: ProxiedPlugin) {
+    /// them, e.g. after a failed spec) would leave their CDI files on the node: those are then
+    /// removed through the proxy pod, with a warning, unless another instance of the driver still
+    /// runs on the node and shares the claims (it may still be asked to unprepare them).
+    async fn stop_plugin(&self, node: &str, running: RunningPlugin) {
         let driver = &self.inner.name;
-        let leftover = plugin.plugin().prepared_claims();
-        if !leftover.is_empty() {
+        let RunningPlugin { plugin, claims } = running;
+        // Stop serving first, so that the prepared claims no longer change through this instance.
+        let state = plugin.plugin().claim_state().clone();
+        let cdi_dir = plugin.plugin().config().cdi_dir.clone();
+        plugin.stop().await;
+        let leftover = state.prepared_claims();
+        let last = claims.release();
+        if !last && !leftover.is_empty() {
+            tracing::info!(%driver, %node, claims = ?leftover, "another instance of the driver still runs on the node and keeps the prepared claims");
+        }
+        if last && !leftover.is_empty() {
             tracing::warn!(%driver, %node, claims = ?leftover, "stopping a plugin that still holds prepared claims; removing their CDI files");
             let pod = self
                 .inner
@@ -591,9 +636,8 @@ impl Driver {
                     self.inner.stream.clone(),
                     pod,
                 )));
-                let cdi_dir = plugin.plugin().config().cdi_dir.clone();
                 for claim in &leftover {
-                    let devices = plugin.plugin().prepared_devices(claim).unwrap_or_default();
+                    let devices = state.prepared_devices(claim).unwrap_or_default();
                     let mut requests: Vec<&String> = devices.iter().flat_map(|d| &d.requests).collect();
                     requests.sort();
                     requests.dedup();
@@ -606,7 +650,6 @@ impl Driver {
                 }
             }
         }
-        plugin.stop().await;
     }
 
     /// Starts one proxied plugin per proxy pod and registers their stop, then the scale-down.
@@ -615,7 +658,7 @@ impl Driver {
         for (node, state) in &inner.per_node {
             let Some(pod) = state.pod.clone() else { continue };
             let claims_client = state.client.clone().unwrap_or_else(|| inner.admin.clone());
-            let plugin = PluginConfig::new(&inner.name, node, "/cdi")
+            let mut plugin = PluginConfig::new(&inner.name, node, "/cdi")
                 .dra_endpoint(format!(
                     "{}/dra.sock",
                     proxy::plugin_data_dir(&inner.config.kubelet_root_dir, &inner.name)
@@ -624,6 +667,17 @@ impl Driver {
                 .dra_v1beta1(inner.config.dra_v1beta1)
                 .health_v1(inner.config.health_v1)
                 .health_v1alpha1(inner.config.health_v1alpha1);
+            if inner.config.rolling_update {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                if uid.is_empty() {
+                    return Err(DriverError::MissingPodUid {
+                        driver: inner.name.clone(),
+                        pod: format!("{}/{}", inner.namespace, pod.metadata.name.clone().unwrap_or_default()),
+                    });
+                }
+                plugin = plugin.rolling_update_uid(uid);
+            }
+            let claims = shared_claims::Lease::acquire(&inner.name, node);
             let started = ProxiedPlugin::start(ProxiedPluginSpec {
                 client: inner.stream.clone(),
                 pod,
@@ -631,6 +685,7 @@ impl Driver {
                 claims: Arc::new(KubeClaims::new(claims_client)),
                 calls: state.calls.clone(),
                 health: state.health.clone(),
+                claim_state: claims.state().clone(),
             })
             .await
             .map_err(|source| DriverError::Plugin {
@@ -638,15 +693,15 @@ impl Driver {
                 node: node.clone(),
                 source: Box::new(source),
             })?;
-            *lock(&state.plugin) = Some(started);
+            *lock(&state.plugin) = Some(RunningPlugin { plugin: started, claims });
             let this = self.clone();
             let node = node.clone();
             ctx.defer(
                 format!("stop the kubelet plugin of driver {} on node {node}", inner.name),
                 async move {
-                    let plugin = this.inner.per_node.get(&node).and_then(|s| lock(&s.plugin).take());
-                    if let Some(plugin) = plugin {
-                        this.stop_plugin(&node, plugin).await;
+                    let running = this.inner.per_node.get(&node).and_then(|s| lock(&s.plugin).take());
+                    if let Some(running) = running {
+                        this.stop_plugin(&node, running).await;
                     }
                     Ok(())
                 },
@@ -884,13 +939,24 @@ impl Driver {
             .client(&self.inner.admin)?)
     }
 
-    /// Claims a node's plugin has prepared and not yet unprepared (empty without kubelet).
+    /// Claims a node's plugin has prepared and not yet unprepared (empty without kubelet, and
+    /// after the plugin stopped). While another instance of the driver runs on the node, the
+    /// two share their prepared claims (see [`DriverConfig::rolling_update`]).
     pub fn prepared_claims(&self, node: &str) -> Vec<ClaimId> {
         self.inner
             .per_node
             .get(node)
-            .and_then(|s| lock(&s.plugin).as_ref().map(|p| p.plugin().prepared_claims()))
+            .and_then(|s| lock(&s.plugin).as_ref().map(|p| p.plugin.plugin().prepared_claims()))
             .unwrap_or_default()
+    }
+
+    /// The DRA and registration socket paths of a node's running plugin, as the kubelet sees
+    /// them (`None` without kubelet and after the plugin stopped).
+    pub fn socket_paths(&self, node: &str) -> Option<(String, String)> {
+        let state = self.inner.per_node.get(node)?;
+        let running = lock(&state.plugin);
+        let (dra, registration) = running.as_ref()?.plugin.socket_paths();
+        Some((dra.to_owned(), registration.to_owned()))
     }
 
     /// The `NodePrepareResources` / `NodeUnprepareResources` calls of a node's kubelet that named

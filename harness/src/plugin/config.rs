@@ -32,6 +32,12 @@ pub struct PluginConfig {
     /// socket as the kubelet sees it. `None` means the path of the DRA
     /// listener, which then must be a Unix socket.
     pub dra_endpoint: Option<String>,
+    /// The pod UID of this instance when it runs next to another instance of the same driver
+    /// on the same node (upstream's `kubeletplugin.RollingUpdate`): each instance then has its
+    /// own sockets, `dra-<uid>.sock` and a registration socket named after the UID (see
+    /// [`crate::proxied::sockets`]). `None` (or empty): the fixed `dra.sock` and
+    /// `<driver>-reg.sock`.
+    pub rolling_update_uid: Option<String>,
     /// Serve and advertise `v1.DRAPlugin`.
     pub dra_v1: bool,
     /// Serve and advertise `v1beta1.DRAPlugin`.
@@ -60,6 +66,7 @@ impl PluginConfig {
             node_name: node_name.into(),
             cdi_dir: cdi_dir.into(),
             dra_endpoint: None,
+            rolling_update_uid: None,
             dra_v1: true,
             dra_v1beta1: true,
             health_v1: true,
@@ -72,6 +79,14 @@ impl PluginConfig {
     /// Sets [`PluginConfig::dra_endpoint`].
     pub fn dra_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.dra_endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Sets [`PluginConfig::rolling_update_uid`]; an empty UID turns rolling updates off, as
+    /// upstream's `RollingUpdate("")` does.
+    pub fn rolling_update_uid(mut self, uid: impl Into<String>) -> Self {
+        let uid = uid.into();
+        self.rolling_update_uid = (!uid.is_empty()).then_some(uid);
         self
     }
 

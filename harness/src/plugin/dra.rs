@@ -12,6 +12,14 @@
 //!
 //! Unlike upstream there is no global lock: calls for different claims run in
 //! parallel; operations on the same claim are serialized by a per-claim lock.
+//!
+//! The prepared claims and the per-claim locks live in a [`ClaimState`], which
+//! several instances of one driver on one node can share (a rolling update:
+//! upstream's helper then serializes the calls of all instances with a file
+//! lock and expects the driver to keep its state where every instance finds
+//! it). With a shared state, an instance unprepares a claim that another one
+//! prepared (its CDI file names follow from the claim UID and request), and two
+//! instances never work on the same claim at the same time.
 
 use std::{
     collections::HashMap,
@@ -65,16 +73,79 @@ pub(crate) struct ClaimRequest {
 
 type ClaimLock = Arc<tokio::sync::Mutex<()>>;
 
+/// What a plugin knows about its claims: which are prepared (with the devices returned for
+/// them) and which are being worked on. Cheap to clone; clones are the same state, so plugin
+/// instances of one driver on one node that run at the same time (a rolling update) can share
+/// it through [`PluginBuilder::claim_state`](super::PluginBuilder::claim_state).
+///
+/// ```
+/// use harness::plugin::ClaimState;
+/// let state = ClaimState::default();
+/// let shared = state.clone();
+/// assert!(state.same_as(&shared));
+/// assert!(!state.same_as(&ClaimState::default()));
+/// assert!(shared.prepared_claims().is_empty());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ClaimState {
+    inner: Arc<ClaimStateInner>,
+}
+
+#[derive(Debug, Default)]
+struct ClaimStateInner {
+    /// Prepared claims and their devices.
+    prepared: Mutex<HashMap<ClaimId, Vec<PreparedDevice>>>,
+    /// One lock per claim UID while an operation on it runs.
+    locks: Mutex<HashMap<String, ClaimLock>>,
+}
+
+impl ClaimState {
+    /// Prepared claims, sorted.
+    pub fn prepared_claims(&self) -> Vec<ClaimId> {
+        let mut ids: Vec<ClaimId> = lock(&self.inner.prepared).keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The devices of a prepared claim.
+    pub fn prepared_devices(&self, id: &ClaimId) -> Option<Vec<PreparedDevice>> {
+        lock(&self.inner.prepared).get(id).cloned()
+    }
+
+    /// Whether both are the same (shared) state.
+    pub fn same_as(&self, other: &ClaimState) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    fn insert(&self, id: ClaimId, devices: Vec<PreparedDevice>) {
+        lock(&self.inner.prepared).insert(id, devices);
+    }
+
+    fn remove(&self, id: &ClaimId) {
+        lock(&self.inner.prepared).remove(id);
+    }
+
+    fn claim_lock(&self, uid: &str) -> ClaimLock {
+        lock(&self.inner.locks).entry(uid.to_string()).or_default().clone()
+    }
+
+    /// Drops the lock entry of a claim when nobody else holds or waits for it.
+    fn release_claim_lock(&self, uid: &str, held: ClaimLock) {
+        let mut locks = lock(&self.inner.locks);
+        // One reference in the map, one in `held`.
+        if Arc::strong_count(&held) <= 2 {
+            locks.remove(uid);
+        }
+    }
+}
+
 /// Version-independent prepare/unprepare, shared by the v1 and v1beta1 services.
 #[derive(Debug)]
 pub(crate) struct DraCore {
     config: PluginConfig,
     claims: Arc<dyn ClaimSource>,
     files: Arc<dyn FileOps>,
-    /// Prepared claims and their devices.
-    prepared: Mutex<HashMap<ClaimId, Vec<PreparedDevice>>>,
-    /// One lock per claim UID while an operation on it runs.
-    locks: Mutex<HashMap<String, ClaimLock>>,
+    state: ClaimState,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -82,39 +153,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl DraCore {
-    pub(crate) fn new(config: PluginConfig, claims: Arc<dyn ClaimSource>, files: Arc<dyn FileOps>) -> Self {
-        DraCore {
-            config,
-            claims,
-            files,
-            prepared: Mutex::new(HashMap::new()),
-            locks: Mutex::new(HashMap::new()),
-        }
+    pub(crate) fn new(
+        config: PluginConfig,
+        claims: Arc<dyn ClaimSource>,
+        files: Arc<dyn FileOps>,
+        state: ClaimState,
+    ) -> Self {
+        DraCore { config, claims, files, state }
     }
 
-    /// Prepared claims, sorted.
-    pub(crate) fn prepared_claims(&self) -> Vec<ClaimId> {
-        let mut ids: Vec<ClaimId> = lock(&self.prepared).keys().cloned().collect();
-        ids.sort();
-        ids
-    }
-
-    /// The devices of a prepared claim.
-    pub(crate) fn prepared_devices(&self, id: &ClaimId) -> Option<Vec<PreparedDevice>> {
-        lock(&self.prepared).get(id).cloned()
-    }
-
-    fn claim_lock(&self, uid: &str) -> ClaimLock {
-        lock(&self.locks).entry(uid.to_string()).or_default().clone()
-    }
-
-    /// Drops the lock entry of a claim when nobody else holds or waits for it.
-    fn release_claim_lock(&self, uid: &str, held: ClaimLock) {
-        let mut locks = lock(&self.locks);
-        // One reference in the map, one in `held`.
-        if Arc::strong_count(&held) <= 2 {
-            locks.remove(uid);
-        }
+    /// The claim state (possibly shared with other instances).
+    pub(crate) fn state(&self) -> &ClaimState {
+        &self.state
     }
 
     /// Reads every claim; the first failure fails the whole call.
@@ -169,21 +219,21 @@ impl DraCore {
         let name = claim.metadata.name.clone().unwrap_or_default();
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         let id = ClaimId { name: name.clone(), uid: uid.clone() };
-        let claim_lock = self.claim_lock(&uid);
+        let claim_lock = self.state.claim_lock(&uid);
         let result = {
             let _guard = claim_lock.lock().await;
-            match self.prepared_devices(&id) {
+            match self.state.prepared_devices(&id) {
                 Some(devices) => Ok(devices),
                 None => {
                     let result = self.write_claim(claim, &name, &uid).await;
                     if let Ok(devices) = &result {
-                        lock(&self.prepared).insert(id, devices.clone());
+                        self.state.insert(id, devices.clone());
                     }
                     result
                 }
             }
         };
-        self.release_claim_lock(&uid, claim_lock);
+        self.state.release_claim_lock(&uid, claim_lock);
         result
     }
 
@@ -244,11 +294,11 @@ impl DraCore {
 
     async fn unprepare_claim(&self, req: &ClaimRequest) -> Result<(), String> {
         let id = ClaimId { name: req.name.clone(), uid: req.uid.clone() };
-        let claim_lock = self.claim_lock(&req.uid);
+        let claim_lock = self.state.claim_lock(&req.uid);
         let result = {
             let _guard = claim_lock.lock().await;
-            match self.prepared_devices(&id) {
-                // Not prepared by this instance: nothing to do.
+            match self.state.prepared_devices(&id) {
+                // Not prepared (by this instance or one sharing its state): nothing to do.
                 None => Ok(()),
                 Some(devices) => {
                     let mut result = Ok(());
@@ -263,13 +313,13 @@ impl DraCore {
                         }
                     }
                     if result.is_ok() {
-                        lock(&self.prepared).remove(&id);
+                        self.state.remove(&id);
                     }
                     result
                 }
             }
         };
-        self.release_claim_lock(&req.uid, claim_lock);
+        self.state.release_claim_lock(&req.uid, claim_lock);
         result
     }
 

@@ -55,7 +55,7 @@ pub use cdi::{
 };
 pub use claims::{ClaimSource, ClaimSourceError, KubeClaims, MemoryClaims, NoClaims};
 pub use config::{DEFAULT_HEALTH_RESEND_INTERVAL, PluginConfig};
-pub use dra::{ClaimId, PreparedDevice};
+pub use dra::{ClaimId, ClaimState, PreparedDevice};
 pub use files::{FileOps, FileOpsError, LocalDirFiles, tmp_path, write_atomically};
 pub use health::{DeviceHealth, Health, HealthState};
 pub use serving::{BoxedConnection, Connection, ConnectionSender, ConnectionStream, Listener, ServerGone};
@@ -123,6 +123,7 @@ pub struct PluginBuilder {
     files: Arc<dyn FileOps>,
     calls: Calls,
     health: HealthState,
+    claim_state: ClaimState,
     record_calls: bool,
 }
 
@@ -149,6 +150,14 @@ impl PluginBuilder {
     /// Report this device health (default: a new, empty state).
     pub fn health(mut self, health: HealthState) -> Self {
         self.health = health;
+        self
+    }
+
+    /// Keep prepared claims in this state (default: a new one). Plugin instances of one driver
+    /// on one node that run at the same time (a rolling update) share one, so that each can
+    /// unprepare what another prepared and they never work on the same claim at once.
+    pub fn claim_state(mut self, state: ClaimState) -> Self {
+        self.claim_state = state;
         self
     }
 
@@ -220,12 +229,13 @@ impl KubeletPlugin {
             files: Arc::new(LocalDirFiles),
             calls: Calls::new(),
             health: HealthState::new(),
+            claim_state: ClaimState::default(),
             record_calls: true,
         }
     }
 
     async fn start_with(builder: PluginBuilder, listeners: PluginListeners) -> Result<Self, PluginError> {
-        let PluginBuilder { config, claims, files, calls, health, record_calls } = builder;
+        let PluginBuilder { config, claims, files, calls, health, claim_state, record_calls } = builder;
         if !config.dra_v1 && !config.dra_v1beta1 {
             return Err(PluginError::NoDraVersion);
         }
@@ -235,7 +245,7 @@ impl KubeletPlugin {
             (None, None) => return Err(PluginError::NoDraEndpoint),
         };
         let shared = Arc::new(Shared {
-            dra: Arc::new(DraCore::new(config.clone(), claims, files)),
+            dra: Arc::new(DraCore::new(config.clone(), claims, files, claim_state)),
             config,
             calls,
             health,
@@ -376,14 +386,20 @@ impl KubeletPlugin {
         }
     }
 
-    /// Claims currently prepared, sorted.
+    /// Claims currently prepared, sorted (by this plugin or another instance sharing its
+    /// [`ClaimState`]).
     pub fn prepared_claims(&self) -> Vec<ClaimId> {
-        self.shared.dra.prepared_claims()
+        self.shared.dra.state().prepared_claims()
     }
 
     /// The devices returned for a prepared claim.
     pub fn prepared_devices(&self, claim: &ClaimId) -> Option<Vec<PreparedDevice>> {
-        self.shared.dra.prepared_devices(claim)
+        self.shared.dra.state().prepared_devices(claim)
+    }
+
+    /// The claim state (see [`PluginBuilder::claim_state`]).
+    pub fn claim_state(&self) -> &ClaimState {
+        self.shared.dra.state()
     }
 
     /// Stops both servers: stops accepting, ends health streams, gives

@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `kubelet` with `NetworkResources(10)`, one node | [`network`] | 8 |
 //! | `kubelet` with `DriverResources(1)`, 1-4 nodes | [`node_local`] | 5 |
-//! | `kubelet` with individual driver lifecycles | [`lifecycle`] | 5 (4 need what the driver cannot do yet and are skipped) |
+//! | `kubelet` with individual driver lifecycles | [`lifecycle`] | 5 (rolling, failed and sequential updates: two instances of one driver) |
 //! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (1 skipped: needs a device plugin) |
 //! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
 //!

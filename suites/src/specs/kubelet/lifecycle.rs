@@ -1,25 +1,32 @@
 //! Upstream's `kubelet` context with individual driver lifecycles: a driver that starts after
 //! the pod was created, and updates of a driver (two instances of one driver name).
 //!
-//! The rolling and failed updates need two instances of one driver registered with a kubelet at
-//! the same time, each with its own sockets (upstream's `RollingUpdate`: `dra-<pod UID>.sock`
-//! and `<driver>-<pod UID>-reg.sock`). The proxied plugin
-//! (`harness::proxied::sockets`) always uses `<driver>-reg.sock`, so a second instance would
-//! take over the first one's registration socket; those specs are skipped with that reason
-//! until it can place per-instance sockets. The sequential update replaces one instance by
-//! another on the same sockets, which the driver supports.
+//! The rolling and failed updates run two instances of one driver on a node at the same time,
+//! each registered with the kubelet through its own sockets (upstream's `RollingUpdate`:
+//! `dra-<pod UID>.sock` and a registration socket named after the pod UID, see
+//! [`harness::proxied::sockets`]). Besides upstream's checks (the pod runs, the slices stay
+//! the same objects), they check which instance the kubelet talked to: both registered, each
+//! with its own endpoint, and every `NodePrepareResources` / `NodeUnprepareResources` went to
+//! the instance that still runs. The sequential update replaces one instance by another on the
+//! same sockets.
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use harness::{
     builder::{Builder, Objects, POD_START_SHORT_TIMEOUT, condition, node_name},
     calls::Method,
-    driver::{Driver, DriverConfig, Nodes, SLICE_REMOVAL_TIMEOUT, driver_name, resources},
-    framework::{Ctx, Registry, Skip, SpecResult},
-    wait::{self, Verdict},
+    driver::{
+        DEFAULT_KUBELET_ROOT_DIR, Driver, DriverConfig, Nodes, SLICE_REMOVAL_TIMEOUT, driver_name, proxy,
+        resources,
+    },
+    framework::{Ctx, Registry, SpecResult},
+    proxied::{UNIX_PATH_MAX, dra_socket_file, rolling_update_registration_file},
+    wait::{self, Attempt, Verdict},
 };
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::{Api, ResourceExt as _, api::PostParams};
+use serde_json::json;
 use tokio::time::Instant;
 
 use super::checks::{self, UNPREPARE_TIMEOUT, expect_not_called, only_node};
@@ -28,26 +35,28 @@ use super::checks::{self, UNPREPARE_TIMEOUT, expect_not_called, only_node};
 /// (upstream: 25 s, below the kubelet's 30 s wiping delay).
 const MAX_UPDATE_DOWNTIME: Duration = Duration::from_secs(25);
 
-/// Why the rolling and failed update specs are skipped.
-const NEEDS_PER_INSTANCE_SOCKETS: &str = "needs two instances of one driver registered at the same time with per-instance \
-     sockets (upstream's RollingUpdate: <plugins>/<driver>/dra-<pod UID>.sock and \
-     <plugins_registry>/<driver>-<pod UID>-reg.sock); harness::proxied::sockets always derives \
-     <driver>-reg.sock, so a second instance would replace the first one's registration socket \
-     (and the long-name variant also needs the upstream socket-name shortening)";
+/// How long the first instance's slices may take to appear (upstream: `Eventually`).
+const SLICES_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A driver name longer than this does not fit `<driver>-<pod UID>-reg.sock` into the 108 bytes
+/// of an AF_UNIX path under `/var/lib/kubelet/plugins_registry` (kubernetes#139166): the
+/// registration socket then uses a hash of the UID.
+const FULL_UID_MAX_NAME: usize = 28;
+
+/// Upstream's long driver name for the rolling update is `gpu.dra-example-driver.sigs.k8s.io`
+/// (`LongRollingUpdateDriverName`), 34 bytes; a shorter spec driver name is padded to this
+/// length.
+const LONG_NAME_LEN: usize = 34;
 
 /// Registers the specs (inside the `kubelet` context).
 pub fn register(r: &mut Registry) {
     r.it("runs pod after driver starts", runs_pod_after_driver_starts);
-    r.it("rolling update", needs_per_instance_sockets).label("KubeletMinVersion:1.33");
-    r.it("rolling update with long driver name", needs_per_instance_sockets).label("KubeletMinVersion:1.33");
-    r.it("failed update", needs_per_instance_sockets).label("KubeletMinVersion:1.33");
+    r.it("rolling update", rolling_update).label("KubeletMinVersion:1.33");
+    r.it("rolling update with long driver name", rolling_update_with_long_driver_name)
+        .label("KubeletMinVersion:1.33");
+    r.it("failed update", failed_update).label("KubeletMinVersion:1.33");
     r.it("sequential update with pods replacing each other", sequential_update)
         .labels(["KubeletMinVersion:1.33", "Slow"]);
-}
-
-async fn needs_per_instance_sockets(ctx: Ctx) -> SpecResult {
-    ctx.cluster().require_kubelet_version(1, 33)?;
-    Err(Skip::because(NEEDS_PER_INSTANCE_SOCKETS))
 }
 
 async fn runs_pod_after_driver_starts(ctx: Ctx) -> SpecResult {
@@ -115,6 +124,266 @@ fn slices_json(slices: &[ResourceSlice]) -> Vec<serde_json::Value> {
     sorted.into_iter().map(|s| serde_json::to_value(s).unwrap_or_default()).collect()
 }
 
+/// One instance of the driver with per-instance sockets (upstream's `RollingUpdate = true`).
+fn rolling_instance(name_suffix: &str, instance: &str) -> DriverConfig {
+    DriverConfig::kubelet(resources::node_local(1))
+        .name_suffix(name_suffix)
+        .instance_suffix(instance)
+        .rolling_update(true)
+}
+
+/// Waits until the driver has exactly one ResourceSlice per node (upstream's
+/// `Eventually(getSlices).Should(HaveLen(len(nodes)))`) and returns them.
+async fn wait_slices(driver: &Driver) -> anyhow::Result<Vec<ResourceSlice>> {
+    let want = driver.node_names().len();
+    let slices = wait::poll(
+        format!("{want} ResourceSlice(s) of driver {}", driver.name()),
+        SLICES_TIMEOUT,
+        Duration::from_millis(500),
+        || async {
+            match driver.slices().await {
+                Ok(slices) if slices.len() == want => Attempt::Done(slices),
+                Ok(slices) => Attempt::Retry(format!(
+                    "{} slice(s): {:?}",
+                    slices.len(),
+                    slices.iter().map(|s| s.name_any()).collect::<Vec<_>>()
+                )),
+                Err(e) => Attempt::Retry(format!("listing failed: {e}")),
+            }
+        },
+    )
+    .await?;
+    Ok(slices)
+}
+
+/// The sockets of a rolling-update instance on `node`, as upstream's helper names them for its
+/// proxy pod's UID: `(pod UID, DRA socket, registration socket)`.
+fn expected_sockets(driver: &Driver, node: &str) -> anyhow::Result<(String, String, String)> {
+    let pod = driver
+        .proxy_pod(node)
+        .with_context(|| format!("driver {} has no proxy pod on {node}", driver.name()))?;
+    let uid = pod.uid().with_context(|| format!("proxy pod {} has no UID", pod.name_any()))?;
+    let root = &driver.config().kubelet_root_dir;
+    let dra = format!("{}/{}", proxy::plugin_data_dir(root, driver.name()), dra_socket_file(Some(&uid)));
+    let registry = proxy::registry_dir(root);
+    let registration =
+        format!("{registry}/{}", rolling_update_registration_file(&registry, driver.name(), &uid));
+    Ok((uid, dra, registration))
+}
+
+/// Checks that both instances run on `node` with their own sockets named after their pod UIDs,
+/// that the kubelet registered both, and that each told the kubelet its own DRA endpoint.
+fn expect_two_instances(old: &Driver, new: &Driver, node: &str) -> anyhow::Result<()> {
+    let mut seen = Vec::new();
+    for (instance, driver) in [("old", old), ("new", new)] {
+        let (uid, dra, registration) = expected_sockets(driver, node)?;
+        let actual =
+            driver.socket_paths(node).with_context(|| format!("the {instance} instance does not run"))?;
+        expect!(
+            actual == (dra.clone(), registration.clone()),
+            "the {instance} instance (pod UID {uid}) uses sockets {actual:?}, expected {:?}",
+            (&dra, &registration)
+        );
+        let log = driver.calls(node).log();
+        expect!(
+            driver.is_registered(node),
+            "the kubelet did not register the {instance} instance; call log:\n{log}"
+        );
+        let endpoint = log
+            .matching(Method::GetInfo)
+            .into_iter()
+            .rev()
+            .filter(|r| r.succeeded())
+            .find_map(|r| r.response.as_ref().and_then(|info| info.get("endpoint")).cloned())
+            .with_context(|| {
+                format!(
+                    "the kubelet never got a GetInfo answer from the {instance} instance; call log:\n{log}"
+                )
+            })?;
+        expect!(
+            endpoint == json!(dra),
+            "the {instance} instance advertised endpoint {endpoint}, expected {dra}"
+        );
+        tracing::info!(instance, %uid, %dra, %registration, "instance registered with its own sockets");
+        seen.push((dra, registration));
+    }
+    expect!(seen[0].0 != seen[1].0 && seen[0].1 != seen[1].1, "the two instances share a socket: {seen:?}");
+    Ok(())
+}
+
+/// The kubelet prepared the pod's claim through `serving` only, then (after the pod was deleted)
+/// unprepared it there; `other` (torn down before the pod existed) got neither call.
+async fn expect_served_by(
+    serving: &Driver,
+    other: &Driver,
+    other_name: &str,
+    b: &Builder,
+    node: &str,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    uid: &str,
+) -> anyhow::Result<()> {
+    let why = format!("the {other_name} instance was torn down before the pod existed");
+    expect_not_called(other, node, Method::NodePrepareResources, &why)?;
+    let history = serving.claim_calls(node, uid);
+    expect!(
+        history.prepared() >= 1 && history.is_prepared(),
+        "the running instance did not prepare the claim: {history}"
+    );
+
+    // Clean up explicitly, as upstream does, and see the same instance unprepare the claim.
+    b.delete_pod_and_wait(pod).await?;
+    serving.wait_unprepared(node, uid, UNPREPARE_TIMEOUT).await?;
+    expect_not_called(other, node, Method::NodeUnprepareResources, &why)?;
+    expect_not_called(other, node, Method::NodePrepareResources, &why)?;
+    Ok(())
+}
+
+/// Upstream's "rolling update": a second instance starts next to the first, the first goes
+/// away, and the driver keeps working without its slices changing.
+async fn rolling_update(ctx: Ctx) -> SpecResult {
+    rolling_update_with(ctx, "", false).await
+}
+
+/// The same with a driver name longer than 28 bytes (upstream's regression test for
+/// kubernetes#139166): the spec's driver name (`<namespace>.k8s.io`) is padded with a name
+/// suffix to upstream's 34 bytes if it is shorter than 29.
+async fn rolling_update_with_long_driver_name(ctx: Ctx) -> SpecResult {
+    ctx.cluster().require_kubelet_version(1, 33)?;
+    let suffix = long_name_suffix(ctx.namespace())?;
+    rolling_update_with(ctx, &suffix, true).await
+}
+
+/// The name suffix that makes `<namespace><suffix>.k8s.io` longer than [`FULL_UID_MAX_NAME`]
+/// bytes: empty when the name is already, else padding to [`LONG_NAME_LEN`]. Fails when the name
+/// is too long for the DRA socket `<root>/plugins/<driver>/dra-<pod UID>.sock` (below
+/// [`UNIX_PATH_MAX`] bytes; upstream v1.37's helper does not shorten it, kubernetes#142002).
+fn long_name_suffix(namespace: &str) -> anyhow::Result<String> {
+    let base = driver_name(namespace, "").len();
+    // <root>/plugins/ + <driver> + /dra-<36-byte UID>.sock must stay below 108 bytes.
+    let uid = "00000000-0000-0000-0000-000000000000";
+    let max = UNIX_PATH_MAX
+        - 1
+        - proxy::plugin_data_dir(DEFAULT_KUBELET_ROOT_DIR, "").len()
+        - 1
+        - dra_socket_file(Some(uid)).len();
+    anyhow::ensure!(
+        base <= max,
+        "driver name {} is {base} bytes; its dra-<pod UID>.sock would not fit into an AF_UNIX path (at most {max} bytes of driver name)",
+        driver_name(namespace, "")
+    );
+    if base > FULL_UID_MAX_NAME {
+        return Ok(String::new());
+    }
+    Ok(format!("-{}", "l".repeat(LONG_NAME_LEN - base - 1)))
+}
+
+/// The rolling update of a driver named `<namespace><name_suffix>.k8s.io`; `long_name`: check
+/// the sockets of a name longer than [`FULL_UID_MAX_NAME`] bytes.
+async fn rolling_update_with(ctx: Ctx, name_suffix: &str, long_name: bool) -> SpecResult {
+    ctx.cluster().require_kubelet_version(1, 33)?;
+    let nodes = Nodes::select(&ctx, 1, 1).await?;
+    let old = Driver::start(&ctx, &nodes, rolling_instance(name_suffix, "-old")).await?;
+    let node = only_node(&old)?;
+    let initial = wait_slices(&old).await?;
+    if long_name {
+        expect_long_name_sockets(&old, &node)?;
+    }
+
+    // Same driver name, different sockets because of the rolling update.
+    let new = Driver::start(&ctx, &nodes, rolling_instance(name_suffix, "-new")).await?;
+    expect_two_instances(&old, &new, &node)?;
+
+    // Stop the old instance.
+    old.stop().await?;
+    expect!(old.socket_paths(&node).is_none(), "the old instance still runs after its teardown");
+
+    // The builder behaves the same for both instances; use the running one.
+    let b = Builder::start(&ctx, &new, None).await?;
+    let claim = b.external_claim();
+    let pod = b.pod_external(&claim.name_any());
+    let created = b.create_claim(&claim).await?;
+    b.create_pod(&pod).await?;
+    b.test_pod(&pod, &[]).await?;
+    let uid = created.uid().unwrap_or_default();
+
+    // The exact same slices still exist: the kubelet did not wipe them when the old instance
+    // went away, and the new one did not replace them.
+    let after = new.slices().await?;
+    expect!(
+        slices_json(&after) == slices_json(&initial),
+        "the slices changed during the update: before {:?}, after {:?}",
+        slices_json(&initial),
+        slices_json(&after)
+    );
+
+    expect_served_by(&new, &old, "old", &b, &node, &pod, &uid).await?;
+    Ok(())
+}
+
+/// For the long-name spec: the driver name is longer than 28 bytes, so the registration socket
+/// carries a hash of the pod UID instead of the UID, and both sockets fit into an AF_UNIX path.
+fn expect_long_name_sockets(driver: &Driver, node: &str) -> anyhow::Result<()> {
+    let name = driver.name();
+    expect!(
+        name.len() > FULL_UID_MAX_NAME,
+        "the driver name {name} is only {} bytes, the spec needs more than {FULL_UID_MAX_NAME}",
+        name.len()
+    );
+    let (uid, dra, registration) = expected_sockets(driver, node)?;
+    expect!(
+        !registration.contains(&uid) && registration.contains(&format!("/{name}-")),
+        "registration socket {registration} should name the driver and a hash of pod UID {uid}"
+    );
+    // Bindable: shorter than sun_path, which includes the terminating NUL.
+    expect!(
+        registration.len() < UNIX_PATH_MAX && dra.len() < UNIX_PATH_MAX,
+        "socket paths too long for AF_UNIX: {registration} ({} bytes), {dra} ({} bytes)",
+        registration.len(),
+        dra.len()
+    );
+    Ok(())
+}
+
+/// Upstream's "failed update": a second instance starts and dies; the kubelet keeps using the
+/// first one and the slices stay as they were.
+async fn failed_update(ctx: Ctx) -> SpecResult {
+    ctx.cluster().require_kubelet_version(1, 33)?;
+    let nodes = Nodes::select(&ctx, 1, 1).await?;
+    let old = Driver::start(&ctx, &nodes, rolling_instance("", "-old")).await?;
+    let node = only_node(&old)?;
+    let initial = wait_slices(&old).await?;
+
+    // Same driver name, different sockets because of the rolling update. Its slices cannot be
+    // gone when its teardown ends: the old instance still runs then.
+    let new = Driver::start(&ctx, &nodes, rolling_instance("", "-new").expect_slice_removal(false)).await?;
+    expect_two_instances(&old, &new, &node)?;
+
+    // Stop the new instance, as if it failed. The kubelet should still have the old one.
+    new.stop().await?;
+    expect!(new.socket_paths(&node).is_none(), "the new instance still runs after its teardown");
+
+    // The builder behaves the same for both instances; use the running one.
+    let b = Builder::start(&ctx, &old, None).await?;
+    let claim = b.external_claim();
+    let pod = b.pod_external(&claim.name_any());
+    let created = b.create_claim(&claim).await?;
+    b.create_pod(&pod).await?;
+    b.test_pod(&pod, &[]).await?;
+    let uid = created.uid().unwrap_or_default();
+
+    // The exact same slices still exist.
+    let after = old.slices().await?;
+    expect!(
+        slices_json(&after) == slices_json(&initial),
+        "the slices changed after the failed update: before {:?}, after {:?}",
+        slices_json(&initial),
+        slices_json(&after)
+    );
+
+    expect_served_by(&old, &new, "new", &b, &node, &pod, &uid).await?;
+    Ok(())
+}
+
 async fn sequential_update(ctx: Ctx) -> SpecResult {
     ctx.cluster().require_kubelet_version(1, 33)?;
     let nodes = Nodes::select(&ctx, 1, 1).await?;
@@ -179,4 +448,33 @@ async fn sequential_update(ctx: Ctx) -> SpecResult {
     new.stop().await?;
     new.wait_gone(SLICE_REMOVAL_TIMEOUT).await?;
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_driver_names() {
+        // The spec's own namespace ("dra-rolling-update-with-" + 5 random characters) already
+        // yields 36 bytes, the longest name whose dra-<pod UID>.sock fits.
+        let ns = "dra-rolling-update-with-abcde";
+        assert_eq!(long_name_suffix(ns).unwrap(), "");
+        assert_eq!(driver_name(ns, "").len(), 36);
+        // Short names are padded to upstream's 34 bytes.
+        for ns in ["dra-x-abcde", "dra-rolling-update-ab"] {
+            let suffix = long_name_suffix(ns).unwrap();
+            assert_eq!(driver_name(ns, &suffix).len(), LONG_NAME_LEN, "{ns}{suffix}");
+            assert!(suffix.starts_with('-'));
+        }
+        // 29 bytes is long enough.
+        let ns = "dra-rolling-update-xy";
+        assert_eq!(driver_name(ns, "").len(), 28);
+        assert_ne!(long_name_suffix(ns).unwrap(), "");
+        let ns = "dra-rolling-update-xyz";
+        assert_eq!(long_name_suffix(ns).unwrap(), "");
+        // 37 bytes would make a 108-byte DRA socket path.
+        assert!(long_name_suffix("dra-rolling-update-with-abcdef").is_err());
+    }
 }
