@@ -60,9 +60,9 @@ pub const BUSYBOX_IMAGE: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-
 pub const INFINITE_SLEEP: &str = "trap exit TERM; while true; do sleep 1; done";
 /// Name of the request in claims made by the builder.
 pub const REQUEST_NAME: &str = "my-request";
-/// Name of the pod claim of [`Builder::pod_inline`].
+/// Name of the pod claim of [`Objects::pod_inline`].
 pub const INLINE_CLAIM_NAME: &str = "my-inline-claim";
-/// Name of the pod claim of [`Builder::pod_external`].
+/// Name of the pod claim of [`Objects::pod_external`].
 pub const EXTERNAL_CLAIM_NAME: &str = "resource-claim";
 /// Name of the container that uses the claim.
 pub const CLAIM_CONTAINER: &str = "with-resource";

@@ -1,7 +1,7 @@
 //! What a [`Driver`](super::Driver) publishes as ResourceSlices, and the generators upstream's
 //! specs use (`DriverResources`, `NetworkResources`, `ToDriverResources`).
 //!
-//! A [`ResourcesFn`] turns the chosen [`Nodes`](super::Nodes) into [`Resources`]: per node name
+//! A [`ResourcesFn`] turns the chosen [`Nodes`] into [`Resources`]: per node name
 //! the node-local pools that node's plugin publishes (owned by the Node, `spec.nodeName` set),
 //! and under [`MULTI_HOST`] the network-attached pools the test creates itself with a node
 //! selector.

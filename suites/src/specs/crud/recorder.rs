@@ -2,7 +2,7 @@
 //! informer-style events, the Rust counterpart of the informers and the event
 //! recorder upstream's `TestResource` (test/e2e/framework/conformance) uses.
 //!
-//! A kube-rs [`watcher`] feeds a cache keyed by `namespace/name`. Every change
+//! A kube-rs [`watcher()`] feeds a cache keyed by `namespace/name`. Every change
 //! of the cache is recorded as `add`, `update` or `delete` (a re-list after a
 //! watch restart is diffed against the cache, as client-go's `Replace` does).
 //! The spec waits until the cache has caught up with what it just did, then
