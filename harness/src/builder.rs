@@ -661,18 +661,7 @@ impl Builder {
         F: FnMut(&Pod) -> Verdict,
     {
         let name = pod.name_any();
-        let found = wait::object(&self.pods(), &name, format!("pod {name} {what}"), timeout, |p| match p {
-            Some(p) => condition(p),
-            None => Verdict::Pending,
-        })
-        .await?;
-        found.ok_or_else(|| {
-            BuilderError::Wait(WaitError::Failed {
-                what: format!("pod {name} {what}"),
-                reason: "the pod is gone".to_owned(),
-                last: String::new(),
-            })
-        })
+        Ok(wait::existing(&self.pods(), &name, format!("pod {name} {what}"), timeout, &mut condition).await?)
     }
 
     /// Waits until the pod is scheduled (upstream's `WaitForPodScheduled`).
@@ -718,19 +707,8 @@ impl Builder {
     where
         F: FnMut(&ResourceClaim) -> Verdict,
     {
-        let found =
-            wait::object(&self.claims(), claim, format!("claim {claim} {what}"), timeout, |c| match c {
-                Some(c) => condition(c),
-                None => Verdict::Pending,
-            })
-            .await?;
-        found.ok_or_else(|| {
-            BuilderError::Wait(WaitError::Failed {
-                what: format!("claim {claim} {what}"),
-                reason: "the claim is gone".to_owned(),
-                last: String::new(),
-            })
-        })
+        Ok(wait::existing(&self.claims(), claim, format!("claim {claim} {what}"), timeout, &mut condition)
+            .await?)
     }
 
     /// Waits until the claim is allocated.

@@ -260,6 +260,26 @@ where
     Ok(found.into_iter().next())
 }
 
+/// Watches one object until `condition` returns [`Verdict::Done`] for it, for at most
+/// `timeout`; while it does not exist (yet), the wait goes on. Returns the object as last seen.
+pub async fn existing<K, F>(
+    api: &Api<K>,
+    name: &str,
+    what: impl Into<String>,
+    timeout: Duration,
+    mut condition: F,
+) -> Result<K, WaitError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug + Send + 'static,
+    K::DynamicType: Default,
+    F: FnMut(&K) -> Verdict,
+{
+    let what = what.into();
+    let found =
+        object(api, name, what.clone(), timeout, |obj| obj.map_or(Verdict::Pending, &mut condition)).await?;
+    found.ok_or_else(|| WaitError::Failed { what, reason: format!("{name} is gone"), last: String::new() })
+}
+
 /// Waits until the object `name` does not exist (any more).
 pub async fn gone<K>(
     api: &Api<K>,

@@ -211,6 +211,35 @@ fn expect_two_instances(old: &Driver, new: &Driver, node: &str) -> anyhow::Resul
     Ok(())
 }
 
+/// After an update in which `stopped` went away: a pod with an external claim runs on `running`
+/// (the builder behaves the same for both instances), the exact same slices as `initial` still
+/// exist, and the kubelet called only `running` for the claim ([`expect_served_by`]).
+async fn run_pod_after_update(
+    ctx: &Ctx,
+    running: &Driver,
+    stopped: &Driver,
+    stopped_name: &str,
+    node: &str,
+    initial: &[ResourceSlice],
+) -> anyhow::Result<()> {
+    let b = Builder::start(ctx, running, None).await?;
+    let claim = b.external_claim();
+    let pod = b.pod_external(&claim.name_any());
+    let created = b.create_claim(&claim).await?;
+    b.create_pod(&pod).await?;
+    b.test_pod(&pod, &[]).await?;
+    let uid = created.uid().unwrap_or_default();
+
+    let after = running.slices().await?;
+    expect!(
+        slices_json(&after) == slices_json(initial),
+        "the slices changed after the {stopped_name} instance went away: before {:?}, after {:?}",
+        slices_json(initial),
+        slices_json(&after)
+    );
+    expect_served_by(running, stopped, stopped_name, &b, node, &pod, &uid).await
+}
+
 /// The kubelet prepared the pod's claim through `serving` only, then (after the pod was deleted)
 /// unprepared it there; `other` (torn down before the pod existed) got neither call.
 async fn expect_served_by(
@@ -297,26 +326,9 @@ async fn rolling_update_with(ctx: Ctx, name_suffix: &str, long_name: bool) -> Sp
     old.stop().await?;
     expect!(old.socket_paths(&node).is_none(), "the old instance still runs after its teardown");
 
-    // The builder behaves the same for both instances; use the running one.
-    let b = Builder::start(&ctx, &new, None).await?;
-    let claim = b.external_claim();
-    let pod = b.pod_external(&claim.name_any());
-    let created = b.create_claim(&claim).await?;
-    b.create_pod(&pod).await?;
-    b.test_pod(&pod, &[]).await?;
-    let uid = created.uid().unwrap_or_default();
-
-    // The exact same slices still exist: the kubelet did not wipe them when the old instance
-    // went away, and the new one did not replace them.
-    let after = new.slices().await?;
-    expect!(
-        slices_json(&after) == slices_json(&initial),
-        "the slices changed during the update: before {:?}, after {:?}",
-        slices_json(&initial),
-        slices_json(&after)
-    );
-
-    expect_served_by(&new, &old, "old", &b, &node, &pod, &uid).await?;
+    // The kubelet did not wipe the slices when the old instance went away, and the new one did
+    // not replace them.
+    run_pod_after_update(&ctx, &new, &old, "old", &node, &initial).await?;
     Ok(())
 }
 
@@ -362,25 +374,7 @@ async fn failed_update(ctx: Ctx) -> SpecResult {
     new.stop().await?;
     expect!(new.socket_paths(&node).is_none(), "the new instance still runs after its teardown");
 
-    // The builder behaves the same for both instances; use the running one.
-    let b = Builder::start(&ctx, &old, None).await?;
-    let claim = b.external_claim();
-    let pod = b.pod_external(&claim.name_any());
-    let created = b.create_claim(&claim).await?;
-    b.create_pod(&pod).await?;
-    b.test_pod(&pod, &[]).await?;
-    let uid = created.uid().unwrap_or_default();
-
-    // The exact same slices still exist.
-    let after = old.slices().await?;
-    expect!(
-        slices_json(&after) == slices_json(&initial),
-        "the slices changed after the failed update: before {:?}, after {:?}",
-        slices_json(&initial),
-        slices_json(&after)
-    );
-
-    expect_served_by(&old, &new, "new", &b, &node, &pod, &uid).await?;
+    run_pod_after_update(&ctx, &old, &new, "new", &node, &initial).await?;
     Ok(())
 }
 
