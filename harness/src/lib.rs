@@ -2,6 +2,7 @@
 
 pub mod builder;
 pub mod calls;
+pub mod device_plugin;
 pub mod driver;
 pub mod framework;
 pub mod grpc;

@@ -6,10 +6,12 @@
 //!   ValidatingAdmissionPolicy (+ binding) that lets a plugin write only its own node's
 //!   ResourceSlices. Placeholders are replaced as upstream does it:
 //!   [`plugin_permissions`].
+//! - [`SAMPLE_DEVICE_PLUGIN`]: upstream's sample device plugin as a DaemonSet, with the spec's
+//!   namespace for its placeholder: [`sample_device_plugin`] (see [`crate::device_plugin`]).
 
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-    apps::v1::ReplicaSet,
+    apps::v1::{DaemonSet, ReplicaSet},
     core::v1::ServiceAccount,
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
@@ -20,6 +22,12 @@ pub const PROXY_REPLICASET: &str = include_str!("../../manifests/dra-test-driver
 
 /// `manifests/plugin-permissions.yaml`.
 pub const PLUGIN_PERMISSIONS: &str = include_str!("../../manifests/plugin-permissions.yaml");
+
+/// `manifests/sample-device-plugin.yaml`.
+pub const SAMPLE_DEVICE_PLUGIN: &str = include_str!("../../manifests/sample-device-plugin.yaml");
+
+/// Placeholder for the namespace of the sample device plugin's DaemonSet.
+pub const DEVICE_PLUGIN_NAMESPACE_PLACEHOLDER: &str = "sample-device-plugin-namespace";
 
 /// Placeholder for the namespace of the plugin's ServiceAccount.
 pub const NAMESPACE_PLACEHOLDER: &str = "dra-kubelet-plugin-namespace";
@@ -46,9 +54,11 @@ pub enum ManifestError {
         /// The parser's message.
         reason: String,
     },
-    /// The permissions manifest does not have the expected documents.
-    #[error("manifests/plugin-permissions.yaml must hold exactly {expected}, found kinds {found:?}")]
+    /// A manifest does not have the expected documents.
+    #[error("manifests/{file} must hold exactly {expected}, found {found:?}")]
     Shape {
+        /// The manifest's file name.
+        file: &'static str,
         /// What was expected.
         expected: &'static str,
         /// The kinds found.
@@ -130,6 +140,7 @@ pub fn plugin_permissions(
     ];
     if kinds != EXPECTED {
         return Err(ManifestError::Shape {
+            file: "plugin-permissions.yaml",
             expected: "ServiceAccount, ClusterRole, ClusterRoleBinding, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding in this order",
             found: kinds,
         });
@@ -149,7 +160,22 @@ pub fn proxy_replicaset() -> Result<ReplicaSet, ManifestError> {
     match docs.as_slice() {
         [doc] => parse(0, "ReplicaSet", doc),
         _ => Err(ManifestError::Shape {
+            file: "dra-test-driver-proxy.yaml",
             expected: "one ReplicaSet",
+            found: vec![format!("{} documents", docs.len())],
+        }),
+    }
+}
+
+/// [`SAMPLE_DEVICE_PLUGIN`] for the namespace `namespace`, parsed (node affinity not yet set).
+pub fn sample_device_plugin(namespace: &str) -> Result<DaemonSet, ManifestError> {
+    let text = SAMPLE_DEVICE_PLUGIN.replace(DEVICE_PLUGIN_NAMESPACE_PLACEHOLDER, namespace);
+    let docs = documents(&text);
+    match docs.as_slice() {
+        [doc] => parse(0, "DaemonSet", doc),
+        _ => Err(ManifestError::Shape {
+            file: "sample-device-plugin.yaml",
+            expected: "one DaemonSet",
             found: vec![format!("{} documents", docs.len())],
         }),
     }

@@ -14,7 +14,7 @@
 //! | `kubelet` with `NetworkResources(10)`, one node | [`network`] | 8 |
 //! | `kubelet` with `DriverResources(1)`, 1-4 nodes | [`node_local`] | 5 |
 //! | `kubelet` with individual driver lifecycles | [`lifecycle`] | 5 (rolling, failed and sequential updates: two instances of one driver) |
-//! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (1 skipped: needs a device plugin) |
+//! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (the extended-resources one `Serial`, with upstream's sample device plugin) |
 //! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
 //!
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run

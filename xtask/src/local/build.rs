@@ -46,6 +46,11 @@ impl Binaries {
     pub fn hostpathplugin(&self) -> PathBuf {
         self.dir.join("hostpathplugin")
     }
+    /// Upstream's sample device plugin (`k8s.io/kubernetes/test/images/sample-device-plugin`),
+    /// static, for the image of the extended-resources spec.
+    pub fn sample_device_plugin(&self) -> PathBuf {
+        self.dir.join("sample-device-plugin")
+    }
     /// Every file a complete build has.
     fn all(&self) -> Vec<PathBuf> {
         vec![
@@ -56,6 +61,7 @@ impl Binaries {
             self.runc(),
             self.pause(),
             self.hostpathplugin(),
+            self.sample_device_plugin(),
         ]
     }
 }
@@ -96,6 +102,14 @@ impl Versions {
         )
     }
 
+    /// The `-ldflags` of the sample device plugin: linked statically (its image has no libc), but
+    /// compiled with cgo on, as the multi-call binary is by default, so that it reuses every
+    /// package that build compiled and costs one compile and one link (`CGO_ENABLED=0` would
+    /// recompile its ~270 non-standard packages).
+    pub fn sample_device_plugin_ldflags() -> &'static str {
+        "-s -w -linkmode external -extldflags -static"
+    }
+
     fn containerd_ldflags(&self) -> String {
         format!("-s -w -X github.com/containerd/containerd/v2/version.Version={}", self.containerd)
     }
@@ -107,6 +121,9 @@ fn major_minor(version: &str) -> (String, String) {
     let minor = parts.next().unwrap_or("0").to_string();
     (major, minor)
 }
+
+/// The main package of upstream's sample device plugin, inside the pinned k8s.io/kubernetes module.
+pub const SAMPLE_DEVICE_PLUGIN_PACKAGE: &str = "k8s.io/kubernetes/test/images/sample-device-plugin";
 
 /// Builds whatever is missing from the cache and returns the binaries.
 pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
@@ -132,6 +149,24 @@ pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
         &go,
         &[],
         &["-o", &path_str(&tmp.join("kube"))?, "-ldflags", &versions.kube_ldflags(), "./cmd/kube"],
+    )?;
+    step.done();
+
+    // Right after the multi-call binary, from the same module with cgo on (Go's default there),
+    // so that every package it needs is in Go's build cache already: one compile and one link.
+    // The linker's output is shown only on failure: on success it is just glibc's warnings that a
+    // static binary cannot use NSS for user and host lookups, which the plugin never makes.
+    let step = Step::start("build the sample device plugin (extended-resources spec)");
+    go_build_quiet(
+        &go,
+        &[("CGO_ENABLED", "1")],
+        &[
+            "-o",
+            &path_str(&tmp.join("sample-device-plugin"))?,
+            "-ldflags",
+            Versions::sample_device_plugin_ldflags(),
+            SAMPLE_DEVICE_PLUGIN_PACKAGE,
+        ],
     )?;
     step.done();
 
@@ -225,6 +260,28 @@ fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// [`go_build`] with the output captured and printed only when the build fails.
+fn go_build_quiet(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
+    let out = Command::new("go")
+        .arg("build")
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .output()
+        .with_context(|| format!("run go build in {}", dir.display()))?;
+    if !out.status.success() {
+        bail!(
+            "go build {} failed in {} ({}):\n{}{}",
+            args.join(" "),
+            dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        );
+    }
+    Ok(())
+}
+
 fn path_str(p: &Path) -> Result<String> {
     p.to_str().map(String::from).with_context(|| format!("path is not UTF-8: {}", p.display()))
 }
@@ -235,6 +292,8 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
     hasher.update(go_version.as_bytes());
     hasher.update(versions.kube_ldflags().as_bytes());
     hasher.update(versions.containerd_ldflags().as_bytes());
+    hasher.update(SAMPLE_DEVICE_PLUGIN_PACKAGE.as_bytes());
+    hasher.update(Versions::sample_device_plugin_ldflags().as_bytes());
     let go = layout.go_dir();
     let mut files = Vec::new();
     for module in [go.clone(), go.join("containerd"), go.join("runc"), go.join("images")] {

@@ -1,7 +1,8 @@
-//! The three images the cluster needs, built without a registry: the pause sandbox, a busybox image
-//! with a shell for test pods, and the DRA proxy image under hostpathplugin's official name. Each is
-//! written as a Docker-format archive (RepoTags keep the full names) and imported into containerd's
-//! `k8s.io` namespace with the pinned label, so no pod ever pulls and the kubelet never collects them.
+//! The four images the cluster needs, built without a registry: the pause sandbox, a busybox image
+//! with a shell for test pods, the DRA proxy image under hostpathplugin's official name, and
+//! upstream's sample device plugin under its official name. Each is written as a Docker-format
+//! archive (RepoTags keep the full names) and imported into containerd's `k8s.io` namespace with
+//! the pinned label, so no pod ever pulls and the kubelet never collects them.
 
 use std::{
     fs::{self, File},
@@ -21,6 +22,12 @@ pub const PAUSE: &str = "registry.k8s.io/pause:3.10.2";
 pub const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
 /// The DRA proxy image: the hostpathplugin tag the Kubernetes v1.37 e2e manifests use.
 pub const HOSTPATHPLUGIN: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
+
+/// Upstream's sample device plugin, with the name and tag of Kubernetes v1.37's
+/// test/e2e/testing-manifests/sample-device-plugin manifests (the image's VERSION file says
+/// 1.8.0). Upstream's image is alpine plus the binary; the binary needs no libc (it is static
+/// here), no shell and no tool, only a writable `/tmp`: its Allocate creates `/tmp/<device ID>`.
+pub const SAMPLE_DEVICE_PLUGIN: &str = "registry.k8s.io/e2e-test-images/sample-device-plugin:1.8.0";
 
 /// Where the static busybox of Debian's busybox-static package is.
 pub const BUSYBOX_BINARY: &str = "/bin/busybox";
@@ -42,7 +49,7 @@ struct ImageSpec {
     cmd: Vec<&'static str>,
 }
 
-/// Builds the three archives (when missing) and imports them into containerd.
+/// Builds the four archives and imports them into containerd.
 pub fn build_and_import(bins: &Binaries, layout: &Layout) -> Result<()> {
     let dir = layout.images();
     fs::create_dir_all(&dir)?;
@@ -67,6 +74,7 @@ pub fn build_and_import(bins: &Binaries, layout: &Layout) -> Result<()> {
             entrypoint: vec!["/hostpathplugin"],
             cmd: vec![],
         },
+        sample_device_plugin_image(bins),
     ];
     for spec in specs {
         let archive = dir.join(format!("{}.tar", file_stem(spec.name)));
@@ -74,6 +82,24 @@ pub fn build_and_import(bins: &Binaries, layout: &Layout) -> Result<()> {
         import(bins, layout, &archive, spec.name)?;
     }
     Ok(())
+}
+
+/// The sample device plugin on the base directories (with `/tmp`), with upstream's entrypoint. The
+/// plugin reads `PLUGIN_SOCK_DIR` (default `/var/lib/kubelet/device-plugins/`), and only when set
+/// `CDI_ENABLED` and `REGISTER_CONTROL_FILE`; the manifest mounts the directories it uses.
+fn sample_device_plugin_image(bins: &Binaries) -> ImageSpec {
+    let mut entries = base_entries();
+    entries.push(Entry::File {
+        path: "sampledeviceplugin".into(),
+        source: bins.sample_device_plugin(),
+        mode: 0o755,
+    });
+    ImageSpec {
+        name: SAMPLE_DEVICE_PLUGIN,
+        entries,
+        entrypoint: vec!["/sampledeviceplugin", "-alsologtostderr"],
+        cmd: vec![],
+    }
 }
 
 fn file_stem(name: &str) -> String {
@@ -273,5 +299,29 @@ mod tests {
         let again = dir.path().join("again.tar");
         write_archive(&spec, &again).unwrap();
         assert_eq!(fs::read(&path).unwrap(), fs::read(&again).unwrap());
+    }
+
+    #[test]
+    fn sample_device_plugin_image_is_what_the_manifest_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let bins = Binaries { dir: dir.path().to_path_buf() };
+        fs::write(bins.sample_device_plugin(), b"#!/bin/true\n").unwrap();
+        let spec = sample_device_plugin_image(&bins);
+        // The name the suites' DaemonSet uses, so that the kubelet finds it imported.
+        let ds = harness::device_plugin::daemonset("ns", &[]).unwrap();
+        let container = &ds.spec.template.spec.as_ref().unwrap().containers[0];
+        assert_eq!(container.image.as_deref(), Some(spec.name));
+        assert_eq!(spec.entrypoint, ["/sampledeviceplugin", "-alsologtostderr"]);
+
+        let layer = layer_tar(&spec.entries).unwrap();
+        let mut found = Vec::new();
+        for entry in tar::Archive::new(layer.as_slice()).entries().unwrap() {
+            let entry = entry.unwrap();
+            let mode = entry.header().mode().unwrap();
+            found.push((entry.path().unwrap().display().to_string(), mode));
+        }
+        assert!(found.contains(&("sampledeviceplugin".to_owned(), 0o755)), "{found:?}");
+        // Its Allocate creates /tmp/<device ID> inside the container.
+        assert!(found.contains(&("tmp/".to_owned(), 0o1777)), "{found:?}");
     }
 }

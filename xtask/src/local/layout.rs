@@ -131,6 +131,11 @@ impl Layout {
     pub fn kubelet_root(&self) -> PathBuf {
         PathBuf::from("/var/lib/kubelet")
     }
+    /// The host paths the sample device plugin's Allocate gives the kubelet as mount sources
+    /// (`/tmp/<device ID>`, fixed in upstream's plugin); containerd creates them as directories.
+    pub fn device_plugin_mount_sources(&self) -> [PathBuf; 2] {
+        [PathBuf::from("/tmp/Dev-1"), PathBuf::from("/tmp/Dev-2")]
+    }
     /// Where DRA drivers write CDI specs and containerd reads them.
     pub fn cdi_dir(&self) -> PathBuf {
         PathBuf::from("/var/run/cdi")

@@ -228,7 +228,9 @@ impl LocalCluster {
         .await?;
         step.done();
 
-        let step = Step::start("build and import the pause, busybox and hostpathplugin images");
+        let step = Step::start(
+            "build and import the pause, busybox, hostpathplugin and sample device plugin images",
+        );
         images::build_and_import(bins, &self.layout)?;
         step.done();
 
@@ -326,6 +328,7 @@ impl LocalCluster {
         for dir in [self.layout.kubelet_root(), self.layout.cdi_dir(), self.layout.run.clone()] {
             problems.extend(teardown::remove_dir(&dir));
         }
+        problems.extend(teardown::remove_device_mount_sources(&self.layout));
         problems.extend(teardown::remove_state_except_logs(&self.layout)?);
         problems.extend(self.leftovers());
         if problems.is_empty() {

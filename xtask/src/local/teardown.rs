@@ -141,6 +141,33 @@ pub fn remove_dir(path: &Path) -> Option<String> {
     }
 }
 
+/// Removes the host directories that containerd created as mount sources for the sample device
+/// plugin's devices (`/tmp/Dev-1`, `/tmp/Dev-2`: its Allocate names them as host paths, and the
+/// CRI plugin creates a missing host path as a directory). Only empty directories are removed:
+/// anything else at those paths is not the cluster's.
+pub fn remove_device_mount_sources(layout: &Layout) -> Vec<String> {
+    remove_empty_dirs(&layout.device_plugin_mount_sources())
+}
+
+/// Removes each path that is an empty directory; leaves anything else alone.
+fn remove_empty_dirs(paths: &[PathBuf]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for path in paths {
+        if !fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        match fs::remove_dir(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                tracing::debug!("leaving {}: it is not empty, so not the cluster's", path.display());
+            }
+            Err(e) => problems.push(format!("remove {}: {e}", path.display())),
+        }
+    }
+    problems
+}
+
 /// Removes every entry of the state directory except the logs, which stay for debugging until
 /// the next `cluster up`.
 pub fn remove_state_except_logs(layout: &Layout) -> Result<Vec<String>> {
@@ -176,6 +203,24 @@ mod tests {
         assert!(found.contains(&PathBuf::from("/proc")));
         let depths: Vec<usize> = found.iter().map(|p| p.components().count()).collect();
         assert!(depths.windows(2).all(|w| w[0] >= w[1]), "{found:?}");
+    }
+
+    #[test]
+    fn removes_only_empty_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("Dev-1");
+        let full = dir.path().join("Dev-2");
+        let file = dir.path().join("Dev-3");
+        fs::create_dir(&empty).unwrap();
+        fs::create_dir(&full).unwrap();
+        fs::write(full.join("x"), b"x").unwrap();
+        fs::write(&file, b"x").unwrap();
+        let missing = dir.path().join("Dev-4");
+        let problems = remove_empty_dirs(&[empty.clone(), full.clone(), file.clone(), missing]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(!empty.exists());
+        assert!(full.join("x").exists());
+        assert!(file.exists());
     }
 
     #[test]

@@ -3,21 +3,27 @@
 //! upstream does: in the `control plane` context without kubelet ([`register`]: pods are only
 //! scheduled, allocations are checked) and in `kubelet ... on single node` with kubelet
 //! ([`register_kubelet`]: pods run, their env is checked inside the containers, and the
-//! recorded gRPC calls show that the kubelet prepared and unprepared their claims).
+//! recorded gRPC calls show that the kubelet prepared and unprepared their claims). The kubelet
+//! context adds "supports extended resources together with ResourceClaim", which deploys
+//! upstream's sample device plugin ([`harness::device_plugin`]).
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::Context as _;
 use futures::future::try_join_all;
 use harness::{
-    builder::{Builder, pod_claim_names},
+    builder::{Builder, exec, pod_claim_names},
     calls::Method,
+    device_plugin::{self, DevicePlugin},
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{Ctx, Registry, Skip, SpecResult},
+    framework::{Ctx, Registry, SpecResult},
 };
-use k8s_openapi::api::{
-    core::v1::Pod,
-    resource::v1::{DeviceClass, ResourceClaim},
+use k8s_openapi::{
+    api::{
+        core::v1::Pod,
+        resource::v1::{DeviceClass, ResourceClaim},
+    },
+    apimachinery::pkg::api::resource::Quantity,
 };
 use kube::{
     Api, ResourceExt as _,
@@ -40,7 +46,7 @@ pub fn register(r: &mut Registry) {
 }
 
 /// Registers the specs with kubelet (inside the `kubelet ... on single node` context), plus the
-/// kubelet-only extended resources spec.
+/// kubelet-only extended resources spec (upstream registers it only with kubelet, too).
 pub fn register_kubelet(r: &mut Registry) {
     register_with(r, true);
     r.it("supports extended resources together with ResourceClaim", extended_resources).label("Serial");
@@ -405,15 +411,62 @@ async fn deallocate_after_use(ctx: Ctx, kubelet: bool) -> SpecResult {
     Ok(())
 }
 
-/// Upstream deploys the sample device plugin as a DaemonSet and runs a pod that requests its
-/// extended resource and a claim; this harness has no device plugin.
-async fn extended_resources(_ctx: Ctx) -> SpecResult {
-    Err(Skip::because(
-        "needs a device plugin that advertises an extended resource on the node: upstream deploys \
-         registry.k8s.io/e2e-test-images/sample-device-plugin as a DaemonSet; dra-e2e has no device plugin \
-         (its proxy only forwards sockets the kubelet dials, while a device plugin must also dial the \
-         kubelet's device-plugins/kubelet.sock to register) and the local cluster has no such image",
-    ))
+/// Upstream's "supports extended resources together with ResourceClaim" (kubelet only, `Serial`:
+/// the sample device plugin's resource name is fixed): with upstream's sample device plugin
+/// advertising `example.com/resource` on the node, a pod that requests one of it and uses an
+/// external claim runs with the claim's env. Beyond upstream: the recorded calls show that the
+/// kubelet prepared the claim exactly once and without failure, and the container has the mount
+/// the device plugin's Allocate answered for exactly one of its devices.
+async fn extended_resources(ctx: Ctx) -> SpecResult {
+    let (driver, b) = setup(&ctx, true).await?;
+    let node = driver.node_names().first().cloned().context("the driver runs on no node")?;
+    // After the builder, so that the plugin is removed before the builder's teardown runs.
+    let plugin = DevicePlugin::deploy(&ctx, driver.node_names()).await?;
+
+    let claim = b.external_claim();
+    let mut pod = b.pod_external(&claim.name_any());
+    let container =
+        pod.spec.as_mut().and_then(|s| s.containers.first_mut()).context("pod without container")?;
+    let one: BTreeMap<String, Quantity> =
+        [(plugin.resource_name().to_owned(), Quantity("1".to_owned()))].into();
+    let resources = container.resources.get_or_insert_default();
+    resources.requests = Some(one.clone());
+    resources.limits = Some(one);
+    let container_name = container.name.clone();
+    let created = b.create_claim(&claim).await?;
+    b.create_pod(&pod).await?;
+    let running = b.test_pod(&pod, EXPECTED_ENV).await?;
+
+    let uid = created.uid().unwrap_or_default();
+    let history = driver.claim_calls(&node, &uid);
+    expect!(
+        history.prepared() == 1 && history.prepare_failures() == 0,
+        "the kubelet should have prepared claim {} once and without failure: {history}",
+        claim.name_any()
+    );
+    expect_held(&driver, true, &[&created])?;
+
+    // One device of the extended resource: the device plugin's mount for exactly one of them.
+    let script = format!(
+        "for d in {}; do if [ -e $d ]; then echo $d; fi; done",
+        device_plugin::DEVICE_PATHS.join(" ")
+    );
+    let out =
+        exec(ctx.client(), ctx.namespace(), &running.name_any(), &container_name, &["sh", "-c", &script])
+            .await?;
+    let mounted: Vec<&str> = out.stdout.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    expect!(
+        out.success && mounted.len() == 1,
+        "container {container_name} of pod {} should see the mount of exactly one {} device (one of {:?}), \
+         it sees {mounted:?} (exec: success={}, {}; stderr: {})",
+        running.name_any(),
+        plugin.resource_name(),
+        device_plugin::DEVICE_PATHS,
+        out.success,
+        out.message,
+        out.stderr.trim()
+    );
+    Ok(())
 }
 
 /// `pool/device` of every allocation result, sorted.
