@@ -34,8 +34,11 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    core::v1::Pod,
-    resource::v1::{DeviceClass, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate, ResourceSlice},
+    core::v1::{Container, Pod},
+    resource::v1::{
+        DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate,
+        ResourceSlice,
+    },
 };
 use kube::{
     Api, ResourceExt as _,
@@ -869,13 +872,7 @@ impl Builder {
                 claim: claim.name_any(),
                 problem,
             };
-            let status = claim.status.clone().unwrap_or_default();
-            let results = status
-                .allocation
-                .as_ref()
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.clone())
-                .unwrap_or_default();
+            let results = allocation_results(claim);
             if results.is_empty() {
                 return Err(problem(format!(
                     "pod claim {pod_claim} is scheduled but its claim has no allocated devices"
@@ -889,7 +886,7 @@ impl Builder {
                     self.driver_name()
                 )));
             }
-            let reserved = status.reserved_for.unwrap_or_default();
+            let reserved = claim.status.as_ref().and_then(|s| s.reserved_for.clone()).unwrap_or_default();
             if !reserved.iter().any(|r| r.uid == uid && r.resource == "pods") {
                 return Err(problem(format!(
                     "not reserved for the pod (reservedFor: {:?})",
@@ -1072,29 +1069,40 @@ pub fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a k8s_openapi::api::
 /// `(pool, device)` of the claim's allocation results of `driver` that the kubelet must prepare
 /// (results whose `skipNodeOperations` names `NodePrepareResources` or `*` are left out).
 pub fn prepared_results(driver: &str, claim: &ResourceClaim) -> Vec<(String, String)> {
+    allocation_results(claim)
+        .iter()
+        .filter(|r| r.driver == driver)
+        .filter(|r| {
+            // A field of newer API versions: read it from JSON.
+            let skips = serde_json::to_value(r)
+                .ok()
+                .and_then(|v| v.get("skipNodeOperations").cloned())
+                .and_then(|v| serde_json::from_value::<Vec<String>>(v).ok())
+                .unwrap_or_default();
+            !skips.iter().any(|s| s == "NodePrepareResources" || s == "*")
+        })
+        .map(|r| (r.pool.clone(), r.device.clone()))
+        .collect()
+}
+
+/// The device allocation results of the claim (empty while it is not allocated).
+pub fn allocation_results(claim: &ResourceClaim) -> &[DeviceRequestAllocationResult] {
     claim
         .status
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .map(|results| {
-            results
-                .iter()
-                .filter(|r| r.driver == driver)
-                .filter(|r| {
-                    // A field of newer API versions: read it from JSON.
-                    let skips = serde_json::to_value(r)
-                        .ok()
-                        .and_then(|v| v.get("skipNodeOperations").cloned())
-                        .and_then(|v| serde_json::from_value::<Vec<String>>(v).ok())
-                        .unwrap_or_default();
-                    !skips.iter().any(|s| s == "NodePrepareResources" || s == "*")
-                })
-                .map(|r| (r.pool.clone(), r.device.clone()))
-                .collect()
-        })
+        .and_then(|d| d.results.as_deref())
         .unwrap_or_default()
+}
+
+/// An init container made from `container` (same claims), named `<name>-init`, that succeeds
+/// only if it sees the claim's `user_a=b` env, so that its pod can start only then.
+pub fn env_checking_init_container(container: &Container) -> Container {
+    let mut init = container.clone();
+    init.name.push_str("-init");
+    init.command = Some(vec!["sh".into(), "-c".into(), "env | grep user_a=b".into()]);
+    init
 }
 
 /// Whether the claim has an allocation.

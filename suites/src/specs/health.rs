@@ -217,13 +217,8 @@ impl HealthFixture {
 
         let claims = b.pod_claims(&running).await?;
         let stored = claims.values().next().context("the pod has no claim")?;
-        let result = stored
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref())
-            .and_then(|r| r.first())
+        let result = harness::builder::allocation_results(stored)
+            .first()
             .with_context(|| format!("claim {} has no allocation result", stored.name_any()))?;
         let (pool, device) = (result.pool.clone(), result.device.clone());
 

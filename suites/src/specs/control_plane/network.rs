@@ -292,14 +292,7 @@ pub(crate) fn device_status(
     first: bool,
     with_share_id: bool,
 ) -> anyhow::Result<Value> {
-    let result = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .and_then(|r| r.first())
-        .context("claim is not allocated")?;
+    let result = harness::builder::allocation_results(claim).first().context("claim is not allocated")?;
     // Whole seconds, as the API stores them.
     let now = Time(jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())?);
     let (cond, data, net) = if first {
@@ -365,13 +358,7 @@ async fn node_account_cannot_update_network_device_status(ctx: Ctx) -> SpecResul
     b.create_pod(&pod).await?;
     let scheduled = b.test_pod(&pod, &[]).await?;
     let allocated = claims_api(&ctx).get(&claim.name_any()).await?;
-    let results = allocated
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default();
+    let results = harness::builder::allocation_results(&allocated);
     expect!(results.len() == 1, "expected one allocated device, got {results:?}");
     let update = with_devices(&allocated, &[device_status(&allocated, true, true)?])?;
 

@@ -230,13 +230,7 @@ async fn node_account_updates_device_status(ctx: Ctx) -> SpecResult {
     b.create_pod(&pod).await?;
     let scheduled = b.test_pod(&pod, &[]).await?;
     let allocated = claims_api(&ctx).get(&claim.name_any()).await?;
-    let results = allocated
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default();
+    let results = harness::builder::allocation_results(&allocated);
     expect!(results.len() == 1, "expected one allocated device, got {results:?}");
 
     // The plugin on the pod's node updates the status of its own node's device.

@@ -361,11 +361,9 @@ async fn init_containers(ctx: Ctx, kubelet: bool) -> SpecResult {
     let (_driver, b) = setup(&ctx, kubelet).await?;
     let (mut pod, template) = b.pod_inline();
     let spec = pod.spec.as_mut().context("pod without spec")?;
-    let mut init = spec.containers[0].clone();
-    init.name.push_str("-init");
+    let first = spec.containers.first().context("pod without container")?;
     // This must succeed for the pod to start (with a kubelet).
-    init.command = Some(vec!["sh".into(), "-c".into(), "env | grep user_a=b".into()]);
-    spec.init_containers = Some(vec![init]);
+    spec.init_containers = Some(vec![harness::builder::env_checking_init_container(first)]);
     b.create_pod(&pod).await?;
     b.create_template(&template).await?;
     let scheduled = b.test_pod(&pod, &[]).await?;

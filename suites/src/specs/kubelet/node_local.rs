@@ -132,11 +132,9 @@ async fn init_containers_external_claim(ctx: Ctx) -> SpecResult {
     let claim = b.external_claim();
     let mut pod = b.pod_external(&claim.name_any());
     let spec = pod.spec.as_mut().context("pod without spec")?;
-    let mut init = spec.containers.first().cloned().context("pod without container")?;
-    init.name.push_str("-init");
+    let first = spec.containers.first().context("pod without container")?;
     // This must succeed for the pod to start.
-    init.command = Some(vec!["sh".into(), "-c".into(), "env | grep user_a=b".into()]);
-    spec.init_containers = Some(vec![init]);
+    spec.init_containers = Some(vec![harness::builder::env_checking_init_container(first)]);
     b.create_pod(&pod).await?;
     b.create_claim(&claim).await?;
     let running = b.test_pod(&pod, &[]).await?;
