@@ -820,11 +820,14 @@ impl Builder {
             if want.is_empty() {
                 continue;
             }
-            if let Err(e) = driver.try_calls(&node) {
-                return Err(problem(format!("the pod runs where the driver's plugin does not: {e}")));
-            }
+            let calls = match driver.try_calls(&node) {
+                Ok(calls) => calls,
+                Err(e) => {
+                    return Err(problem(format!("the pod runs where the driver's plugin does not: {e}")));
+                }
+            };
             let uid = claim.uid().unwrap_or_default();
-            let history = driver.claim_calls(&node, &uid);
+            let history = calls.claim(&uid);
             let Some(last) = history.prepares().filter(|c| c.succeeded()).last() else {
                 return Err(problem(format!(
                     "the kubelet never prepared it successfully (claim UID {uid}): {history}"

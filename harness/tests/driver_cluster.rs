@@ -273,7 +273,7 @@ async fn kubelet_body(ctx: Ctx, created: Created) -> SpecResult {
     assert_eq!(driver.prepared_claims(&node).len(), 1);
     // The claim's history in the call log: prepared once, not unprepared.
     let stored = b.pod_claims(&running).await?.into_values().next().unwrap();
-    let history = driver.claim_calls(&node, &stored.uid().unwrap());
+    let history = driver.calls(&node).claim(&stored.uid().unwrap());
     assert_eq!((history.prepared(), history.unprepares().count()), (1, 0), "{history}");
     assert!(history.is_prepared());
     let container = running.spec.as_ref().unwrap().containers[0].name.clone();

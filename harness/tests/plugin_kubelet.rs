@@ -107,7 +107,7 @@ async fn kubelet_registers_prepares_and_unprepares(
     assert_eq!(calls.count(Method::GetInfo), 1);
     assert_eq!(calls.count(Method::NotifyRegistrationStatus), 1);
     assert_eq!(calls.count(Method::NodePrepareResources), 2);
-    assert_eq!(calls.count(Method::exact(prepare_path)), 2);
+    assert_eq!(calls.count(Method::Exact(prepare_path.into())), 2);
     assert_eq!(calls.count(Method::NodeUnprepareResources), 2);
     assert_eq!(calls.count(Method::NodeUnprepareResources.for_claim_uid("uid-x")), 1);
     assert_eq!(calls.count(Method::NodeWatchResources), 0);
@@ -140,17 +140,21 @@ async fn injected_failures_are_returned_and_counted() {
     let t = TestPlugin::start(Arc::new(claims), Arc::new(CountingFiles::default()), |c| c).await;
     let calls = t.plugin.calls();
 
-    calls.fail(Method::GetInfo, tonic::Status::unavailable("GetInfo is down"));
+    let failing = calls.fail(Method::GetInfo, tonic::Status::unavailable("GetInfo is down"));
     let mut reg =
         registration::registration_client::RegistrationClient::new(unix_channel(&t.reg_socket).await);
     let err = within("GetInfo", reg.get_info(registration::InfoRequest {})).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert_eq!(err.message(), "GetInfo is down");
-    calls.clear(Method::GetInfo);
+    failing.clear();
     within("GetInfo", reg.get_info(registration::InfoRequest {})).await.unwrap();
 
     let dra = DraClient::connect(&t.dra_socket, "v1.DRAPlugin").await;
-    calls.fail_next(Method::NodePrepareResources, 2, tonic::Status::resource_exhausted("no more devices"));
+    let _failing = calls.fail_next(
+        Method::NodePrepareResources,
+        2,
+        tonic::Status::resource_exhausted("no more devices"),
+    );
     for _ in 0..2 {
         let err = within("prepare", dra.prepare(&[claim_ref("c", "uid-c")])).await.unwrap_err();
         assert_eq!(err.code(), Code::ResourceExhausted);
@@ -180,7 +184,7 @@ async fn delay_is_applied() {
     let claims = MemoryClaims::new();
     let t = TestPlugin::start(Arc::new(claims), Arc::new(CountingFiles::default()), |c| c).await;
     let delay = Duration::from_millis(200);
-    t.plugin.calls().delay(Method::GetInfo, delay);
+    let _delayed = t.plugin.calls().delay(Method::GetInfo, delay);
     let mut reg =
         registration::registration_client::RegistrationClient::new(unix_channel(&t.reg_socket).await);
     within("GetInfo", reg.get_info(registration::InfoRequest {})).await.unwrap();
@@ -205,7 +209,7 @@ async fn blocked_prepare_holds_while_other_claims_and_methods_proceed() {
         let dra = dra.clone();
         async move { dra.prepare(&[claim_ref("a", "uid-a")]).await }
     });
-    calls.wait_count(Method::NodePrepareResources.for_claim_uid("uid-a"), 1, TIMEOUT).await.unwrap();
+    calls.wait_at_least(Method::NodePrepareResources.for_claim_uid("uid-a"), 1, TIMEOUT).await.unwrap();
     calls.eventually(|c| c.blocked(Method::NodePrepareResources) == 1, TIMEOUT).await.unwrap();
 
     let other = within("prepare of claim b", dra.prepare(&[claim_ref("b", "uid-b")])).await.unwrap();

@@ -8,7 +8,7 @@ use bytes::{Buf, BytesMut};
 use prost::Message;
 use serde::Serialize;
 
-use super::ClaimRef;
+use super::{ClaimRef, DraApi, HealthApi, Method};
 use crate::grpc::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 
 /// Decodes one protobuf message of a known type into JSON.
@@ -35,34 +35,27 @@ macro_rules! codec {
     };
 }
 
-/// The codec for a full method name, `None` for methods the plugin does not know.
+/// The codec for a full method path, `None` for methods the plugin does not know.
 pub(crate) fn codec_for(path: &str) -> Option<MethodCodec> {
-    match path {
-        "/pluginregistration.Registration/GetInfo" => {
-            codec!(registration::InfoRequest, registration::PluginInfo)
-        }
-        "/pluginregistration.Registration/NotifyRegistrationStatus" => {
-            codec!(registration::RegistrationStatus, registration::RegistrationStatusResponse)
-        }
-        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources" => {
-            codec!(dra_v1::NodePrepareResourcesRequest, dra_v1::NodePrepareResourcesResponse)
-        }
-        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources" => {
-            codec!(dra_v1::NodeUnprepareResourcesRequest, dra_v1::NodeUnprepareResourcesResponse)
-        }
-        "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources" => {
-            codec!(dra_v1beta1::NodePrepareResourcesRequest, dra_v1beta1::NodePrepareResourcesResponse)
-        }
-        "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources" => {
-            codec!(dra_v1beta1::NodeUnprepareResourcesRequest, dra_v1beta1::NodeUnprepareResourcesResponse)
-        }
-        "/v1alpha1.DRAResourceHealth/NodeWatchResources" => {
-            codec!(health_v1alpha1::NodeWatchResourcesRequest, health_v1alpha1::NodeWatchResourcesResponse)
-        }
-        "/v1.DRAResourceHealth/NodeWatchResources" => {
-            codec!(health_v1::NodeWatchResourcesRequest, health_v1::NodeWatchResourcesResponse)
-        }
-        _ => None,
+    let is = |method: Method| method.matches(path);
+    if is(Method::GetInfo) {
+        codec!(registration::InfoRequest, registration::PluginInfo)
+    } else if is(Method::NotifyRegistrationStatus) {
+        codec!(registration::RegistrationStatus, registration::RegistrationStatusResponse)
+    } else if is(DraApi::V1.prepare()) {
+        codec!(dra_v1::NodePrepareResourcesRequest, dra_v1::NodePrepareResourcesResponse)
+    } else if is(DraApi::V1.unprepare()) {
+        codec!(dra_v1::NodeUnprepareResourcesRequest, dra_v1::NodeUnprepareResourcesResponse)
+    } else if is(DraApi::V1beta1.prepare()) {
+        codec!(dra_v1beta1::NodePrepareResourcesRequest, dra_v1beta1::NodePrepareResourcesResponse)
+    } else if is(DraApi::V1beta1.unprepare()) {
+        codec!(dra_v1beta1::NodeUnprepareResourcesRequest, dra_v1beta1::NodeUnprepareResourcesResponse)
+    } else if is(HealthApi::V1alpha1.watch()) {
+        codec!(health_v1alpha1::NodeWatchResourcesRequest, health_v1alpha1::NodeWatchResourcesResponse)
+    } else if is(HealthApi::V1.watch()) {
+        codec!(health_v1::NodeWatchResourcesRequest, health_v1::NodeWatchResourcesResponse)
+    } else {
+        None
     }
 }
 

@@ -26,7 +26,6 @@
 //! delete the driver's slices when no kubelet will, then wait until every slice of the driver is
 //! gone.
 
-mod claim_calls;
 pub mod impersonate;
 mod nodes;
 pub mod proxy;
@@ -58,13 +57,12 @@ use serde::{Serialize, de::DeserializeOwned};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
-pub use claim_calls::{ClaimCall, ClaimCalls, ClaimOutcome};
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{Nodes, TooFewNodes, unusable_reason};
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
 
 use crate::{
-    calls::{CallLog, Calls, CallsError, Method},
+    calls::{CallLog, Calls, CallsError, FaultGuard, Method},
     framework::{ArtifactSource, Ctx},
     manifests::{self, INSTANCE_LABEL, ManifestError},
     plugin::{ClaimId, HealthState, KubeClaims, PluginConfig},
@@ -293,17 +291,6 @@ pub enum DriverError {
         #[source]
         source: Box<CallsError>,
     },
-    /// A wait on a node's recorded gRPC calls ran out of time.
-    #[error("driver {driver} on node {node}: {source}")]
-    Calls {
-        /// The driver.
-        driver: String,
-        /// The node.
-        node: String,
-        /// The timeout with the node's call log.
-        #[source]
-        source: Box<CallsError>,
-    },
     /// A proxy pod has no UID, which a rolling update needs for its socket names.
     #[error(
         "proxy pod {pod} of driver {driver} has no UID; the rolling update needs it for the socket names"
@@ -438,12 +425,26 @@ impl Driver {
         tracing::info!(driver = %name, nodes = ?nodes.names(), with_kubelet = config.with_kubelet, with_rbac, "deploying driver");
         ctx.add_driver_name(name.clone());
 
-        let calls: BTreeMap<String, Calls> =
-            nodes.names().iter().map(|n| (n.clone(), Calls::new())).collect();
+        let calls: BTreeMap<String, Calls> = nodes
+            .names()
+            .iter()
+            .map(|n| {
+                let scope = format!("the kubelet of node {n} (driver {name}{})", config.instance_suffix);
+                (n.clone(), Calls::named(scope))
+            })
+            .collect();
         ctx.artifact_source(Box::new(CallsArtifacts {
             name: format!("driver-{name}{}", config.instance_suffix),
             calls: calls.iter().map(|(n, c)| (n.clone(), c.clone())).collect(),
         }));
+        {
+            // Faults a spec left injected would fail the kubelet's calls during the teardown.
+            let calls: Vec<Calls> = calls.values().cloned().collect();
+            ctx.defer_first(format!("clear the faults injected into driver {name}"), async move {
+                calls.iter().for_each(Calls::clear_all);
+                Ok(())
+            });
+        }
 
         let slices_api: Api<ResourceSlice> = Api::all(admin.clone());
         // Registered first, so it runs last.
@@ -883,20 +884,11 @@ impl Driver {
     }
 
     /// Fails every call of `method` on `node` with `Unknown: injected error` (upstream's
-    /// `Fail(MethodInstance, true)`), until [`Driver::clear_failure`].
-    pub fn fail(&self, node: &str, method: Method) {
-        self.calls(node).fail(method, tonic::Status::unknown("injected error"));
-    }
-
-    /// Stops failing `method` on `node`.
-    pub fn clear_failure(&self, node: &str, method: Method) {
-        self.calls(node).clear(method);
-    }
-
-    /// Number of calls of `method` on `node`, including injected failures (upstream's
-    /// `CallCount`).
-    pub fn call_count(&self, node: &str, method: Method) -> usize {
-        self.calls(node).count(method)
+    /// `Fail(method, true)`) until the guard is cleared or dropped. Other faults:
+    /// `driver.calls(node).fail_next(..)`, `.delay(..)`, `.block(..)`.
+    #[must_use = "dropping the guard stops the failures at once"]
+    pub fn fail(&self, node: &str, method: impl Into<crate::calls::CallFilter>) -> FaultGuard {
+        self.calls(node).fail(method, tonic::Status::unknown("injected error"))
     }
 
     /// The device health a node's plugin reports.
@@ -957,65 +949,6 @@ impl Driver {
         let running = lock(&state.plugin);
         let (dra, registration) = running.as_ref()?.plugin.socket_paths();
         Some((dra.to_owned(), registration.to_owned()))
-    }
-
-    /// The `NodePrepareResources` / `NodeUnprepareResources` calls of a node's kubelet that named
-    /// the claim with this UID, and how each ended for it (empty without kubelet).
-    pub fn claim_calls(&self, node: &str, uid: &str) -> ClaimCalls {
-        match self.inner.per_node.get(node) {
-            Some(state) => ClaimCalls::of(&state.calls.log(), uid),
-            None => ClaimCalls { uid: uid.to_owned(), calls: Vec::new() },
-        }
-    }
-
-    /// Waits until the kubelet of `node` has unprepared the claim with this UID: its last
-    /// successful prepare/unprepare call is a `NodeUnprepareResources` (the error carries the
-    /// node's whole call log). Returns the claim's calls.
-    pub async fn wait_unprepared(
-        &self,
-        node: &str,
-        uid: &str,
-        timeout: Duration,
-    ) -> Result<ClaimCalls, DriverError> {
-        let calls = self.state(node)?.calls.clone();
-        let owned = uid.to_owned();
-        let what = format!("a successful NodeUnprepareResources for claim UID {uid} on node {node}");
-        calls
-            .wait_for(
-                what,
-                move |log| {
-                    let history = ClaimCalls::of(log, &owned);
-                    history.unprepared() > 0 && !history.is_prepared()
-                },
-                timeout,
-            )
-            .await
-            .map_err(|source| DriverError::Calls {
-                driver: self.inner.name.clone(),
-                node: node.to_owned(),
-                source: Box::new(source),
-            })?;
-        Ok(self.claim_calls(node, uid))
-    }
-
-    /// Waits until `condition` holds for the call log of `node` (the error carries the whole log).
-    pub async fn wait_calls<F>(
-        &self,
-        node: &str,
-        what: impl Into<String>,
-        condition: F,
-        timeout: Duration,
-    ) -> Result<CallLog, DriverError>
-    where
-        F: Fn(&CallLog) -> bool + Send + 'static,
-    {
-        let calls = self.state(node)?.calls.clone();
-        calls.wait_for(what, condition, timeout).await.map_err(|source| DriverError::Calls {
-            driver: self.inner.name.clone(),
-            node: node.to_owned(),
-            source: Box::new(source),
-        })?;
-        Ok(calls.log())
     }
 
     /// Whether a node's kubelet registered the plugin.

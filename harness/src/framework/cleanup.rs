@@ -1,4 +1,6 @@
-//! The cleanup stack of a spec: cleanups run in reverse order of registration.
+//! The cleanup stack of a spec: cleanups run in reverse order of registration, after the
+//! "first" cleanups (what must stop before anything is torn down, such as injected faults),
+//! which run in registration order.
 
 use std::{
     future::Future,
@@ -35,6 +37,8 @@ impl std::fmt::Display for CleanupFailure {
 #[derive(Default)]
 pub(crate) struct CleanupStack {
     entries: Mutex<Vec<Cleanup>>,
+    /// Run before `entries`, first registered first.
+    first: Mutex<std::collections::VecDeque<Cleanup>>,
 }
 
 impl CleanupStack {
@@ -46,17 +50,37 @@ impl CleanupStack {
         self.lock().push(Cleanup { what, timeout, run: cleanup.boxed() });
     }
 
+    /// Registers a cleanup that runs before every cleanup of [`CleanupStack::push`].
+    pub(crate) fn push_first<F>(&self, what: String, timeout: Duration, cleanup: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        tracing::debug!(what = %what, "registered first cleanup");
+        self.first.lock().unwrap_or_else(PoisonError::into_inner).push_back(Cleanup {
+            what,
+            timeout,
+            run: cleanup.boxed(),
+        });
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Cleanup>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs every cleanup, last registered first, each in its own task (so
+    /// The next cleanup to run: the oldest "first" one, else the newest of the stack.
+    fn next(&self) -> Option<Cleanup> {
+        let first = self.first.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
+        first.or_else(|| self.lock().pop())
+    }
+
+    /// Runs every cleanup, the "first" ones in registration order, then the
+    /// others last registered first, each in its own task (so
     /// panics are caught) with its own timeout. Cleanups registered while
     /// this runs run too. Returns the failures; all cleanups run regardless.
     pub(crate) async fn run_all(&self) -> Vec<CleanupFailure> {
         let mut failures = Vec::new();
         loop {
-            let Some(cleanup) = self.lock().pop() else { break };
+            let Some(cleanup) = self.next() else { break };
             let Cleanup { what, timeout, run } = cleanup;
             let span = tracing::info_span!("cleanup", what = %what);
             span.in_scope(|| tracing::info!("running cleanup"));
@@ -131,6 +155,18 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), ["driver", "device class", "namespace"]);
         assert!(stack.run_all().await.is_empty(), "each cleanup runs once");
         assert_eq!(log.lock().unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn first_cleanups_run_before_the_stack_in_registration_order() {
+        let (log, rec) = recorder();
+        let stack = CleanupStack::default();
+        stack.push("namespace".into(), LONG, rec("namespace"));
+        stack.push_first("clear faults".into(), LONG, rec("clear faults"));
+        stack.push("pod".into(), LONG, rec("pod"));
+        stack.push_first("release blocks".into(), LONG, rec("release blocks"));
+        assert!(stack.run_all().await.is_empty());
+        assert_eq!(*log.lock().unwrap(), ["clear faults", "release blocks", "pod", "namespace"]);
     }
 
     #[tokio::test]

@@ -220,6 +220,16 @@ impl Ctx {
         self.inner.cleanups.push(what.into(), timeout, cleanup);
     }
 
+    /// Registers a cleanup that runs before every cleanup of [`Ctx::defer`] (in registration
+    /// order): for what must stop before anything is torn down, such as faults injected into a
+    /// driver's calls, without which pods could not be deleted.
+    pub fn defer_first<F>(&self, what: impl Into<String>, cleanup: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.inner.cleanups.push_first(what.into(), self.inner.cleanup_timeout, cleanup);
+    }
+
     /// Registers a cleanup that deletes an object (usually cluster-scoped:
     /// DeviceClass, ClusterRole, ValidatingAdmissionPolicy, ResourceSlice) and
     /// waits until it is gone. Already-gone objects are fine.

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use futures::future::try_join_all;
 use harness::{
     builder::{Builder, exec, pod_claim_names},
-    calls::Method,
+    calls::{Method, UNPREPARE_TIMEOUT},
     device_plugin::{self, DevicePlugin},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Registry, SpecResult},
@@ -36,9 +36,6 @@ const NUM_PODS: usize = 5;
 
 /// The env the class and claim parameters give.
 const EXPECTED_ENV: &[(&str, &str)] = &[("admin_x", "y"), ("user_a", "b")];
-
-/// How long the kubelet may take to unprepare a claim after its pod is gone.
-const UNPREPARE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Registers the specs without kubelet (inside the `control plane` context).
 pub fn register(r: &mut Registry) {
@@ -95,13 +92,10 @@ async fn setup(ctx: &Ctx, kubelet: bool) -> SpecResult<(Driver, Builder)> {
 
 /// With kubelet: fails unless the kubelet never called `NodePrepareResources` (why: `why`).
 fn expect_no_prepare(driver: &Driver, kubelet: bool, why: &str) -> anyhow::Result<()> {
-    if !kubelet {
-        return Ok(());
+    if kubelet {
+        let node = &driver.node_names()[0];
+        driver.calls(node).expect_none(Method::NodePrepareResources).context(why.to_owned())?;
     }
-    let node = &driver.node_names()[0];
-    let log = driver.calls(node).log();
-    let n = log.count(Method::NodePrepareResources);
-    expect!(n == 0, "{why}, but the kubelet called NodePrepareResources {n} time(s); call log:\n{log}");
     Ok(())
 }
 
@@ -113,7 +107,7 @@ async fn expect_unprepared(driver: &Driver, kubelet: bool, claims: &[&ResourceCl
     let node = &driver.node_names()[0];
     for claim in claims {
         let uid = claim.uid().unwrap_or_default();
-        let history = driver.wait_unprepared(node, &uid, UNPREPARE_TIMEOUT).await?;
+        let history = driver.calls(node).wait_unprepared(&uid, UNPREPARE_TIMEOUT).await?;
         expect!(history.prepared() >= 1, "claim {} was never prepared: {history}", claim.name_any());
     }
     Ok(())
@@ -436,7 +430,7 @@ async fn extended_resources(ctx: Ctx) -> SpecResult {
     let running = b.test_pod(&pod, EXPECTED_ENV).await?;
 
     let uid = created.uid().unwrap_or_default();
-    let history = driver.claim_calls(&node, &uid);
+    let history = driver.calls(&node).claim(&uid);
     expect!(
         history.prepared() == 1 && history.prepare_failures() == 0,
         "the kubelet should have prepared claim {} once and without failure: {history}",

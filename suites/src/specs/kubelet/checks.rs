@@ -1,11 +1,11 @@
 //! Waits and checks shared by the kubelet specs: events, bounded "stays so" watches (upstream's
-//! `gomega.Consistently`), pod phases, and checks on the recorded gRPC calls.
+//! `gomega.Consistently`), pod phases and deletions. Checks on the recorded gRPC calls are
+//! `driver.calls(node)` ([`harness::calls`]).
 
 use std::time::Duration;
 
 use harness::{
     builder::{Builder, phase},
-    calls::Method,
     driver::Driver,
     framework::Ctx,
     wait::{self, Verdict, WaitError},
@@ -24,9 +24,6 @@ pub const POD_START_TIMEOUT: Duration = harness::builder::POD_START_TIMEOUT;
 pub const POD_DELETE_TIMEOUT: Duration = harness::builder::POD_DELETE_TIMEOUT;
 /// Upstream's `f.Timeouts.PodStartSlow`.
 pub const POD_START_SLOW_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-/// How long the kubelet may take to unprepare after a pod is done (upstream waits one minute
-/// for the plugin's prepared set to become empty).
-pub const UNPREPARE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The spec's pods.
 pub fn pods(ctx: &Ctx) -> Api<Pod> {
@@ -139,28 +136,6 @@ pub async fn force_delete(ctx: &Ctx, name: &str, uid: Option<String>) -> anyhow:
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(anyhow::Error::new(e).context(format!("force-delete pod {name}"))),
     }
-}
-
-/// Fails unless the node's kubelet never called `method` (with the node's call log).
-pub fn expect_not_called(driver: &Driver, node: &str, method: Method, why: &str) -> anyhow::Result<()> {
-    let log = driver.calls(node).log();
-    let n = log.count(method.clone());
-    expect!(n == 0, "{why}, but the kubelet of node {node} called {method} {n} time(s); call log:\n{log}");
-    Ok(())
-}
-
-/// The UID of the claim with this name, from the calls of the node's kubelet that named it
-/// (for generated claims that may already be gone).
-pub fn claim_uid_from_calls(driver: &Driver, node: &str, claim: &str) -> anyhow::Result<String> {
-    let log = driver.calls(node).log();
-    log.records
-        .iter()
-        .flat_map(|r| r.claims.iter())
-        .find(|c| c.name == claim)
-        .map(|c| c.uid.clone())
-        .ok_or_else(|| {
-            anyhow::anyhow!("no call of the kubelet of node {node} named claim {claim}; call log:\n{log}")
-        })
 }
 
 /// The name of the claim generated for the pod's only pod claim (`status.resourceClaimStatuses`).

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use harness::{
     builder::{Builder, Objects, POD_START_SHORT_TIMEOUT, condition, node_name},
-    calls::Method,
+    calls::{Method, UNPREPARE_TIMEOUT},
     driver::{
         DEFAULT_KUBELET_ROOT_DIR, Driver, DriverConfig, Nodes, SLICE_REMOVAL_TIMEOUT, driver_name, proxy,
         resources,
@@ -29,7 +29,7 @@ use kube::{Api, ResourceExt as _, api::PostParams};
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::checks::{self, UNPREPARE_TIMEOUT, expect_not_called, only_node};
+use super::checks::{self, only_node};
 
 /// Longest downtime of a sequential update after which the slices must still be the old ones
 /// (upstream: 25 s, below the kubelet's 30 s wiping delay).
@@ -105,7 +105,7 @@ async fn runs_pod_after_driver_starts(ctx: Ctx) -> SpecResult {
     let node = node_name(&running).unwrap_or_default().to_owned();
     let stored = b.pod_claims(&running).await?;
     let uid = stored.values().next().and_then(|c| c.uid()).unwrap_or_default();
-    let history = driver.claim_calls(&node, &uid);
+    let history = driver.calls(&node).claim(&uid);
     expect!(
         history.prepared() == 1 && history.prepare_failures() == 0,
         "expected one successful prepare: {history}"
@@ -113,7 +113,7 @@ async fn runs_pod_after_driver_starts(ctx: Ctx) -> SpecResult {
 
     // Clean up explicitly, as upstream does, and see the kubelet unprepare the claim.
     b.delete_pod_and_wait(&pod).await?;
-    driver.wait_unprepared(&node, &uid, UNPREPARE_TIMEOUT).await?;
+    driver.calls(&node).wait_unprepared(&uid, UNPREPARE_TIMEOUT).await?;
     Ok(())
 }
 
@@ -252,8 +252,8 @@ async fn expect_served_by(
     uid: &str,
 ) -> anyhow::Result<()> {
     let why = format!("the {other_name} instance was torn down before the pod existed");
-    expect_not_called(other, node, Method::NodePrepareResources, &why)?;
-    let history = serving.claim_calls(node, uid);
+    other.calls(node).expect_none(Method::NodePrepareResources).context(why.clone())?;
+    let history = serving.calls(node).claim(uid);
     expect!(
         history.prepared() >= 1 && history.is_prepared(),
         "the running instance did not prepare the claim: {history}"
@@ -261,9 +261,9 @@ async fn expect_served_by(
 
     // Clean up explicitly, as upstream does, and see the same instance unprepare the claim.
     b.delete_pod_and_wait(pod).await?;
-    serving.wait_unprepared(node, uid, UNPREPARE_TIMEOUT).await?;
-    expect_not_called(other, node, Method::NodeUnprepareResources, &why)?;
-    expect_not_called(other, node, Method::NodePrepareResources, &why)?;
+    serving.calls(node).wait_unprepared(uid, UNPREPARE_TIMEOUT).await?;
+    other.calls(node).expect_none(Method::NodeUnprepareResources).context(why.clone())?;
+    other.calls(node).expect_none(Method::NodePrepareResources).context(why.clone())?;
     Ok(())
 }
 
@@ -409,13 +409,10 @@ async fn sequential_update(ctx: Ctx) -> SpecResult {
     let uid = created.uid().unwrap_or_default();
 
     // The kubelet talked to the new instance only: the old one never saw a prepare.
-    expect_not_called(
-        &old,
-        &node,
-        Method::NodePrepareResources,
-        "the old instance was stopped before the pod existed",
-    )?;
-    let history = new.claim_calls(&node, &uid);
+    old.calls(&node)
+        .expect_none(Method::NodePrepareResources)
+        .context("the old instance was stopped before the pod existed")?;
+    let history = new.calls(&node).claim(&uid);
     expect!(history.prepared() >= 1, "the new instance did not prepare the claim: {history}");
 
     // The slices survive the update if it was quick enough: otherwise the kubelet (30 s
@@ -435,7 +432,7 @@ async fn sequential_update(ctx: Ctx) -> SpecResult {
 
     // Clean up explicitly, as upstream does (the driver goes away below).
     b.delete_pod_and_wait(&pod).await?;
-    new.wait_unprepared(&node, &uid, UNPREPARE_TIMEOUT).await?;
+    new.calls(&node).wait_unprepared(&uid, UNPREPARE_TIMEOUT).await?;
 
     // Now shut down for good and wait for the kubelet to remove the slices.
     tracing::info!("uninstalling the driver and waiting for the ResourceSlices to be wiped");

@@ -50,12 +50,12 @@ async fn already_allocated_and_new_claim(ctx: Ctx) -> SpecResult {
 
     // The kubelet prepared the first claim once, for the first pod, and for the second pod
     // asked the driver only for the new claim.
-    let first_history = driver.claim_calls(&node, &first_uid);
+    let first_history = driver.calls(&node).claim(&first_uid);
     expect!(
         first_history.prepared() == 1 && first_history.prepare_failures() == 0,
         "the already prepared claim must not be prepared again: {first_history}"
     );
-    let second_history = driver.claim_calls(&node, &second_uid);
+    let second_history = driver.calls(&node).claim(&second_uid);
     let call = second_history.first_prepared().context("the second claim was never prepared")?;
     expect!(
         call.record.claims.iter().all(|c| c.uid != first_uid),

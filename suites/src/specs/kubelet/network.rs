@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, time::Duration};
 use anyhow::Context as _;
 use harness::{
     builder::{Builder, condition, node_name, phase},
-    calls::Method,
+    calls::{DraApi, FaultGuard, Method, UNPREPARE_TIMEOUT},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Registry, SpecResult},
     plugin::ClaimId,
@@ -27,8 +27,7 @@ use kube::{
 use serde_json::json;
 
 use super::checks::{
-    self, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, UNPREPARE_TIMEOUT, expect_not_called, force_delete,
-    only_node, stays, wait_event,
+    self, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, force_delete, only_node, stays, wait_event,
 };
 
 /// How long a pod whose claim is not ready must stay pending (upstream: 20 s `Consistently`).
@@ -91,36 +90,29 @@ async fn registers_plugin(ctx: Ctx) -> SpecResult {
         "GetInfo advertised {versions}, expected v1.DRAPlugin and v1beta1.DRAPlugin first"
     );
     // Nothing asked the kubelet to prepare anything.
-    expect_not_called(&driver, &node, Method::NodePrepareResources, "no pod uses the driver")?;
-    expect_not_called(&driver, &node, Method::NodeUnprepareResources, "no pod uses the driver")?;
+    driver.calls(&node).expect_none(Method::NodePrepareResources).context("no pod uses the driver")?;
+    driver.calls(&node).expect_none(Method::NodeUnprepareResources).context("no pod uses the driver")?;
     Ok(())
 }
 
 async fn retry_prepare(ctx: Ctx) -> SpecResult {
     let (driver, b, node) = setup(&ctx).await?;
-    // The API version depends on the kubelet (version skew), so fail both, by full name as
+    // The API version depends on the kubelet (version skew), so fail both, each exactly, as
     // upstream does.
-    let methods = [
-        Method::exact("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"),
-        Method::exact("/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources"),
-    ];
-    for m in &methods {
-        driver.fail(&node, m.clone());
-    }
+    let failures: Vec<_> = DraApi::ALL.iter().map(|api| driver.fail(&node, api.prepare())).collect();
     let (pod, template) = b.pod_inline();
     b.create_pod(&pod).await?;
     b.create_template(&template).await?;
 
     // The kubelet calls, fails, and calls again: the count rises while failing.
-    driver
-        .wait_calls(
-            &node,
+    let log = driver
+        .calls(&node)
+        .wait_for(
             "two failed NodePrepareResources calls (the kubelet retries while they fail)",
             |log| log.injected(Method::NodePrepareResources) >= 2,
             POD_START_TIMEOUT,
         )
         .await?;
-    let log = driver.calls(&node).log();
     expect!(
         log.succeeded(Method::NodePrepareResources) == 0,
         "a NodePrepareResources call got through the injected failure; call log:\n{log}"
@@ -129,15 +121,13 @@ async fn retry_prepare(ctx: Ctx) -> SpecResult {
     let last_failure = log.last(Method::NodePrepareResources).map(|r| r.id).unwrap_or_default();
 
     tracing::info!(calls = failing, "allowing container startup to succeed");
-    for m in &methods {
-        driver.clear_failure(&node, m.clone());
-    }
+    failures.into_iter().for_each(FaultGuard::clear);
     let running = b.test_pod(&pod, &[]).await?;
     let calls = driver.calls(&node).count(Method::NodePrepareResources);
     expect!(calls > failing, "NodePrepareResources should have been called again (still {calls} calls)");
     let claim = checks::generated_claim(&running)?;
-    let uid = checks::claim_uid_from_calls(&driver, &node, &claim)?;
-    let history = driver.claim_calls(&node, &uid);
+    let uid = driver.calls(&node).log().claim_uid(&claim)?;
+    let history = driver.calls(&node).claim(&uid);
     let first_ok = history.first_prepared().map(|c| c.id).unwrap_or_default();
     expect!(
         history.prepare_failures() >= 2 && first_ok > last_failure,
@@ -183,7 +173,10 @@ async fn claim_not_ready(ctx: Ctx) -> SpecResult {
     let stored = checks::claims(&ctx).get(&claim.name_any()).await?;
     expect!(!harness::builder::is_allocated(&stored), "claim {} got allocated", claim.name_any());
     // The kubelet checks the reservation before it calls the driver.
-    expect_not_called(&driver, &node, Method::NodePrepareResources, "the claim is not reserved for the pod")?;
+    driver
+        .calls(&node)
+        .expect_none(Method::NodePrepareResources)
+        .context("the claim is not reserved for the pod")?;
     Ok(())
 }
 
@@ -201,7 +194,7 @@ async fn unprepare_force_deleted(ctx: Ctx) -> SpecResult {
     force_delete(&ctx, &pod.name_any(), created.uid()).await?;
     // Upstream waits one minute for the plugin's prepared set to become empty; the call log
     // says more: a NodeUnprepareResources for the claim that succeeded.
-    let history = driver.wait_unprepared(&node, &uid, UNPREPARE_TIMEOUT).await?;
+    let history = driver.calls(&node).wait_unprepared(&uid, UNPREPARE_TIMEOUT).await?;
     let prepared = driver.prepared_claims(&node);
     expect!(prepared.is_empty(), "claims still prepared on node {node}: {prepared:?}");
     expect!(history.prepared() >= 1, "the claim was never prepared: {history}");
@@ -346,15 +339,9 @@ async fn blocks_new_pod_after_force_delete(ctx: Ctx) -> SpecResult {
 
     // Fail NodeUnprepareResources (both API versions) to simulate a long teardown. Upstream
     // injects it right after the force delete; before it, the kubelet cannot win the race.
-    driver.fail(&node, Method::NodeUnprepareResources);
-    {
-        // Also if the spec fails: the builder's teardown needs the claims unprepared.
-        let (driver, node) = (driver.clone(), node.clone());
-        ctx.defer("stop failing NodeUnprepareResources", async move {
-            driver.clear_failure(&node, Method::NodeUnprepareResources);
-            Ok(())
-        });
-    }
+    // (If the spec fails, the guard goes with it, and the driver clears every fault before the
+    // teardown, which needs the claims unprepared.)
+    let failing_unprepare = driver.fail(&node, Method::NodeUnprepareResources);
     tracing::info!("force-deleting claim and pod");
     force_delete(&ctx, &pod.name_any(), old_pod.uid()).await?;
     // The pod is gone at once.
@@ -384,24 +371,24 @@ async fn blocks_new_pod_after_force_delete(ctx: Ctx) -> SpecResult {
     wait_event(&ctx, &pod.name_any(), FAILED_PREPARE, &message, POD_START_TIMEOUT * 2).await?;
     // The kubelet refused before asking the driver: no prepare call for the new claim yet, and
     // the old claim is still prepared (no unprepare got through).
-    let new_history = driver.claim_calls(&node, &new_uid);
+    let new_history = driver.calls(&node).claim(&new_uid);
     expect!(new_history.prepares().count() == 0, "the new claim must not be prepared yet: {new_history}");
-    let old_history = driver.claim_calls(&node, &old_uid);
+    let old_history = driver.calls(&node).claim(&old_uid);
     expect!(
         old_history.unprepared() == 0 && driver.prepared_claims(&node) == [old_id.clone()],
         "the old claim must still be prepared: {old_history}; prepared: {:?}",
         driver.prepared_claims(&node)
     );
 
-    driver.clear_failure(&node, Method::NodeUnprepareResources);
+    failing_unprepare.clear();
     b.test_pod(&pod, &[]).await?;
     let new_id = ClaimId { name: claim_name.clone(), uid: new_uid.clone() };
     let prepared = driver.prepared_claims(&node);
     expect!(prepared == [new_id], "only the new claim should be prepared now, prepared: {prepared:?}");
     // The new pod did not start before the old claim was unprepared: the first successful
     // prepare of the new claim started after the old claim's unprepare finished.
-    let old_history = driver.claim_calls(&node, &old_uid);
-    let new_history = driver.claim_calls(&node, &new_uid);
+    let old_history = driver.calls(&node).claim(&old_uid);
+    let new_history = driver.calls(&node).claim(&new_uid);
     let unprepared = old_history.last_unprepared().context("the old claim was never unprepared")?;
     let prepared = new_history.first_prepared().context("the new claim was never prepared")?;
     expect!(

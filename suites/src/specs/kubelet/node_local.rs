@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use harness::{
     builder::{Builder, is_allocated, node_name},
-    calls::Method,
+    calls::{Method, UNPREPARE_TIMEOUT},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Registry, SpecResult},
     plugin::ClaimId,
@@ -20,8 +20,7 @@ use kube::{Api, ResourceExt as _, runtime::watcher};
 use serde_json::json;
 
 use super::checks::{
-    self, POD_DELETE_TIMEOUT, POD_START_SLOW_TIMEOUT, UNPREPARE_TIMEOUT, claim_uid_from_calls,
-    expect_not_called, generated_claim, stays, wait_succeeded,
+    self, POD_DELETE_TIMEOUT, POD_START_SLOW_TIMEOUT, generated_claim, stays, wait_succeeded,
 };
 
 /// How long the slices may take to appear, and how long they must then stay unchanged
@@ -122,7 +121,7 @@ async fn manage_slices(ctx: Ctx) -> SpecResult {
     )
     .await?;
     for node in driver.node_names() {
-        expect_not_called(&driver, node, Method::NodePrepareResources, "no pod uses the driver")?;
+        driver.calls(node).expect_none(Method::NodePrepareResources).context("no pod uses the driver")?;
     }
     Ok(())
 }
@@ -169,7 +168,7 @@ async fn removes_reservation(ctx: Ctx) -> SpecResult {
     let node = node_name(&done).context("the pod ran on no node")?.to_owned();
     let uid = created.uid().unwrap_or_default();
     // The kubelet prepared the claim for the container, and unprepared it once the pod was done.
-    let history = driver.wait_unprepared(&node, &uid, UNPREPARE_TIMEOUT).await?;
+    let history = driver.calls(&node).wait_unprepared(&uid, UNPREPARE_TIMEOUT).await?;
     expect!(history.prepared() >= 1, "the claim was never prepared: {history}");
     b.wait_claim(&claim.name_any(), "to be unreserved", POD_DELETE_TIMEOUT, |c| {
         Verdict::done_if(c.status.as_ref().and_then(|s| s.reserved_for.as_ref()).is_none_or(Vec::is_empty))
@@ -187,8 +186,8 @@ async fn deletes_generated_claims(ctx: Ctx) -> SpecResult {
     let done = wait_succeeded(&b, &pod).await?;
     let node = node_name(&done).context("the pod ran on no node")?.to_owned();
     let claim = generated_claim(&done)?;
-    let uid = claim_uid_from_calls(&driver, &node, &claim)?;
-    let history = driver.wait_unprepared(&node, &uid, UNPREPARE_TIMEOUT).await?;
+    let uid = driver.calls(&node).log().claim_uid(&claim)?;
+    let history = driver.calls(&node).wait_unprepared(&uid, UNPREPARE_TIMEOUT).await?;
     expect!(history.prepared() >= 1, "the generated claim {claim} was never prepared: {history}");
     wait::objects(
         &checks::claims(&ctx),
@@ -234,7 +233,7 @@ async fn keeps_claims_of_restarting_pod(ctx: Ctx) -> SpecResult {
     // ...and the kubelet prepared it once and never unprepared it while restarting containers.
     let node = node_name(&restarted).context("the pod runs on no node")?.to_owned();
     let uid = claim.uid().unwrap_or_default();
-    let history = driver.claim_calls(&node, &uid);
+    let history = driver.calls(&node).claim(&uid);
     expect!(
         history.prepared() == 1 && history.unprepares().count() == 0,
         "expected one successful NodePrepareResources and no NodeUnprepareResources for claim {name}: {history}"

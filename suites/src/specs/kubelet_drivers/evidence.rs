@@ -3,111 +3,13 @@
 //!
 //! Every check returns an error that says what was expected and holds the node's call log.
 
-use std::{collections::BTreeSet, fmt, time::Duration};
+use std::{collections::BTreeSet, fmt};
 
 use anyhow::{Context as _, bail, ensure};
-use harness::{
-    calls::{CallLog, CallRecord, Calls, Method},
-    grpc::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1},
-};
+use harness::calls::{CallLog, CallRecord, Calls, Method, UNPREPARE_TIMEOUT};
+pub(crate) use harness::calls::{DraApi, HealthApi};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt as _;
-
-/// How long the kubelet may take to unprepare the claims of a deleted pod.
-pub(crate) const UNPREPARE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A version of the kubelet's DRA gRPC service `DRAPlugin`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DraApi {
-    /// `k8s.io.kubelet.pkg.apis.dra.v1`, registered as `v1.DRAPlugin`.
-    V1,
-    /// `k8s.io.kubelet.pkg.apis.dra.v1beta1`, registered as `v1beta1.DRAPlugin`.
-    V1beta1,
-}
-
-impl DraApi {
-    /// The proto package.
-    fn package(self) -> &'static str {
-        match self {
-            DraApi::V1 => "k8s.io.kubelet.pkg.apis.dra.v1",
-            DraApi::V1beta1 => "k8s.io.kubelet.pkg.apis.dra.v1beta1",
-        }
-    }
-
-    /// The other version.
-    pub(crate) fn other(self) -> Self {
-        match self {
-            DraApi::V1 => DraApi::V1beta1,
-            DraApi::V1beta1 => DraApi::V1,
-        }
-    }
-
-    /// The string in `supported_versions`.
-    pub(crate) fn registration(self) -> &'static str {
-        match self {
-            DraApi::V1 => dra_v1::SERVICE_VERSION,
-            DraApi::V1beta1 => dra_v1beta1::SERVICE_VERSION,
-        }
-    }
-
-    /// Exactly `/<package>.DRAPlugin/NodePrepareResources`.
-    pub(crate) fn prepare(self) -> Method {
-        Method::exact(format!("/{}.DRAPlugin/NodePrepareResources", self.package()))
-    }
-
-    /// Exactly `/<package>.DRAPlugin/NodeUnprepareResources`.
-    pub(crate) fn unprepare(self) -> Method {
-        Method::exact(format!("/{}.DRAPlugin/NodeUnprepareResources", self.package()))
-    }
-}
-
-impl fmt::Display for DraApi {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.registration())
-    }
-}
-
-/// A version of the kubelet's device health gRPC service `DRAResourceHealth`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum HealthApi {
-    /// Proto package `v1`, registered as `v1.DRAResourceHealth`.
-    V1,
-    /// Proto package `v1alpha1`, registered as `v1alpha1.DRAResourceHealth`.
-    V1alpha1,
-}
-
-impl HealthApi {
-    /// The other version.
-    pub(crate) fn other(self) -> Self {
-        match self {
-            HealthApi::V1 => HealthApi::V1alpha1,
-            HealthApi::V1alpha1 => HealthApi::V1,
-        }
-    }
-
-    /// The string in `supported_versions`.
-    pub(crate) fn registration(self) -> &'static str {
-        match self {
-            HealthApi::V1 => health_v1::SERVICE_VERSION,
-            HealthApi::V1alpha1 => health_v1alpha1::SERVICE_VERSION,
-        }
-    }
-
-    /// Exactly `/<package>.DRAResourceHealth/NodeWatchResources`.
-    pub(crate) fn watch(self) -> Method {
-        let package = match self {
-            HealthApi::V1 => "v1",
-            HealthApi::V1alpha1 => "v1alpha1",
-        };
-        Method::exact(format!("/{package}.DRAResourceHealth/NodeWatchResources"))
-    }
-}
-
-impl fmt::Display for HealthApi {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.registration())
-    }
-}
 
 /// A claim as the kubelet names it in DRA requests.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -181,8 +83,9 @@ fn uids(claims: &[ClaimKey]) -> BTreeSet<String> {
 /// Checks that the kubelet used no method of the other DRA version.
 fn check_not_used(log: &CallLog, api: DraApi) -> anyhow::Result<()> {
     let other = api.other();
-    let n = log.count(other.prepare()) + log.count(other.unprepare());
-    ensure!(n == 0, "the kubelet made {n} call(s) on {other}, expected only {api}\ncall log:\n{log}");
+    let why = || format!("the kubelet must use only {api}");
+    log.expect_none(other.prepare()).with_context(why)?;
+    log.expect_none(other.unprepare()).with_context(why)?;
     Ok(())
 }
 
@@ -208,8 +111,8 @@ pub(crate) fn check_prepared(log: &CallLog, api: DraApi, claims: &[ClaimKey]) ->
 
 /// Checks that no call of `method` named `claim`.
 pub(crate) fn check_not_named(log: &CallLog, method: &Method, claim: &ClaimKey) -> anyhow::Result<()> {
-    let n = log.count(method.clone().for_claim_uid(claim.uid.clone()));
-    ensure!(n == 0, "{n} call(s) of {method} named claim {claim}, expected none\ncall log:\n{log}");
+    log.expect_none(method.clone().for_claim_uid(claim.uid.clone()))
+        .with_context(|| format!("claim {claim}"))?;
     Ok(())
 }
 
@@ -256,10 +159,9 @@ pub(crate) fn first_call_for<'a>(
 pub(crate) fn check_watch(log: &CallLog, api: HealthApi) -> anyhow::Result<String> {
     let method = api.watch();
     let other = api.other().watch();
-    let (n, m) = (log.count(method.clone()), log.count(other.clone()));
-    ensure!(n > 0, "the kubelet did not call {method}\ncall log:\n{log}");
-    ensure!(m == 0, "the kubelet called {other} {m} time(s), expected only {method}\ncall log:\n{log}");
-    Ok(format!("{method} x{n}, {other} x0"))
+    log.expect_at_least(method.clone(), 1)?;
+    log.expect_none(other.clone())?;
+    Ok(format!("{method} x{}, {other} x0", log.count(method.clone())))
 }
 
 fn names(claims: &[ClaimKey]) -> String {
@@ -269,30 +171,6 @@ fn names(claims: &[ClaimKey]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exact_method_names() {
-        assert_eq!(
-            DraApi::V1beta1.prepare(),
-            Method::exact("/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources")
-        );
-        assert_eq!(
-            DraApi::V1.unprepare(),
-            Method::exact("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources")
-        );
-        assert_eq!(HealthApi::V1.watch(), Method::exact("/v1.DRAResourceHealth/NodeWatchResources"));
-        assert_eq!(
-            HealthApi::V1alpha1.watch(),
-            Method::exact("/v1alpha1.DRAResourceHealth/NodeWatchResources")
-        );
-        assert_eq!(DraApi::V1.other().registration(), "v1beta1.DRAPlugin");
-        assert_eq!(HealthApi::V1alpha1.other().registration(), "v1.DRAResourceHealth");
-        assert!(
-            !DraApi::V1
-                .prepare()
-                .matches("/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources")
-        );
-    }
 
     #[test]
     fn empty_log_has_no_evidence() {

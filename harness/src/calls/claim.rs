@@ -4,16 +4,16 @@
 //! per-claim error in the response.
 //!
 //! ```
-//! use harness::{calls::Calls, driver::ClaimCalls};
-//! let log = Calls::new().log();
-//! let history = ClaimCalls::of(&log, "claim-uid");
+//! use harness::calls::{Calls, ClaimCalls};
+//! let calls = Calls::new();
+//! let history = calls.claim("claim-uid");
 //! assert_eq!(history.prepared(), 0);
 //! assert!(history.first_prepared().is_none());
 //! ```
 
 use std::fmt;
 
-use crate::calls::{CallLog, CallRecord, Method};
+use super::{CallLog, CallRecord, Method};
 
 /// How one recorded call ended for one claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,6 +246,7 @@ mod tests {
         ], "error": ""}}});
         let claim_error = json!({"claims": {"u1": {"devices": [], "error": "not allocated"}}});
         let log = CallLog {
+            scope: String::new(),
             base: SystemTime::now(),
             records: vec![
                 record(1, "NodePrepareResources", "u1", Some(tonic::Code::Unknown), json!(null)),
