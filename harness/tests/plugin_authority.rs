@@ -30,7 +30,8 @@ use tokio::{
 };
 
 /// Client→server bytes of grpc-go 1.82.1 registering like the kubelet.
-const VECTOR: &[u8] = include_bytes!("data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
+const VECTOR: &[u8] =
+    include_bytes!("../../kubelet-plugin/tests/data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
 
 /// What the server sent on one stream.
 #[derive(Debug, Default)]

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, time::Duration};
 use anyhow::Context as _;
 use harness::{
     builder::{Builder, condition, node_name, phase},
-    calls::{DraApi, FaultGuard, Method, UNPREPARE_TIMEOUT},
+    calls::{CallLog, DraApi, FaultGuard, Method, UNPREPARE_TIMEOUT},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Registry, SpecResult},
     plugin::ClaimId,
@@ -95,46 +95,37 @@ async fn registers_plugin(ctx: Ctx) -> SpecResult {
     Ok(())
 }
 
+// guide:begin (suites/README.md shows this spec; a test keeps the two identical)
 async fn retry_prepare(ctx: Ctx) -> SpecResult {
     let (driver, b, node) = setup(&ctx).await?;
-    // The API version depends on the kubelet (version skew), so fail both, each exactly, as
-    // upstream does.
-    let failures: Vec<_> = DraApi::ALL.iter().map(|api| driver.fail(&node, api.prepare())).collect();
+    let calls = driver.calls(&node);
+    // Which API version the kubelet uses depends on its version: fail both.
+    let failures: Vec<FaultGuard> = DraApi::ALL.iter().map(|api| driver.fail(&node, api.prepare())).collect();
     let (pod, template) = b.pod_inline();
     b.create_pod(&pod).await?;
     b.create_template(&template).await?;
 
-    // The kubelet calls, fails, and calls again: the count rises while failing.
-    let log = driver
-        .calls(&node)
-        .wait_for(
-            "two failed NodePrepareResources calls (the kubelet retries while they fail)",
-            |log| log.injected(Method::NodePrepareResources) >= 2,
-            POD_START_TIMEOUT,
-        )
-        .await?;
-    expect!(
-        log.succeeded(Method::NodePrepareResources) == 0,
-        "a NodePrepareResources call got through the injected failure; call log:\n{log}"
-    );
+    // The kubelet calls, fails, and calls again while it fails.
+    let what = "two failed NodePrepareResources calls";
+    let failed = |log: &CallLog| log.injected(Method::NodePrepareResources) >= 2;
+    let log = calls.wait_for(what, failed, POD_START_TIMEOUT).await?;
     let failing = log.count(Method::NodePrepareResources);
-    let last_failure = log.last(Method::NodePrepareResources).map(|r| r.id).unwrap_or_default();
+    expect!(log.succeeded(Method::NodePrepareResources) == 0, "a call got through the fault:\n{log}");
 
-    tracing::info!(calls = failing, "allowing container startup to succeed");
     failures.into_iter().for_each(FaultGuard::clear);
     let running = b.test_pod(&pod, &[]).await?;
-    let calls = driver.calls(&node).count(Method::NodePrepareResources);
-    expect!(calls > failing, "NodePrepareResources should have been called again (still {calls} calls)");
+    calls.expect_at_least(Method::NodePrepareResources, failing + 1)?;
     let claim = checks::generated_claim(&running)?;
-    let uid = driver.calls(&node).log().claim_uid(&claim)?;
-    let history = driver.calls(&node).claim(&uid);
+    let history = calls.claim(&calls.log().claim_uid(&claim)?);
     let first_ok = history.first_prepared().map(|c| c.id).unwrap_or_default();
+    let last_failure = log.last(Method::NodePrepareResources).map(|r| r.id).unwrap_or_default();
     expect!(
         history.prepare_failures() >= 2 && first_ok > last_failure,
-        "expected failed prepares of claim {claim} and then a successful one: {history}"
+        "expected failed prepares of claim {claim}, then a successful one: {history}"
     );
     Ok(())
 }
+// guide:end
 
 async fn claim_not_ready(ctx: Ctx) -> SpecResult {
     let (driver, b, node) = setup(&ctx).await?;
@@ -509,4 +500,30 @@ async fn daemonset_admin_access(ctx: Ctx) -> SpecResult {
         .context("the DaemonSet pod disappeared")?;
     b.test_pod(&ds_pod, &[]).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The text between the line that starts with `begin` and the next line that starts with
+    /// `end`.
+    fn between<'a>(text: &'a str, begin: &str, end: &str) -> Option<&'a str> {
+        let start = text.find(begin)?;
+        let body = &text[start..];
+        let body = &body[body.find('\n')? + 1..];
+        Some(&body[..body.find(end)?])
+    }
+
+    /// The worked example of suites/README.md is this module's registered `retry_prepare`,
+    /// verbatim.
+    #[test]
+    fn guide_example_is_the_registered_spec() {
+        let source = include_str!("network.rs");
+        let readme = include_str!("../../../README.md");
+        let spec = between(source, "// guide:begin", "// guide:end").expect("guide markers in network.rs");
+        let example = between(readme, "## A worked example", "## ")
+            .and_then(|section| between(section, "```rust", "```"))
+            .expect("a rust block in the guide's worked example");
+        assert_eq!(example, spec, "suites/README.md's example differs from network.rs's retry_prepare");
+        assert!(source.contains("r.it(\"must retry NodePrepareResources\", retry_prepare);"));
+    }
 }

@@ -13,7 +13,7 @@ pub const DEFAULT_HEALTH_RESEND_INTERVAL: Duration = Duration::from_secs(2);
 /// Configuration of one plugin instance (one driver on one node).
 ///
 /// ```
-/// use harness::plugin::PluginConfig;
+/// use kubelet_plugin::plugin::PluginConfig;
 /// let config = PluginConfig::new("test.k8s.io", "node-1", "/var/run/cdi")
 ///     .dra_v1beta1(false)
 ///     .health_v1alpha1(false);
@@ -35,7 +35,7 @@ pub struct PluginConfig {
     /// The pod UID of this instance when it runs next to another instance of the same driver
     /// on the same node (upstream's `kubeletplugin.RollingUpdate`): each instance then has its
     /// own sockets, `dra-<uid>.sock` and a registration socket named after the UID (see
-    /// [`crate::proxied::sockets`]). `None` (or empty): the fixed `dra.sock` and
+    /// `harness::proxied::sockets`). `None` (or empty): the fixed `dra.sock` and
     /// `<driver>-reg.sock`.
     pub rolling_update_uid: Option<String>,
     /// Serve and advertise `v1.DRAPlugin`.

@@ -14,7 +14,7 @@
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};
-//! use harness::plugin::*;
+//! use kubelet_plugin::plugin::*;
 //! let dir = std::path::Path::new("/tmp/x");
 //! let plugin = KubeletPlugin::builder(PluginConfig::new("test.k8s.io", "node-1", dir.join("cdi")))
 //!     .claim_source(Arc::new(MemoryClaims::new()))

@@ -24,9 +24,9 @@
 //! other methods.
 //!
 //! ```no_run
-//! # async fn f(calls: harness::calls::Calls) -> Result<(), harness::calls::CallsError> {
+//! # async fn f(calls: kubelet_plugin::calls::Calls) -> Result<(), kubelet_plugin::calls::CallsError> {
 //! use std::time::Duration;
-//! use harness::calls::Method;
+//! use kubelet_plugin::calls::Method;
 //! let failing = calls.fail(Method::NodePrepareResources, tonic::Status::unavailable("try again"));
 //! calls.wait_at_least(Method::NodePrepareResources, 1, Duration::from_secs(60)).await?;
 //! failing.clear();

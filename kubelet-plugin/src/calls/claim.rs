@@ -4,7 +4,7 @@
 //! per-claim error in the response.
 //!
 //! ```
-//! use harness::calls::{Calls, ClaimCalls};
+//! use kubelet_plugin::calls::{Calls, ClaimCalls};
 //! let calls = Calls::new();
 //! let history = calls.claim("claim-uid");
 //! assert_eq!(history.prepared(), 0);

@@ -79,7 +79,7 @@ type ClaimLock = Arc<tokio::sync::Mutex<()>>;
 /// it through [`PluginBuilder::claim_state`](super::PluginBuilder::claim_state).
 ///
 /// ```
-/// use harness::plugin::ClaimState;
+/// use kubelet_plugin::plugin::ClaimState;
 /// let state = ClaimState::default();
 /// let shared = state.clone();
 /// assert!(state.same_as(&shared));
