@@ -97,12 +97,6 @@ impl From<String> for Label {
     }
 }
 
-impl From<&Label> for Label {
-    fn from(label: &Label) -> Self {
-        label.clone()
-    }
-}
-
 /// Characters a label must not contain.
 const FORBIDDEN: &[char] = &['&', '|', '!', ',', '(', ')', '/', '[', ']'];
 

@@ -17,7 +17,7 @@ pub enum Discrepancy {
     },
     /// An upstream spec we do not register, and it is not declared missing.
     Missing {
-        /// Upstream's full text and where upstream declares it.
+        /// Upstream's full text.
         upstream: String,
         /// Where upstream declares it.
         origin: String,
@@ -112,14 +112,13 @@ pub fn compare(upstream: &[Spec], ours: &[Spec], declarations: &[Declaration]) -
     let extra: Vec<&Spec> = ours.iter().filter(|o| !up.contains_key(o.text.as_str())).collect();
     let mut renamed = Vec::new();
     for o in extra.iter().filter(|o| !is_declared(&o.text, Kind::Ours)) {
-        let closest = closest(&o.text, lacking.iter().map(|u| u.text.as_str()));
-        match closest {
-            Some(u) if same_tokens(&o.text, u) => {
-                renamed.push(u);
-                out.push(Discrepancy::LabelPlacement { ours: o.text.clone(), upstream: u.to_owned() });
-            }
-            _ => out.push(Discrepancy::Unknown { ours: o.text.clone(), closest: closest.map(str::to_owned) }),
+        if let Some(u) = lacking.iter().find(|u| same_tokens(&o.text, &u.text)) {
+            renamed.push(u.text.as_str());
+            out.push(Discrepancy::LabelPlacement { ours: o.text.clone(), upstream: u.text.clone() });
+            continue;
         }
+        let closest = closest(&o.text, lacking.iter().map(|u| u.text.as_str())).map(str::to_owned);
+        out.push(Discrepancy::Unknown { ours: o.text.clone(), closest });
     }
     for u in &lacking {
         if is_declared(&u.text, Kind::Missing) || renamed.contains(&u.text.as_str()) {
@@ -206,6 +205,25 @@ mod tests {
             [Discrepancy::LabelPlacement { ours: MISPLACED.to_owned(), upstream: UP.to_owned() }]
         );
         assert!(got[0].to_string().contains("label order/placement differs"), "{}", got[0]);
+    }
+
+    #[test]
+    fn prefers_the_same_words_in_another_order_over_a_closer_text() {
+        let ours = "[sig-node] [DRA] a b c [X] [Y] [Z]";
+        let moved = "[sig-node] [DRA] [X] [Y] [Z] a b c";
+        let one_word_off = "[sig-node] [DRA] a b d [X] [Y] [Z]";
+        let got = compare(&[spec(one_word_off, &[]), spec(moved, &[])], &[spec(ours, &[])], &[]);
+        assert_eq!(
+            got,
+            [
+                Discrepancy::LabelPlacement { ours: ours.to_owned(), upstream: moved.to_owned() },
+                Discrepancy::Missing {
+                    upstream: one_word_off.to_owned(),
+                    origin: "dra.go:1".to_owned(),
+                    closest: Some(ours.to_owned())
+                },
+            ]
+        );
     }
 
     #[test]
