@@ -7,6 +7,9 @@
 //! ```
 
 mod kubelet_plugin_cmd;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod parity;
 mod specs;
 
 use std::process::ExitCode;

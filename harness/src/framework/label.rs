@@ -6,6 +6,96 @@
 //! label set `key` (both trimmed, compared case-insensitively), so
 //! `Feature:DynamicResourceAllocation` can be selected by
 //! `Feature: isSubsetOf {DynamicResourceAllocation}`.
+//!
+//! Where a label shows in the spec text follows upstream's e2e framework
+//! (`test/e2e/framework/ginkgowrapper.go`): most labels are rendered `[label]`
+//! right after the text of the container or spec that declares them; a
+//! [`Label::trailing`] one is rendered once, sorted with the others, at the very
+//! end of each spec's text.
+
+use std::borrow::Cow;
+
+/// The labels upstream's framework always renders at the end of the spec text (its
+/// `leafNodeLabels`, plus the feature gate stability levels it adds there). Declared on a
+/// container, they must be [`Label::trailing`].
+pub(crate) const ALWAYS_TRAILING: &[&str] = &[
+    "Alpha",
+    "Beta",
+    "Conformance",
+    "Deprecated",
+    "Disruptive",
+    "Feature:OffByDefault",
+    "Flaky",
+    "NodeConformance",
+    "Serial",
+    "Slow",
+];
+
+/// A label of a container or spec, and where the spec text shows it.
+///
+/// `&str` and `String` convert into in-place labels. Upstream's
+/// `framework.WithFeatureGate(X)` on a container, for an alpha gate that is off by default
+/// and depends on `DynamicResourceAllocation`, is
+///
+/// ```
+/// use harness::framework::Label;
+///
+/// const GATE: [Label; 4] = [
+///     Label::new("FeatureGate:X"),
+///     Label::trailing("Alpha"),
+///     Label::trailing("Feature:OffByDefault"),
+///     Label::trailing("FeatureGate:DynamicResourceAllocation"),
+/// ];
+/// # assert!(GATE[1].is_trailing() && !GATE[0].is_trailing());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label {
+    name: Cow<'static, str>,
+    trailing: bool,
+}
+
+impl Label {
+    /// A label rendered `[name]` right after the text of the container or spec declaring it.
+    pub const fn new(name: &'static str) -> Self {
+        Self { name: Cow::Borrowed(name), trailing: false }
+    }
+
+    /// A label rendered `[name]` at the end of the text of every spec it applies to, sorted with
+    /// the other trailing labels, and left out there when the text before already shows
+    /// `[name]` (upstream: stability levels, `Feature:OffByDefault`, `Serial`, `Slow`,
+    /// `Conformance`, and the feature gates a gate depends on).
+    pub const fn trailing(name: &'static str) -> Self {
+        Self { name: Cow::Borrowed(name), trailing: true }
+    }
+
+    /// The label itself, without brackets.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the label is rendered at the end of the spec text.
+    pub fn is_trailing(&self) -> bool {
+        self.trailing
+    }
+
+    /// The same label, validated and trimmed.
+    pub(crate) fn validated(self) -> Result<Self, String> {
+        let name = validate(&self.name)?;
+        Ok(Self { name: Cow::Owned(name), trailing: self.trailing })
+    }
+}
+
+impl From<&str> for Label {
+    fn from(name: &str) -> Self {
+        Self { name: Cow::Owned(name.to_owned()), trailing: false }
+    }
+}
+
+impl From<String> for Label {
+    fn from(name: String) -> Self {
+        Self { name: Cow::Owned(name), trailing: false }
+    }
+}
 
 /// Characters a label must not contain.
 const FORBIDDEN: &[char] = &['&', '|', '!', ',', '(', ')', '/', '[', ']'];

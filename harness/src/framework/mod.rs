@@ -134,6 +134,7 @@ pub use duration::{display as display_duration, parse as parse_duration};
 pub use error::{Skip, SpecError, SpecResult, skip};
 pub use junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
 pub use kube_backend::{KubeBackend, MANAGED_BY_LABEL, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION};
+pub use label::Label;
 pub use label_filter::{LabelFilter, LabelFilterError};
 pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
 pub use progress::{Output, OutputBuffer};

@@ -4,16 +4,27 @@ use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt as _, future::BoxFuture};
 
-use super::{ctx::Ctx, error::SpecResult, label};
+use super::{
+    ctx::Ctx,
+    error::SpecResult,
+    label::{ALWAYS_TRAILING, Label},
+};
 
 /// A spec body, type-erased and shareable (a spec may run several times with `--repeat`).
 pub(crate) type Body = Arc<dyn Fn(Ctx) -> BoxFuture<'static, SpecResult> + Send + Sync>;
 
 /// All registered specs, in registration order.
 ///
+/// A spec's full text is composed as upstream's e2e framework composes it
+/// (`test/e2e/framework/ginkgowrapper.go`): each container's text followed by its in-place
+/// labels as `[label]`, then the spec's name followed by its own in-place labels, then every
+/// [`Label::trailing`] label of the containers and the spec, sorted, each once, left out
+/// where the text before already shows it. A container whose whole text is `[sig-<name>]` is
+/// upstream's `SIGDescribe("<name>")`: its text is the label `sig-<name>`.
+///
 /// ```
 /// use std::time::Duration;
-/// use harness::framework::{Ctx, Registry};
+/// use harness::framework::{Ctx, Label, Registry};
 ///
 /// let mut reg = Registry::new();
 /// reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
@@ -24,12 +35,18 @@ pub(crate) type Body = Arc<dyn Fn(Ctx) -> BoxFuture<'static, SpecResult> + Send 
 ///     r.context_with_labels("kubelet", ["Feature:DynamicResourceAllocation"], |r| {
 ///         r.it("registers plugin", async |_ctx| Ok(())).timeout(Duration::from_secs(300));
 ///     });
+///     let gate = [Label::new("FeatureGate:X"), Label::trailing("Alpha")];
+///     r.context_with_labels("control plane", gate, |r| {
+///         r.it("reports", async |_ctx| Ok(())).label("KubeletMinVersion:1.37");
+///     });
 /// });
 /// let texts: Vec<_> = reg.specs().map(|s| s.full_text().to_owned()).collect();
 /// assert_eq!(texts, [
 ///     "[sig-node] [DRA] control plane supports claim and class parameters [ConformanceCandidate]",
 ///     "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin",
+///     "[sig-node] [DRA] control plane [FeatureGate:X] reports [KubeletMinVersion:1.37] [Alpha]",
 /// ]);
+/// assert_eq!(reg.specs().next().unwrap().labels(), ["sig-node", "DRA", "ConformanceCandidate"]);
 /// ```
 ///
 /// Bodies are `Fn(Ctx) -> impl Future<Output = SpecResult> + Send`: an async
@@ -44,7 +61,7 @@ pub struct Registry {
 
 struct Container {
     text: String,
-    labels: Vec<String>,
+    labels: Vec<Label>,
 }
 
 /// A registered spec: its description and its body.
@@ -59,16 +76,16 @@ pub struct SpecInfo {
     index: usize,
     container_text: String,
     name: String,
-    own_labels: Vec<String>,
-    inherited_labels: Vec<String>,
+    own_labels: Vec<Label>,
+    inherited_labels: Vec<Label>,
     labels: Vec<String>,
     full_text: String,
     timeout: Option<Duration>,
 }
 
 impl SpecInfo {
-    /// Container texts, the name and every `[label]`, as ginkgo renders them:
-    /// `[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] registers plugin`.
+    /// Container texts, the name and every `[label]`, as upstream's framework renders them
+    /// (see [`Registry`]): `[sig-node] [DRA] control plane [FeatureGate:X] reports [Alpha]`.
     pub fn full_text(&self) -> &str {
         &self.full_text
     }
@@ -100,29 +117,52 @@ impl SpecInfo {
     }
 
     fn render(&mut self) {
-        let mut labels = self.inherited_labels.clone();
-        for l in &self.own_labels {
-            if !labels.contains(l) {
-                labels.push(l.clone());
+        let mut labels: Vec<String> = Vec::new();
+        let mut trailing: Vec<&str> = Vec::new();
+        for l in self.inherited_labels.iter().chain(&self.own_labels) {
+            if !labels.iter().any(|have| have.as_str() == l.name()) {
+                labels.push(l.name().to_owned());
+            }
+            if l.is_trailing() && !trailing.contains(&l.name()) {
+                trailing.push(l.name());
             }
         }
+        trailing.sort_unstable();
+        let mut leaf = vec![self.name.clone()];
+        leaf.extend(self.own_labels.iter().filter(|l| !l.is_trailing()).map(|l| format!("[{}]", l.name())));
+        for l in trailing {
+            let text = format!("[{l}]");
+            // Upstream never repeats at the end what the text before already shows.
+            if !self.container_text.contains(&text) && !leaf.contains(&text) {
+                leaf.push(text);
+            }
+        }
+        self.full_text = join_nonempty([self.container_text.clone(), join_nonempty(leaf)]);
         self.labels = labels;
-        self.full_text = join_nonempty([self.container_text.clone(), render(&self.name, &self.own_labels)]);
     }
 }
 
-/// `text [l1] [l2]`.
-fn render(text: &str, labels: &[String]) -> String {
+/// `text [l1] [l2]` with the in-place labels only.
+fn render(text: &str, labels: &[Label]) -> String {
     let mut out = text.trim().to_owned();
-    for l in labels {
+    for l in labels.iter().filter(|l| !l.is_trailing()) {
         if !out.is_empty() {
             out.push(' ');
         }
         out.push('[');
-        out.push_str(l);
+        out.push_str(l.name());
         out.push(']');
     }
     out
+}
+
+/// The label of a container text `[sig-<name>]` (upstream's `SIGDescribe`).
+fn sig_label(text: &str) -> Option<&str> {
+    let inner = text.trim().strip_prefix('[')?.strip_suffix(']')?;
+    let sig = inner.strip_prefix("sig-")?;
+    let valid =
+        !sig.is_empty() && sig.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    valid.then_some(inner)
 }
 
 fn join_nonempty(parts: impl IntoIterator<Item = String>) -> String {
@@ -148,11 +188,12 @@ impl Registry {
         self.container(text, Vec::<String>::new(), body);
     }
 
-    /// A container with labels: rendered `text [label]...`, inherited by every spec inside.
+    /// A container with labels, inherited by every spec inside: in-place ones rendered
+    /// `text [label]...`, trailing ones at the end of each spec's text.
     pub fn describe_with_labels<I, S>(&mut self, text: &str, labels: I, body: impl FnOnce(&mut Registry))
     where
         I: IntoIterator<Item = S>,
-        S: Into<String>,
+        S: Into<Label>,
     {
         self.container(text, labels, body);
     }
@@ -166,7 +207,7 @@ impl Registry {
     pub fn context_with_labels<I, S>(&mut self, text: &str, labels: I, body: impl FnOnce(&mut Registry))
     where
         I: IntoIterator<Item = S>,
-        S: Into<String>,
+        S: Into<Label>,
     {
         self.container(text, labels, body);
     }
@@ -174,22 +215,33 @@ impl Registry {
     fn container<I, S>(&mut self, text: &str, labels: I, body: impl FnOnce(&mut Registry))
     where
         I: IntoIterator<Item = S>,
-        S: Into<String>,
+        S: Into<Label>,
     {
-        let labels = self.checked_labels(labels, text);
-        self.containers.push(Container { text: text.to_owned(), labels });
+        let mut labels = self.checked_labels(labels, text);
+        let mut text = text.trim().to_owned();
+        if let Some(sig) = sig_label(&text) {
+            labels.insert(0, Label::from(sig));
+            text.clear();
+        }
+        for l in labels.iter().filter(|l| !l.is_trailing() && ALWAYS_TRAILING.contains(&l.name())) {
+            self.problems.push(format!(
+                "label {:?} of container {text:?} would follow the container text; upstream's framework renders it at the end of each spec's text, declare it as Label::trailing",
+                l.name()
+            ));
+        }
+        self.containers.push(Container { text, labels });
         body(self);
         self.containers.pop();
     }
 
-    fn checked_labels<I, S>(&mut self, labels: I, owner: &str) -> Vec<String>
+    fn checked_labels<I, S>(&mut self, labels: I, owner: &str) -> Vec<Label>
     where
         I: IntoIterator<Item = S>,
-        S: Into<String>,
+        S: Into<Label>,
     {
         let mut out = Vec::new();
         for l in labels {
-            match label::validate(&l.into()) {
+            match l.into().validated() {
                 Ok(l) => out.push(l),
                 Err(problem) => self.problems.push(format!("{problem} (in {owner:?})")),
             }
@@ -204,12 +256,8 @@ impl Registry {
         Fut: Future<Output = SpecResult> + Send + 'static,
     {
         let container_text = join_nonempty(self.containers.iter().map(|c| render(&c.text, &c.labels)));
-        let mut inherited_labels: Vec<String> = Vec::new();
-        for l in self.containers.iter().flat_map(|c| &c.labels) {
-            if !inherited_labels.contains(l) {
-                inherited_labels.push(l.clone());
-            }
-        }
+        let inherited_labels: Vec<Label> =
+            self.containers.iter().flat_map(|c| c.labels.iter().cloned()).collect();
         if name.trim().is_empty() {
             self.problems.push(format!("a spec in {container_text:?} has an empty name"));
         }
@@ -270,11 +318,12 @@ pub struct SpecHandle<'a> {
 }
 
 impl SpecHandle<'_> {
-    /// Adds labels, rendered `name [label]...` in this order.
+    /// Adds labels: in-place ones rendered `name [label]...` in this order, trailing ones
+    /// (sorted with the containers' trailing labels) after them.
     pub fn labels<I, S>(self, labels: I) -> Self
     where
         I: IntoIterator<Item = S>,
-        S: Into<String>,
+        S: Into<Label>,
     {
         let owner = self.registry.specs[self.index].info.full_text.clone();
         let labels = self.registry.checked_labels(labels, &owner);
@@ -285,7 +334,7 @@ impl SpecHandle<'_> {
     }
 
     /// Adds one label.
-    pub fn label(self, label: impl Into<String>) -> Self {
+    pub fn label(self, label: impl Into<Label>) -> Self {
         self.labels([label.into()])
     }
 
@@ -328,10 +377,10 @@ mod tests {
     }
 
     #[rstest]
-    #[case(0, "[sig-node] [DRA] control plane supports claim and class parameters [ConformanceCandidate]", &["DRA", "ConformanceCandidate"])]
-    #[case(1, "[sig-node] [DRA] control plane supports reusing resources", &["DRA"])]
-    #[case(2, "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] must retry NodePrepareResources", &["DRA", "Feature:DynamicResourceAllocation"])]
-    #[case(3, "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] with rolling update keeps slices [KubeletMinVersion:1.33] [Slow] [Serial]", &["DRA", "Feature:DynamicResourceAllocation", "KubeletMinVersion:1.33", "Slow", "Serial"])]
+    #[case(0, "[sig-node] [DRA] control plane supports claim and class parameters [ConformanceCandidate]", &["sig-node", "DRA", "ConformanceCandidate"])]
+    #[case(1, "[sig-node] [DRA] control plane supports reusing resources", &["sig-node", "DRA"])]
+    #[case(2, "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] must retry NodePrepareResources", &["sig-node", "DRA", "Feature:DynamicResourceAllocation"])]
+    #[case(3, "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] with rolling update keeps slices [KubeletMinVersion:1.33] [Slow] [Serial]", &["sig-node", "DRA", "Feature:DynamicResourceAllocation", "KubeletMinVersion:1.33", "Slow", "Serial"])]
     #[case(4, "CRUD Tests resource.k8s.io/v1 DeviceClass [Conformance] [DRA]", &["Conformance", "DRA"])]
     #[case(5, "top level", &[])]
     fn renders_full_text_and_inherits_labels(
@@ -369,6 +418,85 @@ mod tests {
         assert_eq!(err.problems.len(), 4, "{err}");
         assert!(err.to_string().contains("two specs are named \"a b\""), "{err}");
         assert!(err.to_string().contains("label \"x|y\" contains '|'"), "{err}");
+    }
+
+    /// Upstream's `control plane` context with `WithFeatureGate(DRAResourcePoolStatus)` and a
+    /// nested context with two more gates (dra.go, v1.37.2): the container's gate stays in
+    /// place, its level, `OffByDefault` and dependencies go to the end, sorted, once, and a
+    /// dependency the text already shows is not repeated.
+    #[test]
+    fn renders_trailing_labels_at_the_end_sorted_once() {
+        let gate = [
+            Label::new("FeatureGate:DRAResourcePoolStatus"),
+            Label::trailing("Alpha"),
+            Label::trailing("Feature:OffByDefault"),
+            Label::trailing("FeatureGate:DynamicResourceAllocation"),
+        ];
+        let mut reg = Registry::new();
+        reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
+            r.context_with_labels("control plane", gate.clone(), |r| {
+                r.it("should filter by pool name", async |_| Ok(()));
+            });
+            r.context_with_labels("control plane views", gate, |r| {
+                let typed = [
+                    Label::new("FeatureGate:DRAPartitionableDevices"),
+                    Label::trailing("Beta"),
+                    Label::trailing("FeatureGate:DynamicResourceAllocation"),
+                    Label::new("FeatureGate:DRAPartitionableDevicesType"),
+                    Label::trailing("Alpha"),
+                    Label::trailing("Feature:OffByDefault"),
+                    Label::trailing("FeatureGate:DRAResourcePoolStatus"),
+                ];
+                r.context_with_labels("partitionable typed view", typed, |r| {
+                    r.it("should report partitionSummary", async |_| Ok(()))
+                        .labels([Label::new("KubeletMinVersion:1.36"), Label::trailing("Serial")]);
+                });
+            });
+        });
+        let specs: Vec<_> = reg.specs().collect();
+        assert_eq!(
+            specs[0].full_text(),
+            "[sig-node] [DRA] control plane [FeatureGate:DRAResourcePoolStatus] should filter by pool name [Alpha] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation]"
+        );
+        assert_eq!(
+            specs[0].labels(),
+            [
+                "sig-node",
+                "DRA",
+                "FeatureGate:DRAResourcePoolStatus",
+                "Alpha",
+                "Feature:OffByDefault",
+                "FeatureGate:DynamicResourceAllocation"
+            ]
+        );
+        assert_eq!(
+            specs[1].full_text(),
+            "[sig-node] [DRA] control plane views [FeatureGate:DRAResourcePoolStatus] partitionable typed view [FeatureGate:DRAPartitionableDevices] [FeatureGate:DRAPartitionableDevicesType] should report partitionSummary [KubeletMinVersion:1.36] [Alpha] [Beta] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation] [Serial]"
+        );
+        assert!(specs[1].is_serial());
+        assert!(reg.validate().is_ok());
+    }
+
+    #[rstest]
+    #[case("[sig-node]", Some("sig-node"))]
+    #[case(" [sig-api-machinery] ", Some("sig-api-machinery"))]
+    #[case("[sig-]", None)]
+    #[case("[sig-node] [DRA]", None)]
+    #[case("[DRA]", None)]
+    #[case("sig-node", None)]
+    fn recognizes_sig_containers(#[case] text: &str, #[case] expected: Option<&str>) {
+        assert_eq!(sig_label(text), expected);
+    }
+
+    #[test]
+    fn rejects_always_trailing_labels_in_place_on_containers() {
+        let mut reg = Registry::new();
+        reg.context_with_labels("control plane", ["FeatureGate:X", "Alpha"], |r| {
+            r.it("a", async |_| Ok(()));
+        });
+        let err = reg.validate().unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert!(err.problems[0].contains("\"Alpha\" of container \"control plane\""), "{err}");
     }
 
     #[test]

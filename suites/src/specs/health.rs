@@ -40,7 +40,7 @@ use harness::{
     builder::{Builder, CLAIM_CONTAINER, node_name},
     calls::{CallLog, Method},
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{Ctx, Registry, SpecResult},
+    framework::{Ctx, Label, Registry, SpecResult},
     plugin::Health,
     wait::Verdict,
 };
@@ -64,8 +64,9 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The name of health.go's specs.
 const REFLECT: &str = "must reflect device health changes in the pod status";
-/// ginkgo appends the gate's stability and dependency to the spec name.
-const HEALTH_LEAF_LABELS: [&str; 2] = ["Beta", "FeatureGate:DynamicResourceAllocation"];
+/// Upstream's framework appends the gate's stability and dependency to the spec name.
+const HEALTH_LEAF_LABELS: [Label; 2] =
+    [Label::trailing("Beta"), Label::trailing("FeatureGate:DynamicResourceAllocation")];
 
 /// Registers the specs under `[sig-node] [DRA]`.
 pub fn register(registry: &mut Registry) {
@@ -84,17 +85,20 @@ pub fn register(registry: &mut Registry) {
                 // Like a driver which dropped v1alpha1; kubelets before 1.37 cannot consume it.
                 r.context("with a driver which only serves the v1 health API", |r| {
                     r.it(REFLECT, |ctx| reflect_health(ctx, true, false))
-                        .labels(["KubeletMinVersion:1.37"].into_iter().chain(HEALTH_LEAF_LABELS));
+                        .labels([Label::new("KubeletMinVersion:1.37")].into_iter().chain(HEALTH_LEAF_LABELS));
                 });
             },
         );
         r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
+            // `framework.WithLabel("KubeletMinVersion:1.36")` and
+            // `f.WithFeatureGate(features.ResourceHealthStatusMessage)` (beta; depends on
+            // `DynamicResourceAllocation` and `ResourceHealthStatus`).
             r.it("should report device health with custom messages", custom_messages).labels([
-                "KubeletMinVersion:1.36",
-                "FeatureGate:ResourceHealthStatusMessage",
-                "Beta",
-                "FeatureGate:DynamicResourceAllocation",
-                "FeatureGate:ResourceHealthStatus",
+                Label::new("KubeletMinVersion:1.36"),
+                Label::new("FeatureGate:ResourceHealthStatusMessage"),
+                Label::trailing("Beta"),
+                Label::trailing("FeatureGate:DynamicResourceAllocation"),
+                Label::trailing("FeatureGate:ResourceHealthStatus"),
             ]);
         });
     });

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use harness::{
     builder::Builder,
     driver::{Driver, DriverConfig, Nodes, ResourcesFn, resources},
-    framework::{Ctx, Registry, Skip, SpecResult},
+    framework::{Ctx, Label, Registry, Skip, SpecResult},
     wait::{self, Attempt, Verdict, WaitError},
 };
 use k8s_openapi::api::resource::{
@@ -26,13 +26,33 @@ use kube::{
 };
 use serde_json::json;
 
-/// Upstream's `f.WithFeatureGate(features.DRAResourcePoolStatus)`: the gate, its level, off by
-/// default, and the gate it depends on.
-const POOL_STATUS_LABELS: [&str; 4] = [
-    "FeatureGate:DRAResourcePoolStatus",
-    "Alpha",
-    "Feature:OffByDefault",
-    "FeatureGate:DynamicResourceAllocation",
+/// Upstream's `f.WithFeatureGate(features.DRAResourcePoolStatus)`: the gate (in place), then at
+/// the end of the spec text its level, off by default, and the gate it depends on.
+const POOL_STATUS_LABELS: [Label; 4] = [
+    Label::new("FeatureGate:DRAResourcePoolStatus"),
+    Label::trailing("Alpha"),
+    Label::trailing("Feature:OffByDefault"),
+    Label::trailing("FeatureGate:DynamicResourceAllocation"),
+];
+/// `f.WithFeatureGate(features.DRAPartitionableDevices)` (beta, on by default).
+const PARTITIONABLE_LABELS: [Label; 3] = [
+    Label::new("FeatureGate:DRAPartitionableDevices"),
+    Label::trailing("Beta"),
+    Label::trailing("FeatureGate:DynamicResourceAllocation"),
+];
+/// `f.WithFeatureGate(features.DRAPartitionableDevicesType)` (alpha, off by default; depends
+/// on `DynamicResourceAllocation`, `DRAPartitionableDevices` and `DRAResourcePoolStatus`).
+const PARTITION_TYPE_LABELS: [Label; 4] = [
+    Label::new("FeatureGate:DRAPartitionableDevicesType"),
+    Label::trailing("Alpha"),
+    Label::trailing("Feature:OffByDefault"),
+    Label::trailing("FeatureGate:DRAResourcePoolStatus"),
+];
+/// `f.WithFeatureGate(features.DRAConsumableCapacity)` (beta, on by default).
+const CONSUMABLE_CAPACITY_LABELS: [Label; 3] = [
+    Label::new("FeatureGate:DRAConsumableCapacity"),
+    Label::trailing("Beta"),
+    Label::trailing("FeatureGate:DynamicResourceAllocation"),
 ];
 /// How long a spec keeps creating requests (upstream: 60 s, every 2 s).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -46,24 +66,17 @@ pub fn register_single_node(r: &mut Registry) {
         r.it("should reflect allocated devices after pod is scheduled", allocated_devices);
     });
     r.context_with_labels("control plane views", POOL_STATUS_LABELS, |r| {
-        r.context_with_labels(
-            "partitionable typed view",
-            ["FeatureGate:DRAPartitionableDevices", "Beta", "FeatureGate:DRAPartitionableDevicesType"],
-            |r| {
-                r.it("should report partitionSummary for a partitionable pool", partition_summary);
-            },
-        );
-        r.context_with_labels(
-            "partitionable pool without a partition type",
-            ["FeatureGate:DRAPartitionableDevices", "Beta"],
-            |r| {
-                r.it(
-                    "should report no partition summary when no partition type is declared",
-                    no_partition_summary,
-                );
-            },
-        );
-        r.context_with_labels("shareable view", ["FeatureGate:DRAConsumableCapacity", "Beta"], |r| {
+        let typed = PARTITIONABLE_LABELS.into_iter().chain(PARTITION_TYPE_LABELS);
+        r.context_with_labels("partitionable typed view", typed, |r| {
+            r.it("should report partitionSummary for a partitionable pool", partition_summary);
+        });
+        r.context_with_labels("partitionable pool without a partition type", PARTITIONABLE_LABELS, |r| {
+            r.it(
+                "should report no partition summary when no partition type is declared",
+                no_partition_summary,
+            );
+        });
+        r.context_with_labels("shareable view", CONSUMABLE_CAPACITY_LABELS, |r| {
             r.it("should report shareableSummary for a pool with shareable devices", shareable_summary);
         });
     });

@@ -25,7 +25,7 @@
 mod recorder;
 mod testcase;
 
-use harness::framework::{Ctx, Registry, Skip, SpecResult};
+use harness::framework::{Ctx, Label, Registry, Skip, SpecResult};
 use k8s_openapi::{
     api::resource::{
         v1::{Device, DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice},
@@ -47,23 +47,26 @@ const UPDATE_LABEL: &str = "test.dra.example.com";
 /// The driver and device class name upstream's test data uses.
 const EXAMPLE_DRIVER: &str = "dra.example.com";
 
+/// `framework.ConformanceIt`: upstream's framework always renders `Conformance` at the end.
+const CONFORMANCE: Label = Label::trailing("Conformance");
+
 /// Registers the `CRUD Tests` specs under `[sig-node] [DRA]`.
 pub fn register(registry: &mut Registry) {
     registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
         r.context("CRUD Tests", |r| {
-            r.it("resource.k8s.io/v1 DeviceClass", device_class).label("Conformance");
-            r.it("resource.k8s.io/v1 DeviceTaintRule", device_taint_rule).label("Conformance");
-            r.it("resource.k8s.io/v1 ResourceClaim", resource_claim).label("Conformance");
-            r.it("resource.k8s.io/v1 ResourceClaimTemplate", resource_claim_template).label("Conformance");
-            r.it("resource.k8s.io/v1 ResourceSlice", resource_slice).label("Conformance");
+            r.it("resource.k8s.io/v1 DeviceClass", device_class).label(CONFORMANCE);
+            r.it("resource.k8s.io/v1 DeviceTaintRule", device_taint_rule).label(CONFORMANCE);
+            r.it("resource.k8s.io/v1 ResourceClaim", resource_claim).label(CONFORMANCE);
+            r.it("resource.k8s.io/v1 ResourceClaimTemplate", resource_claim_template).label(CONFORMANCE);
+            r.it("resource.k8s.io/v1 ResourceSlice", resource_slice).label(CONFORMANCE);
             // Upstream: f.WithFeatureGate(features.DRAResourcePoolStatus), rendered as the gate,
             // then (sorted) its level, OffByDefault and the gate it depends on.
             r.it("resource.k8s.io/v1alpha3 ResourcePoolStatusRequest", resource_pool_status_request).labels(
                 [
-                    "FeatureGate:DRAResourcePoolStatus",
-                    "Alpha",
-                    "Feature:OffByDefault",
-                    "FeatureGate:DynamicResourceAllocation",
+                    Label::new("FeatureGate:DRAResourcePoolStatus"),
+                    Label::trailing("Alpha"),
+                    Label::trailing("Feature:OffByDefault"),
+                    Label::trailing("FeatureGate:DynamicResourceAllocation"),
                 ],
             );
         });
