@@ -33,6 +33,7 @@ async fn main() -> ExitCode {
     let cli = Cli::try_parse().unwrap_or_else(|e| e.exit());
     harness::framework::init_tracing();
     let mut registry = Registry::new();
+    harness::suite::configure(&mut registry);
     registry.describe("[dra-e2e example]", |r| {
         r.it("prepares a claim once and unprepares it once", prepare_once);
     });

@@ -2,11 +2,12 @@
 
 pub mod builder;
 pub use kubelet_plugin::{calls, grpc, plugin};
+pub use spec_runner as framework;
 pub mod device_plugin;
 pub mod driver;
-pub mod framework;
 pub mod manifests;
 pub mod podexec;
 pub mod proxied;
+pub mod suite;
 pub mod tunnel;
 pub mod wait;

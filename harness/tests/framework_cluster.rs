@@ -21,7 +21,7 @@ use std::{
 
 use futures::{AsyncBufReadExt as _, StreamExt as _, TryStreamExt as _};
 use harness::framework::{
-    ArtifactSource, ClusterBackend, Ctx, DRA_API, FailureKind, KubeBackend, Outcome, Output, OutputBuffer,
+    ArtifactSource, ClusterBackend, Ctx, FailureKind, KubeBackend, Outcome, Output, OutputBuffer,
     PreflightError, Registry, RunOptions, RunReport, Selection, SpecResult, init_tracing, run_with_backend,
 };
 use k8s_openapi::api::{
@@ -188,6 +188,7 @@ async fn failing_spec_collects_artifacts_and_leaves_nothing_behind() {
     let seen = Seen::default();
     let s = seen.clone();
     let mut reg = Registry::new();
+    harness::suite::configure(&mut reg);
     reg.describe_with_labels("[framework]", ["DRA"], |r| {
         r.it("creates a class, a claim and a pod, then fails", move |ctx: Ctx| {
             let seen = s.clone();
@@ -240,10 +241,10 @@ async fn failing_spec_collects_artifacts_and_leaves_nothing_behind() {
     assert!(!pods.contains("managedFields"));
     assert!(read("logs/logger/main.log").contains("hello-from-the-pod"));
     assert!(read("events.yaml").contains("logger"));
-    assert!(read("resourceclaims.yaml").contains("name: claim-0"));
-    assert!(read("deviceclasses.yaml").contains(&format!("name: {class}")));
-    let slices: serde_yaml::Value = serde_yaml::from_str(&read("resourceslices.yaml")).unwrap();
-    assert_eq!(slices["kind"], serde_yaml::Value::from("List"));
+    // the suite's DRA objects (harness::suite::configure)
+    assert!(read("dra-objects/resourceclaims.yaml").contains("name: claim-0"));
+    let classes = read("dra-objects/deviceclasses.yaml");
+    assert!(classes.contains(&format!("name: {class}")) && classes.contains("kind: List"), "{classes}");
     assert!(read("recorded_calls/calls.yaml").contains("calls"));
 
     assert_nothing_left(&run.client, &seen).await;
@@ -284,6 +285,7 @@ async fn timed_out_spec_is_cancelled_and_cleaned_up() {
     let cancelled = Arc::new(AtomicBool::new(false));
     let (s, c) = (seen.clone(), cancelled.clone());
     let mut reg = Registry::new();
+    harness::suite::configure(&mut reg);
     reg.it("creates a class, then hangs", move |ctx: Ctx| {
         let (seen, cancelled) = (s.clone(), c.clone());
         async move {
@@ -302,7 +304,7 @@ async fn timed_out_spec_is_cancelled_and_cleaned_up() {
     // collected before the cleanup deleted the class
     let class = &seen.all("DeviceClass")[0];
     let classes = std::fs::read_to_string(
-        run.dir.path().join("artifacts/creates_a_class_then_hangs/deviceclasses.yaml"),
+        run.dir.path().join("artifacts/creates_a_class_then_hangs/dra-objects/deviceclasses.yaml"),
     )
     .unwrap();
     assert!(classes.contains(&format!("name: {class}")), "{classes}");
@@ -354,7 +356,7 @@ async fn four_procs_run_four_specs_at_once() {
 async fn preflight_describes_the_cluster() {
     let backend = backend().await;
     let info = backend.preflight().await.unwrap();
-    assert!(info.serves(DRA_API), "{info:?}");
+    assert!(info.serves(harness::suite::DRA_API), "{info:?}");
     assert!(info.serves("v1"));
     assert!(info.server_version.starts_with("v1."), "{info:?}");
     assert!(info.ready_nodes().count() >= 1, "{info:?}");

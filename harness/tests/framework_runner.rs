@@ -575,6 +575,46 @@ async fn preflight_failure_is_a_configuration_error() {
 }
 
 #[tokio::test]
+async fn a_required_api_the_cluster_lacks_stops_the_run_before_any_spec() {
+    let journal = Journal::default();
+    let mut reg = Registry::new();
+    reg.require_api("resource.k8s.io/v1", "unused");
+    reg.require_api("example.io/v1", "the example specs need example.io/v1");
+    reg.it("never runs", async |_| Ok(()));
+    let run = run(reg, journal.clone(), |_| {}).await;
+    assert_eq!(run.report.exit_code(), 2);
+    let error = run.report.error.as_deref().unwrap();
+    assert_eq!(
+        error,
+        "the cluster at https://fake does not serve example.io/v1 (no version of example.io is served); the example specs need example.io/v1"
+    );
+    assert!(journal.entries().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_each_hooks_run_for_every_spec_before_its_body() {
+    let journal = Journal::default();
+    let mut reg = Registry::new();
+    let j = journal.clone();
+    reg.before_each(move |ctx| j.push(format!("hook {}", ctx.full_text())));
+    for name in ["a", "b"] {
+        let j = journal.clone();
+        reg.it(name, move |ctx: Ctx| {
+            let j = j.clone();
+            async move {
+                j.push(format!("body {}", ctx.full_text()));
+                Ok(())
+            }
+        });
+    }
+    let run = run(reg, journal.clone(), |o| o.procs = 1).await;
+    assert_eq!(run.report.exit_code(), 0, "{}", run.output.contents());
+    for name in ["a", "b"] {
+        assert!(journal.position(&format!("hook {name}")) < journal.position(&format!("body {name}")));
+    }
+}
+
+#[tokio::test]
 async fn namespace_failure_fails_the_spec_without_running_it() {
     let journal = Journal::default();
     let ran = Arc::new(AtomicBool::new(false));

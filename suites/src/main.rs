@@ -48,6 +48,7 @@ async fn main() -> ExitCode {
         },
         None => {
             let mut registry = Registry::new();
+            harness::suite::configure(&mut registry);
             specs::register(&mut registry);
             harness::framework::run(registry, cli.runner).await
         }

@@ -365,26 +365,38 @@ impl fmt::Debug for Driver {
     }
 }
 
-/// Writes each node's recorded gRPC calls into a failed spec's artifacts.
-struct CallsArtifacts {
+/// Writes the driver's ResourceSlices and each node's recorded gRPC calls into a failed spec's
+/// artifacts.
+struct DriverArtifacts {
     name: String,
+    driver: String,
+    client: kube::Client,
     calls: Vec<(String, Calls)>,
 }
 
 #[async_trait]
-impl ArtifactSource for CallsArtifacts {
+impl ArtifactSource for DriverArtifacts {
     fn name(&self) -> &str {
         &self.name
     }
 
     async fn collect(&self, dir: &Path) -> anyhow::Result<()> {
+        let slices = crate::suite::list_dra_objects(&self.client, "ResourceSlice", "resourceslices", None)
+            .await
+            .map(|slices| {
+                let ours = |s: &kube::api::DynamicObject| {
+                    s.data.pointer("/spec/driver").and_then(|d| d.as_str()) == Some(self.driver.as_str())
+                };
+                slices.into_iter().filter(ours).collect::<Vec<_>>()
+            });
+        let slices = crate::framework::write_list(dir, "resourceslices.yaml", slices).await;
         for (node, calls) in &self.calls {
             let log: CallLog = calls.log();
             tokio::fs::write(dir.join(format!("grpc-calls-{node}.json")), serde_json::to_vec_pretty(&log)?)
                 .await?;
             tokio::fs::write(dir.join(format!("grpc-calls-{node}.txt")), log.to_string()).await?;
         }
-        Ok(())
+        slices.map_err(|e| anyhow::anyhow!(e))
     }
 }
 
@@ -415,7 +427,7 @@ fn random_uid() -> String {
 
 impl Driver {
     /// Sets up the driver on `nodes` (see the module documentation) and registers its teardown
-    /// on `ctx`. Records the driver name on `ctx` and the gRPC calls as artifacts.
+    /// on `ctx`. Its ResourceSlices and the recorded gRPC calls go into a failed spec's artifacts.
     pub async fn start(ctx: &Ctx, nodes: &Nodes, config: DriverConfig) -> Result<Driver, DriverError> {
         let name = driver_name(ctx.namespace(), &config.name_suffix);
         let namespace = ctx.namespace().to_owned();
@@ -423,7 +435,6 @@ impl Driver {
         let with_rbac = config.with_rbac || config.with_kubelet;
         let id = deployment_id(&name, &config.instance_suffix);
         tracing::info!(driver = %name, nodes = ?nodes.names(), with_kubelet = config.with_kubelet, with_rbac, "deploying driver");
-        ctx.add_driver_name(name.clone());
 
         let calls: BTreeMap<String, Calls> = nodes
             .names()
@@ -433,8 +444,10 @@ impl Driver {
                 (n.clone(), Calls::named(scope))
             })
             .collect();
-        ctx.artifact_source(Box::new(CallsArtifacts {
+        ctx.artifact_source(Box::new(DriverArtifacts {
             name: format!("driver-{name}{}", config.instance_suffix),
+            driver: name.clone(),
+            client: admin.clone(),
             calls: calls.iter().map(|(n, c)| (n.clone(), c.clone())).collect(),
         }));
         {

@@ -121,34 +121,9 @@ impl fmt::Debug for PortForwardDialer {
     }
 }
 
-/// A client for tunnels: like `kube::Client::try_from(config)`, but its TCP connections to the
-/// API server set `TCP_NODELAY`.
-///
-/// kube's default connector leaves Nagle's algorithm on. A port-forward WebSocket carries small
-/// gRPC frames; a second small write waits for the ACK of the first, which the API server's
-/// kernel delays (up to 40 ms), so some calls through a tunnel take 40 ms longer (seen as the
-/// p99 of `cargo bench --bench tunnel` through a real port-forward). Use this client for
-/// [`PortForwardDialer`] (and exec). It keeps the config's connect timeout but has no read or
-/// write timeouts (streams are long-lived) and no request tracing.
-pub fn tunnel_client(config: &kube::Config) -> Result<kube::Client, kube::Error> {
-    use kube::client::ConfigExt as _;
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(config.connect_timeout);
-    let https = config.rustls_https_connector_with_connector(http)?;
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .map_err(|e: hyper_util::client::legacy::Error| -> Box<dyn std::error::Error + Send + Sync> {
-            Box::new(e)
-        })
-        .service(
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https),
-        );
-    Ok(kube::Client::new(service, config.default_namespace.clone()))
-}
+/// The kube client for port-forward tunnels and exec: its connections set `TCP_NODELAY` (see
+/// [`spec_runner::nodelay_client`]).
+pub use spec_runner::nodelay_client as tunnel_client;
 
 /// How long one port-forward upgrade may take by default.
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);

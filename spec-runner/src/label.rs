@@ -38,7 +38,7 @@ pub(crate) const ALWAYS_TRAILING: &[&str] = &[
 /// and depends on `DynamicResourceAllocation`, is
 ///
 /// ```
-/// use harness::framework::Label;
+/// use spec_runner::Label;
 ///
 /// const GATE: [Label; 4] = [
 ///     Label::new("FeatureGate:X"),

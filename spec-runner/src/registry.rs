@@ -24,7 +24,7 @@ pub(crate) type Body = Arc<dyn Fn(Ctx) -> BoxFuture<'static, SpecResult> + Send 
 ///
 /// ```
 /// use std::time::Duration;
-/// use harness::framework::{Ctx, Label, Registry};
+/// use spec_runner::{Ctx, Label, Registry};
 ///
 /// let mut reg = Registry::new();
 /// reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
@@ -57,6 +57,20 @@ pub struct Registry {
     specs: Vec<SpecDef>,
     containers: Vec<Container>,
     problems: Vec<String>,
+    hooks: SuiteHooks,
+}
+
+/// A hook run for every spec before its body ([`Registry::before_each`]).
+pub(crate) type SpecHook = Arc<dyn Fn(&Ctx) + Send + Sync>;
+
+/// What a suite adds to every run: API requirements checked at preflight and hooks that run for
+/// every spec. The runner itself knows no API group and no kind beyond pods and events.
+#[derive(Default, Clone)]
+pub(crate) struct SuiteHooks {
+    /// `(group version, what to tell the user when it is not served)`.
+    pub(crate) required_apis: Vec<(String, String)>,
+    /// Run for every spec once its [`Ctx`] exists, before its body.
+    pub(crate) before_each: Vec<SpecHook>,
 }
 
 struct Container {
@@ -306,8 +320,21 @@ impl Registry {
         if problems.is_empty() { Ok(()) } else { Err(RegistryError { problems }) }
     }
 
-    pub(crate) fn into_specs(self) -> Vec<SpecDef> {
-        self.specs
+    /// Every spec of this suite needs `group_version` (`resource.k8s.io/v1`): a cluster that
+    /// does not serve it fails preflight with one sentence that ends with `hint`, and no spec runs.
+    pub fn require_api(&mut self, group_version: impl Into<String>, hint: impl Into<String>) {
+        self.hooks.required_apis.push((group_version.into(), hint.into()));
+    }
+
+    /// Runs `hook` for every spec once its [`Ctx`] exists, before its body (a suite-wide
+    /// `BeforeEach`), e.g. to register [`ArtifactSource`](crate::ArtifactSource)s of the kinds
+    /// the suite works with.
+    pub fn before_each(&mut self, hook: impl Fn(&Ctx) + Send + Sync + 'static) {
+        self.hooks.before_each.push(Arc::new(hook));
+    }
+
+    pub(crate) fn into_parts(self) -> (Vec<SpecDef>, SuiteHooks) {
+        (self.specs, self.hooks)
     }
 }
 

@@ -84,7 +84,7 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
-    use crate::framework::outcome::{FailureKind, SpecReport};
+    use crate::outcome::{FailureKind, SpecReport};
 
     fn spec(text: &str, attempt: u32, outcome: Outcome, log: &str) -> SpecReport {
         SpecReport {

@@ -1,9 +1,9 @@
 //! Artifacts of failed specs: the folder layout and [`ArtifactSource`]s.
 //!
 //! `<artifacts>/<spec name>[-attempt-N]/` holds what the backend collects
-//! from the cluster (`events.yaml`, `pods.yaml`, `logs/<pod>/<container>.log`,
-//! `resourceclaims.yaml`, `resourceslices.yaml`, `deviceclasses.yaml`), one
-//! sub-folder per registered [`ArtifactSource`], `failure.txt` and `spec.log`.
+//! from the cluster (`events.yaml`, `pods.yaml`, `logs/<pod>/<container>.log`), one
+//! sub-folder per registered [`ArtifactSource`] (the suite's kinds, a driver's recorded calls),
+//! `failure.txt` and `spec.log`.
 //! Cluster state is collected before the cleanups run.
 
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ use super::names;
 ///
 /// ```
 /// use std::path::Path;
-/// use harness::framework::ArtifactSource;
+/// use spec_runner::ArtifactSource;
 ///
 /// struct Notes(String);
 ///

@@ -4,6 +4,10 @@ use std::{path::PathBuf, time::Duration};
 
 use super::duration;
 
+/// Target of the runner's per-spec outcome messages: in spec logs, but off
+/// on the console by default (the progress lines already say it).
+pub const OUTCOME_TARGET: &str = "dra_e2e::outcome";
+
 /// How a spec failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureKind {

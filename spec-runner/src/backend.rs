@@ -31,9 +31,6 @@ pub struct SpecNamespace {
 pub struct ArtifactRequest<'a> {
     /// The spec's namespace.
     pub namespace: &'a str,
-    /// Driver names the spec registered; ResourceSlices are filtered to
-    /// these (all slices when empty).
-    pub drivers: &'a [String],
     /// The spec's artifact folder (exists).
     pub dir: &'a Path,
 }
@@ -66,7 +63,7 @@ pub enum ClusterError {
 /// The cluster, as the runner uses it.
 #[async_trait]
 pub trait ClusterBackend: Send + Sync + 'static {
-    /// Checks that the cluster is usable for DRA specs and describes it.
+    /// Connects, discovers the served API versions and the nodes, and describes the cluster.
     async fn preflight(&self) -> Result<ClusterInfo, PreflightError>;
 
     /// The admin client specs get on their [`Ctx`](super::Ctx).
@@ -89,7 +86,7 @@ pub trait ClusterBackend: Send + Sync + 'static {
     ) -> Result<(), ClusterError>;
 
     /// Writes the cluster's view of a failed spec into `request.dir`
-    /// (events, pods, container logs, claims, slices, classes). Returns the
+    /// (events, pods, container logs; suites add more as artifact sources). Returns the
     /// problems met; collection never changes a spec's outcome.
     async fn collect_artifacts(&self, request: ArtifactRequest<'_>) -> Vec<String>;
 }

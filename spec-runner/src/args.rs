@@ -156,6 +156,6 @@ fn install_panic_hook() {
             .map(|s| (*s).to_owned())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic with a non-string payload".to_owned());
-        tracing::error!(target: super::runner::OUTCOME_TARGET, "panicked{location}: {message}");
+        tracing::error!(target: super::outcome::OUTCOME_TARGET, "panicked{location}: {message}");
     }));
 }

@@ -1,6 +1,11 @@
-//! The spec runner: a ginkgo-like registry of specs, selection by regex and
+//! The spec runner of dra-e2e: a ginkgo-like registry of specs, selection by regex and
 //! label expressions, a parallel runner with per-spec namespaces, timeouts,
 //! cleanups, captured logs, artifacts of failed specs and a JUnit report.
+//!
+//! It knows Kubernetes (namespaces, pods, events, nodes) but no API group of its own: what a
+//! suite needs from the cluster it declares ([`Registry::require_api`]), and what it wants in a
+//! failed spec's artifacts it registers ([`Registry::before_each`], [`Ctx::artifact_source`]).
+//! So it runs any kube-rs e2e suite; dra-e2e's DRA knowledge lives in `harness` and `suites`.
 //!
 //! # Writing specs
 //!
@@ -13,7 +18,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use harness::framework::{Ctx, Registry, Skip, SpecResult};
+//! use spec_runner::{Ctx, Registry, Skip, SpecResult};
 //!
 //! pub fn register(reg: &mut Registry) {
 //!     reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
@@ -47,7 +52,7 @@
 //! object registers its deletion right after creating it:
 //!
 //! ```no_run
-//! # async fn body(ctx: harness::framework::Ctx) -> harness::framework::SpecResult {
+//! # async fn body(ctx: spec_runner::Ctx) -> spec_runner::SpecResult {
 //! # let (api, class): (kube::Api<k8s_openapi::api::core::v1::Namespace>, k8s_openapi::api::core::v1::Namespace) = todo!();
 //! let created = api.create(&Default::default(), &class).await?;
 //! ctx.delete_at_cleanup(api.clone(), created.metadata.name.unwrap_or_default());
@@ -65,7 +70,7 @@
 //!
 //! ```no_run
 //! use clap::Parser;
-//! use harness::framework::{Registry, RunnerArgs};
+//! use spec_runner::{Registry, RunnerArgs};
 //!
 //! /// End-to-end tests for Kubernetes Dynamic Resource Allocation.
 //! #[derive(Parser)]
@@ -79,7 +84,7 @@
 //!     let cli = Cli::parse();
 //!     let mut registry = Registry::new();
 //!     // suites::control_plane::register(&mut registry); ...
-//!     harness::framework::run(registry, cli.runner).await
+//!     spec_runner::run(registry, cli.runner).await
 //! }
 //! ```
 //!
@@ -96,9 +101,8 @@
 //! failed, 1 a spec failed, 2 usage or configuration error, 130 interrupted.
 //!
 //! On failure, `<artifacts>/<spec name>[-attempt-N]/` holds `failure.txt`,
-//! `spec.log`, `events.yaml`, `pods.yaml`, `logs/<pod>/<container>.log`,
-//! `resourceclaims.yaml`, `resourceslices.yaml`, `deviceclasses.yaml` and a
-//! folder per [`ArtifactSource`] the spec registered.
+//! `spec.log`, `events.yaml`, `pods.yaml`, `logs/<pod>/<container>.log` and a
+//! folder per [`ArtifactSource`] the spec (or a suite hook) registered.
 
 mod args;
 mod artifacts;
@@ -128,16 +132,19 @@ pub use capture::{
     init_tracing,
 };
 pub use cleanup::CleanupFailure;
-pub use cluster::{ClusterInfo, DRA_API, KubeVersion, NodeInfo, PreflightError};
+pub use cluster::{ClusterInfo, KubeVersion, NodeInfo, PreflightError};
 pub use ctx::Ctx;
 pub use duration::{display as display_duration, parse as parse_duration};
 pub use error::{Skip, SpecError, SpecResult, skip};
 pub use junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
-pub use kube_backend::{KubeBackend, MANAGED_BY_LABEL, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION};
+pub use kube_backend::{
+    KubeBackend, MANAGED_BY_LABEL, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client, write_list,
+};
 pub use label::Label;
 pub use label_filter::{LabelFilter, LabelFilterError};
+pub use outcome::OUTCOME_TARGET;
 pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
 pub use progress::{Output, OutputBuffer};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
-pub use runner::{OUTCOME_TARGET, RunOptions, run_with_backend};
+pub use runner::{RunOptions, run_with_backend};
 pub use selection::{Selection, SelectionError};

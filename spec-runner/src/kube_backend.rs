@@ -11,10 +11,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
 use kube::{
     Api, Client, Config,
-    api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, LogParams, PostParams,
-        TypeMeta,
-    },
+    api::{DeleteParams, ListParams, LogParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
     core::ObjectMeta,
 };
@@ -22,7 +19,7 @@ use serde::Serialize;
 
 use super::{
     backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
-    cluster::{ClusterInfo, DRA_API, NodeInfo, PreflightError},
+    cluster::{ClusterInfo, NodeInfo, PreflightError},
     duration,
 };
 
@@ -37,6 +34,35 @@ const LOG_LIMIT_BYTES: i64 = 10 << 20;
 pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "dra-e2e");
 /// Annotation with the spec's full text on its namespace.
 pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
+
+/// A client for tunnels: like `kube::Client::try_from(config)`, but its TCP connections to the
+/// API server set `TCP_NODELAY`.
+///
+/// kube's default connector leaves Nagle's algorithm on. A port-forward WebSocket carries small
+/// gRPC frames; a second small write waits for the ACK of the first, which the API server's
+/// kernel delays (up to 40 ms), so some calls through a tunnel take 40 ms longer (seen as the
+/// p99 of `cargo bench --bench tunnel` through a real port-forward). Use this client for
+/// port-forward tunnels and exec. It keeps the config's connect timeout but has no read or
+/// write timeouts (streams are long-lived) and no request tracing.
+pub fn nodelay_client(config: &kube::Config) -> Result<kube::Client, kube::Error> {
+    use kube::client::ConfigExt as _;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(|e: hyper_util::client::legacy::Error| -> Box<dyn std::error::Error + Send + Sync> {
+            Box::new(e)
+        })
+        .service(
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https),
+        );
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
+}
 
 /// A real cluster.
 #[derive(Clone)]
@@ -80,7 +106,7 @@ impl KubeBackend {
             path: kubeconfig.map_or_else(|| "(inferred)".to_owned(), |p| p.display().to_string()),
             reason: root_cause(&e),
         };
-        let stream_client = crate::tunnel::tunnel_client(&config).map_err(bad)?;
+        let stream_client = nodelay_client(&config).map_err(bad)?;
         let client = Client::try_from(config).map_err(bad)?;
         Ok(Self { client, stream_client, server })
     }
@@ -117,17 +143,6 @@ impl KubeBackend {
             api_versions,
             nodes: Vec::new(),
         };
-        if !info.serves(DRA_API) {
-            let served = info.versions_of("resource.k8s.io");
-            return Err(PreflightError::NoDraApi {
-                server: self.server.clone(),
-                served: if served.is_empty() {
-                    "no version of resource.k8s.io is served".to_owned()
-                } else {
-                    format!("it serves {}", served.join(", "))
-                },
-            });
-        }
         let nodes = Api::<Node>::all(self.client.clone())
             .list(&ListParams::default())
             .await
@@ -285,56 +300,8 @@ impl ClusterBackend for KubeBackend {
         }
         note("pods.yaml", write_list(dir, "pods.yaml", pods).await);
 
-        let claims = list_dynamic(client, "ResourceClaim", "resourceclaims", Some(ns)).await;
-        note("resourceclaims.yaml", write_list(dir, "resourceclaims.yaml", claims).await);
-
-        let slices = list_dynamic(client, "ResourceSlice", "resourceslices", None).await.map(|items| {
-            if request.drivers.is_empty() {
-                return items;
-            }
-            items
-                .into_iter()
-                .filter(|s| {
-                    s.data
-                        .pointer("/spec/driver")
-                        .and_then(|d| d.as_str())
-                        .is_some_and(|d| request.drivers.iter().any(|w| w == d))
-                })
-                .collect()
-        });
-        note("resourceslices.yaml", write_list(dir, "resourceslices.yaml", slices).await);
-
-        let classes = list_dynamic(client, "DeviceClass", "deviceclasses", None).await;
-        note("deviceclasses.yaml", write_list(dir, "deviceclasses.yaml", classes).await);
         problems
     }
-}
-
-/// Lists a `resource.k8s.io/v1` kind as dynamic objects, so no field the
-/// compiled-in k8s-openapi version lacks is dropped.
-async fn list_dynamic(
-    client: &Client,
-    kind: &str,
-    plural: &str,
-    namespace: Option<&str>,
-) -> Result<Vec<DynamicObject>, kube::Error> {
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", kind);
-    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
-    let api: Api<DynamicObject> = match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    };
-    let list = api.list(&ListParams::default()).await?;
-    Ok(list
-        .items
-        .into_iter()
-        .map(|mut o| {
-            // List items come without apiVersion/kind; put them back for readers.
-            o.types =
-                Some(TypeMeta { api_version: resource.api_version.clone(), kind: resource.kind.clone() });
-            o
-        })
-        .collect())
 }
 
 #[derive(Serialize)]
@@ -345,8 +312,9 @@ struct List<'a, T> {
     items: &'a [T],
 }
 
-/// Writes `items` as a `v1 List` in YAML, without `managedFields` (as `kubectl get -o yaml`).
-async fn write_list<T: Serialize>(
+/// Writes `items` as a `v1 List` in YAML, without `managedFields` (as `kubectl get -o yaml`), to
+/// `dir/file`; for artifact sources. The error says what failed (listing, serializing, writing).
+pub async fn write_list<T: Serialize>(
     dir: &Path,
     file: &str,
     items: Result<Vec<T>, kube::Error>,

@@ -12,7 +12,7 @@ pub type SpecResult<T = ()> = Result<T, SpecError>;
 /// `anyhow::Error` itself, so `anyhow::Context` works too):
 ///
 /// ```
-/// use harness::framework::{SpecError, SpecResult, Skip};
+/// use spec_runner::{SpecError, SpecResult, Skip};
 /// fn parse(s: &str) -> SpecResult<u32> {
 ///     let n: u32 = s.parse()?; // ParseIntError -> SpecError::Failed
 ///     if n == 0 {

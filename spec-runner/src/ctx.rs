@@ -27,7 +27,7 @@ use super::{
 /// Cheap to clone; all clones are the same spec.
 ///
 /// ```no_run
-/// # use harness::framework::{Ctx, SpecResult};
+/// # use spec_runner::{Ctx, SpecResult};
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::{Api, api::PostParams};
 ///
@@ -63,7 +63,6 @@ struct Inner {
     cleanups: Arc<CleanupStack>,
     cleanup_timeout: Duration,
     sources: Mutex<Vec<Arc<dyn ArtifactSource>>>,
-    drivers: Mutex<Vec<String>>,
     artifacts_dir: PathBuf,
     deadline: Instant,
 }
@@ -101,7 +100,6 @@ impl Ctx {
                 cleanups: p.cleanups,
                 cleanup_timeout: p.cleanup_timeout,
                 sources: Mutex::default(),
-                drivers: Mutex::default(),
                 artifacts_dir: p.artifacts_dir,
                 deadline: p.deadline,
             }),
@@ -114,7 +112,7 @@ impl Ctx {
     }
 
     /// The admin client for port-forward tunnels and exec: its connections set `TCP_NODELAY`
-    /// (see [`tunnel_client`](crate::tunnel::tunnel_client)).
+    /// (see [`nodelay_client`](crate::nodelay_client)).
     pub fn stream_client(&self) -> &kube::Client {
         &self.inner.stream_client
     }
@@ -197,7 +195,7 @@ impl Ctx {
     /// the spec. The future starts only when the cleanup runs.
     ///
     /// ```no_run
-    /// # fn f(ctx: harness::framework::Ctx, api: kube::Api<k8s_openapi::api::core::v1::Node>) {
+    /// # fn f(ctx: spec_runner::Ctx, api: kube::Api<k8s_openapi::api::core::v1::Node>) {
     /// ctx.defer("remove node label", async move {
     ///     // `?` converts any error into anyhow::Error
     ///     api.patch("n", &Default::default(), &kube::api::Patch::Merge(serde_json::json!({}))).await?;
@@ -248,12 +246,6 @@ impl Ctx {
         lock(&self.inner.sources).push(Arc::from(source));
     }
 
-    /// Records a DRA driver name the spec uses: on failure `resourceslices.yaml`
-    /// holds only slices of the recorded drivers (all slices if none is recorded).
-    pub fn add_driver_name(&self, driver: impl Into<String>) {
-        lock(&self.inner.drivers).push(driver.into());
-    }
-
     /// The folder this spec's artifacts go to if it fails (it may not exist yet).
     pub fn artifacts_dir(&self) -> &Path {
         &self.inner.artifacts_dir
@@ -261,10 +253,6 @@ impl Ctx {
 
     pub(crate) fn sources(&self) -> Vec<Arc<dyn ArtifactSource>> {
         lock(&self.inner.sources).clone()
-    }
-
-    pub(crate) fn drivers(&self) -> Vec<String> {
-        lock(&self.inner.drivers).clone()
     }
 }
 

@@ -100,7 +100,7 @@ impl CleanupStack {
             match error {
                 None => span.in_scope(|| tracing::info!("cleanup done")),
                 Some(error) => {
-                    span.in_scope(|| tracing::error!(target: super::runner::OUTCOME_TARGET, error = %error, "cleanup failed"));
+                    span.in_scope(|| tracing::error!(target: super::outcome::OUTCOME_TARGET, error = %error, "cleanup failed"));
                     failures.push(CleanupFailure { what, error });
                 }
             }

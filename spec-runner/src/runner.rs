@@ -26,15 +26,12 @@ use super::{
     duration,
     error::SpecError,
     junit, names,
+    outcome::OUTCOME_TARGET,
     outcome::{FailureKind, Outcome, RunReport, SpecReport},
     progress::{self, Output},
-    registry::{Registry, SpecDef},
+    registry::{Registry, SpecDef, SuiteHooks},
     selection::Selection,
 };
-
-/// Target of the runner's per-spec outcome messages: in spec logs, but off
-/// on the console by default (the progress lines already say it).
-pub const OUTCOME_TARGET: &str = "dra_e2e::outcome";
 
 /// How long creating a spec's namespace may take.
 const NAMESPACE_CREATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -86,6 +83,7 @@ impl Default for RunOptions {
 }
 
 struct Env {
+    hooks: SuiteHooks,
     backend: Arc<dyn ClusterBackend>,
     cluster: Arc<ClusterInfo>,
     options: RunOptions,
@@ -118,8 +116,9 @@ pub async fn run_with_backend(
         return stop(report, "--procs and --repeat must be at least 1".to_owned());
     }
     let total = registry.len();
+    let (specs, hooks) = registry.into_parts();
     let specs: Vec<Arc<SpecDef>> =
-        registry.into_specs().into_iter().filter(|s| selection.matches(&s.info)).map(Arc::new).collect();
+        specs.into_iter().filter(|s| selection.matches(&s.info)).map(Arc::new).collect();
     if let Some(parent) =
         options.junit.as_deref().and_then(Path::parent).filter(|p| !p.as_os_str().is_empty())
         && let Err(e) = std::fs::create_dir_all(parent)
@@ -128,7 +127,10 @@ pub async fn run_with_backend(
     }
 
     let cluster = match tokio::time::timeout(options.preflight_timeout, backend.preflight()).await {
-        Ok(Ok(cluster)) => cluster,
+        Ok(Ok(cluster)) => match cluster.require_apis(&hooks.required_apis) {
+            Ok(()) => cluster,
+            Err(e) => return stop(report, e.to_string()),
+        },
         Ok(Err(e)) => return stop(report, e.to_string()),
         Err(_) => {
             return stop(
@@ -142,12 +144,12 @@ pub async fn run_with_backend(
     };
     if !capture::is_installed() {
         tracing::warn!(
-            "spec logs are not captured: the global tracing subscriber lacks harness::framework::capture_layer()"
+            "spec logs are not captured: the global tracing subscriber lacks spec_runner::capture_layer()"
         );
     }
     options.output.block(&header(&specs, total, &options, &cluster));
 
-    let env = Arc::new(Env { backend, cluster: Arc::new(cluster), options, interrupt });
+    let env = Arc::new(Env { hooks, backend, cluster: Arc::new(cluster), options, interrupt });
     let (serial, parallel): (Vec<_>, Vec<_>) = specs.iter().cloned().partition(|s| s.info.is_serial());
     let mut not_run = 0;
     for attempt in 1..=env.options.repeat {
@@ -371,6 +373,9 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
         deadline,
     });
 
+    for hook in &env.hooks.before_each {
+        hook(&ctx);
+    }
     let body = spec.body.clone();
     let body_ctx = ctx.clone();
     let mut task = tokio::spawn(async move { body(body_ctx).await }.in_current_span());
@@ -477,8 +482,7 @@ async fn collect(env: &Env, ctx: &Ctx, namespace: &str, dir: &Path) -> Vec<Strin
         return vec![problem];
     }
     let limit = env.options.artifact_timeout;
-    let drivers = ctx.drivers();
-    let request = ArtifactRequest { namespace, drivers: &drivers, dir };
+    let request = ArtifactRequest { namespace, dir };
     let mut problems = match tokio::time::timeout(limit, env.backend.collect_artifacts(request)).await {
         Ok(problems) => problems,
         Err(_) => {

@@ -4,9 +4,6 @@ use std::{collections::BTreeSet, fmt};
 
 use super::error::{SpecError, SpecResult};
 
-/// The API group version every DRA spec needs.
-pub const DRA_API: &str = "resource.k8s.io/v1";
-
 /// A Kubernetes version as `major.minor.patch` (from `v1.37.2`, `v1.35.0-alpha.1+abc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct KubeVersion {
@@ -85,6 +82,31 @@ impl ClusterInfo {
             .iter()
             .filter_map(|gv| gv.split_once('/').filter(|(g, _)| *g == group).map(|_| gv.as_str()))
             .collect()
+    }
+
+    /// Fails preflight unless every `(group version, hint)` is served.
+    pub(crate) fn require_apis(&self, required: &[(String, String)]) -> Result<(), PreflightError> {
+        for (api, hint) in required {
+            if self.serves(api) {
+                continue;
+            }
+            let group = api.split_once('/').map_or("", |(g, _)| g);
+            let served = self.versions_of(group);
+            return Err(PreflightError::MissingApi {
+                server: self.server.clone(),
+                api: api.clone(),
+                served: if served.is_empty() {
+                    format!(
+                        "no version of {} is served",
+                        if group.is_empty() { "the core group" } else { group }
+                    )
+                } else {
+                    format!("it serves {}", served.join(", "))
+                },
+                hint: hint.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// The parsed API server version.
@@ -194,15 +216,18 @@ pub enum PreflightError {
         /// The status message.
         reason: String,
     },
-    /// `resource.k8s.io/v1` is not served.
-    #[error(
-        "the cluster at {server} does not serve {DRA_API} ({served}); the DRA specs need Kubernetes 1.34 or newer with {DRA_API} enabled"
-    )]
-    NoDraApi {
+    /// An API group version the suite requires ([`Registry::require_api`](crate::Registry::require_api))
+    /// is not served.
+    #[error("the cluster at {server} does not serve {api} ({served}); {hint}")]
+    MissingApi {
         /// The API server URL.
         server: String,
-        /// What it serves of `resource.k8s.io`.
+        /// The group version, e.g. `resource.k8s.io/v1`.
+        api: String,
+        /// What it serves of that group.
         served: String,
+        /// What the suite needs, from its registration.
+        hint: String,
     },
     /// Anything else the API server answered.
     #[error("preflight against {server} failed: {reason}")]
@@ -231,6 +256,24 @@ mod tests {
                 NodeInfo { name: "c".into(), kubelet_version: "v1.30.0".into(), ready: false },
             ],
         }
+    }
+
+    #[test]
+    fn required_apis_fail_preflight_with_the_suites_hint() {
+        let c = cluster();
+        c.require_apis(&[("resource.k8s.io/v1".into(), "unused".into())]).unwrap();
+        let err = c
+            .require_apis(&[("resource.k8s.io/v2".into(), "the specs need resource.k8s.io/v2".into())])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.ends_with(
+                "does not serve resource.k8s.io/v2 (it serves resource.k8s.io/v1, resource.k8s.io/v1beta1); the specs need resource.k8s.io/v2"
+            ),
+            "{err}"
+        );
+        let err = c.require_apis(&[("other.io/v1".into(), "hint".into())]).unwrap_err().to_string();
+        assert!(err.contains("(no version of other.io is served); hint"), "{err}");
     }
 
     #[rstest]
