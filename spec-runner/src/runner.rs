@@ -25,6 +25,7 @@ use super::{
     ctx::{Ctx, CtxParts},
     duration,
     error::SpecError,
+    json_report::{self, JsonConfig},
     junit, names, order,
     outcome::OUTCOME_TARGET,
     outcome::{FailureKind, Outcome, RunReport, SpecReport},
@@ -70,6 +71,8 @@ pub struct RunOptions {
     pub fail_fast: bool,
     /// Runs of a failing spec in all (`--flake-attempts`); one that passes on a retry is flaky.
     pub flake_attempts: u32,
+    /// Where to write the report in ginkgo's JSON schema (`--json-report`).
+    pub json_report: Option<PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -90,6 +93,7 @@ impl Default for RunOptions {
             randomize_all: false,
             fail_fast: false,
             flake_attempts: 1,
+            json_report: None,
         }
     }
 }
@@ -117,7 +121,11 @@ pub async fn run_with_backend(
     interrupt: CancellationToken,
 ) -> RunReport {
     let started = Instant::now();
-    let mut report = RunReport { repeat: options.repeat, ..RunReport::default() };
+    let mut report = RunReport {
+        repeat: options.repeat,
+        started: Some(std::time::SystemTime::now()),
+        ..RunReport::default()
+    };
     let stop = |mut report: RunReport, error: String| {
         report.error = Some(error);
         report.wall_time = started.elapsed();
@@ -202,6 +210,7 @@ pub async fn run_with_backend(
                 index: spec.info.index(),
                 attempt,
                 outcome: Outcome::Skipped { reason: reason.to_owned() },
+                started: std::time::SystemTime::UNIX_EPOCH,
                 duration: Duration::ZERO,
                 log: String::new(),
                 artifacts: None,
@@ -217,6 +226,19 @@ pub async fn run_with_backend(
         match junit::write(&report, path) {
             Ok(()) => tracing::info!("wrote JUnit report {}", path.display()),
             Err(e) => report.error = Some(e.to_string()),
+        }
+    }
+    if let Some(path) = &env.options.json_report {
+        let config = JsonConfig {
+            procs: env.options.procs,
+            randomize_all: env.options.randomize_all,
+            fail_fast: env.options.fail_fast,
+            flake_attempts: env.options.flake_attempts,
+            timeout: env.options.default_timeout,
+        };
+        match json_report::write(&report, total, &config, path) {
+            Ok(()) => tracing::info!("wrote JSON report {}", path.display()),
+            Err(e) => report.error = Some(e),
         }
     }
     env.options.output.block(&progress::summary(&report, not_run));
@@ -311,6 +333,7 @@ fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::JoinError) 
             FailureKind::Error,
             format!("the runner's task for this spec failed: {error}"),
         ),
+        started: std::time::SystemTime::now(),
         duration: Duration::ZERO,
         log: String::new(),
         artifacts: None,
@@ -353,7 +376,7 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
     let id = capture::new_spec_id();
     capture::begin(id);
     let span = tracing::error_span!(target: SPEC_SPAN_TARGET, "spec", spec_id = id, name = %spec.info.name());
-    let started = Instant::now();
+    let (started, started_at) = (Instant::now(), std::time::SystemTime::now());
     let dir = artifacts::spec_dir(
         &env.options.artifacts,
         spec.info.full_text(),
@@ -376,6 +399,7 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
         index: spec.info.index(),
         attempt,
         outcome: run.outcome,
+        started: started_at,
         duration,
         log,
         artifacts,
