@@ -407,8 +407,10 @@ mod tests {
         let mine = dir.path().join(format!("y.partial-{}", std::process::id()));
         fs::create_dir(&mine).unwrap();
         prune(dir.path(), "current");
-        let mut left: Vec<String> =
-            fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
         left.sort();
         assert_eq!(left, ["current", "newer", &format!("y.partial-{}", std::process::id())]);
     }
