@@ -140,7 +140,7 @@ pub async fn serve(listener: TcpListener, connector: Connector, target: SocketAd
                 Ok(mut outbound) => {
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                 }
-                Err(e) => tracing::warn!("forward from {peer} to {target}: {e:#}"),
+                Err(e) => tracing::debug!("forward from {peer} to {target}: {e:#}"),
             }
         });
     }
