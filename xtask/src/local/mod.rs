@@ -418,9 +418,9 @@ impl LocalCluster {
             }
         }
         if let Some(dir) = &bin_dir {
-            for node in &self.nodes {
-                let dirs = NodeDirs::new(&self.layout, node);
-                problems.extend(teardown::delete_leftover_containers(&dirs.runc_root(), &dir.join("runc")));
+            // Every node's runc root on disk, also of nodes an interrupted run did not record.
+            for runc_root in nodes::runc_roots_on_disk(&self.layout) {
+                problems.extend(teardown::delete_leftover_containers(&runc_root, &dir.join("runc")));
             }
             for pid in teardown::processes_running_from(dir) {
                 if let Ok(start_time) = process::read_start_time(pid)

@@ -168,6 +168,16 @@ impl NodeDirs {
     }
 }
 
+/// The runc roots of every node directory under the run directory (whatever the recorded node
+/// count says).
+pub fn runc_roots_on_disk(layout: &Layout) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(layout.run.join("nodes")) else { return Vec::new() };
+    let mut roots: Vec<PathBuf> =
+        entries.filter_map(|e| e.ok()).map(|e| e.path().join("runc")).filter(|p| p.is_dir()).collect();
+    roots.sort();
+    roots
+}
+
 /// `<state>/nodes`: a private bind mount of itself, so mount namespaces can be pinned in it.
 pub fn nodes_state_dir(layout: &Layout) -> PathBuf {
     layout.state.join("nodes")
