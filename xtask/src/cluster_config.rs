@@ -347,6 +347,19 @@ mod tests {
     }
 
     #[test]
+    fn node_roles_come_from_the_node_list() {
+        let config = ClusterConfig::load(&default_path()).unwrap();
+        assert_eq!(config.node_roles, ["control-plane", "worker", "worker", "worker"]);
+        let none =
+            ClusterConfig::parse("kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nfeatureGates: {}\n")
+                .unwrap();
+        assert_eq!(none.node_roles, ["control-plane"], "kind's default is one control-plane node");
+        let worker_first = "kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnodes:\n- role: worker\n- role: control-plane\nfeatureGates: {}\n";
+        let err = ClusterConfig::parse(worker_first).unwrap_err().to_string();
+        assert!(err.contains("one control plane, listed first"), "{err}");
+    }
+
+    #[test]
     fn feature_gates_not_last_is_rejected() {
         let text = "kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nfeatureGates:\n  A: true\nnodes:\n- role: control-plane\n";
         let err = ClusterConfig::parse(text).unwrap_err().to_string();

@@ -194,7 +194,10 @@ impl LocalCluster {
                 self.nodes.len()
             );
         }
-        if !self.sup.recorded().is_empty() || self.layout.state.join("config").exists() {
+        if !self.sup.recorded().is_empty()
+            || self.layout.state.join("config").exists()
+            || !netns::existing().is_empty()
+        {
             eprintln!("==> found state of an earlier local cluster: cleaning it up first");
             let old = Self::new(recorded)?;
             old.down().await?;

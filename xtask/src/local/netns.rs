@@ -156,7 +156,7 @@ pub struct LocalForward {
 }
 
 impl LocalForward {
-    /// Starts forwarding 127.0.0.1:<ephemeral> to `target` inside `netns`.
+    /// Starts forwarding `127.0.0.1:<ephemeral port>` to `target` inside `netns`.
     pub async fn start(netns: &Path, target: SocketAddr) -> Result<Self> {
         let connector = Connector::new(netns)?;
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
