@@ -200,12 +200,16 @@ leaderElection:
 /// The xtask binary copied into the state directory, which the forwarder runs from (so a
 /// rebuild of xtask never replaces the file of a running forwarder).
 pub fn forwarder(layout: &Layout, cp: &NodeSpec) -> Result<ProcessSpec> {
-    let exe = std::env::current_exe().context("find the xtask executable")?;
+    // /proc/self/exe, not current_exe(): cargo may have replaced (deleted) the file this
+    // process runs from since it started (`cargo xtask test` rebuilds xtask), and the open
+    // link still reads the running binary.
+    let exe = Path::new("/proc/self/exe");
     let copy = layout.state.join("bin").join("xtask-netns-forward");
     if let Some(dir) = copy.parent() {
         fs::create_dir_all(dir)?;
     }
-    fs::copy(&exe, &copy).with_context(|| format!("copy {} to {}", exe.display(), copy.display()))?;
+    fs::copy(exe, &copy)
+        .with_context(|| format!("copy the running xtask ({}) to {}", exe.display(), copy.display()))?;
     let addr = format!("127.0.0.1:{}", ports::APISERVER);
     Ok(ProcessSpec {
         name: "apiserver-forward".into(),
