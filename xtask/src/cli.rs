@@ -36,6 +36,20 @@ pub enum Command {
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
     Test(test::TestArgs),
+    /// Internal: forward a host TCP address into a network namespace (the local cluster's
+    /// apiserver forwarder, started and stopped by `cluster up`/`down`).
+    #[command(hide = true)]
+    NetnsForward {
+        /// The network namespace file (e.g. /run/netns/dra-e2e-kind-control-plane).
+        #[arg(long)]
+        netns: PathBuf,
+        /// Where to listen, in the host's namespace.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Where to connect, inside the namespace.
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,6 +83,10 @@ pub struct ClusterArgs {
     /// Print the commands instead of running them (kind provider).
     #[arg(long)]
     pub dry_run: bool,
+    /// Number of nodes of the local cluster (`up`): one control plane and N-1 workers; default:
+    /// the nodes kind.yaml lists.
+    #[arg(long)]
+    pub nodes: Option<usize>,
 }
 
 /// Runs the parsed command line.
@@ -76,7 +94,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Cluster { action } => match action {
             ClusterAction::Up(args) => match args.provider {
-                Provider::Local => local::up().await.map(|_| ExitCode::SUCCESS),
+                Provider::Local => local::up(args.nodes).await.map(|_| ExitCode::SUCCESS),
                 Provider::Kind => kind::up(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
             },
             ClusterAction::Down(args) => match args.provider {
@@ -91,6 +109,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
         Command::E2e { args } => e2e::run(args).await,
         Command::Test(args) => test::run(args).await,
+        Command::NetnsForward { netns, listen, connect } => {
+            local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
+        }
     }
 }
 

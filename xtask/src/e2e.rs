@@ -125,7 +125,8 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
     let (kubeconfig, teardown) = match (&args.kubeconfig, args.provider) {
         (Some(path), _) => (path.clone(), None),
         (None, Provider::Local) => {
-            let cluster = local::LocalCluster::new()?;
+            // A running cluster is used with whatever node count it has.
+            let cluster = local::LocalCluster::new(None)?;
             let was_running = cluster.is_up().await;
             let path = cluster.up().await?;
             let teardown = (!args.keep_cluster && !was_running).then_some(Provider::Local);
