@@ -73,6 +73,7 @@ where
     result
 }
 
+/// A pod with one container `main` running `command` in `image` (1 s grace period).
 pub fn pod(name: &str, image: &str, command: &[&str]) -> Result<Pod> {
     Ok(serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
@@ -83,6 +84,7 @@ pub fn pod(name: &str, image: &str, command: &[&str]) -> Result<Pod> {
     }))?)
 }
 
+/// Waits until the pod runs.
 pub async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<()> {
     match tokio::time::timeout(WAIT, await_condition(pods.clone(), name, conditions::is_pod_running())).await
     {
