@@ -2,9 +2,9 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
-use crate::{e2e, kind, local, test};
+use crate::{e2e, kind, local, provider::Provider, test};
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
 #[derive(Debug, Parser)]
@@ -62,16 +62,6 @@ pub enum ClusterAction {
     Status(ClusterArgs),
 }
 
-/// Which kind of cluster to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum Provider {
-    /// The embedded single-node cluster built from official Kubernetes Go modules (no Docker).
-    #[default]
-    Local,
-    /// A kind cluster created from the repository's kind.yaml (needs docker and kind).
-    Kind,
-}
-
 /// Options shared by `cluster up`, `down` and `status`.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -93,18 +83,13 @@ pub struct ClusterArgs {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Cluster { action } => match action {
-            ClusterAction::Up(args) => match args.provider {
-                Provider::Local => local::up(args.nodes).await.map(|_| ExitCode::SUCCESS),
-                Provider::Kind => kind::up(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
-            },
-            ClusterAction::Down(args) => match args.provider {
-                Provider::Local => local::down().await.map(|_| ExitCode::SUCCESS),
-                Provider::Kind => kind::down(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
-            },
-            ClusterAction::Status(args) => match args.provider {
-                Provider::Local => local::status().await.map(exit_code),
-                Provider::Kind => kind::status(&args.kind).await.map(|_| ExitCode::SUCCESS),
-            },
+            ClusterAction::Up(args) => {
+                args.provider.up(&args.kind, args.nodes, args.dry_run).await.map(|_| ExitCode::SUCCESS)
+            }
+            ClusterAction::Down(args) => {
+                args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)
+            }
+            ClusterAction::Status(args) => args.provider.status(&args.kind).await.map(exit_code),
         },
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
         Command::E2e { args } => e2e::run(args).await,
@@ -118,12 +103,4 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Exit code 0 when `ok`, else 1.
 fn exit_code(ok: bool) -> ExitCode {
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
-}
-
-/// The repository root (the workspace that holds xtask).
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
 }

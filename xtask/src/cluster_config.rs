@@ -48,7 +48,7 @@ pub struct ClusterConfig {
 
 /// The path of `kind.yaml` in this repository.
 pub fn default_path() -> PathBuf {
-    crate::cli::repo_root().join(FILE_NAME)
+    crate::repo::repo_root().join(FILE_NAME)
 }
 
 /// The subset of kind's v1alpha4 `Cluster` read here (kind-check decodes the file strictly).
@@ -471,7 +471,7 @@ featureGates: {}
     fn kind_check_binary() -> &'static Path {
         static BINARY: OnceLock<PathBuf> = OnceLock::new();
         BINARY.get_or_init(|| {
-            let source = crate::cli::repo_root().join("xtask").join("kind-check");
+            let source = crate::repo::repo_root().join("xtask").join("kind-check");
             let out_dir = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
             let binary = out_dir.join("kind-check");
             // Build under a private name and rename, so concurrent test processes never run a

@@ -34,7 +34,7 @@ struct Outcome {
 
 /// Runs the steps and prints the summary.
 pub async fn run(args: TestArgs) -> Result<ExitCode> {
-    let repo = crate::cli::repo_root();
+    let repo = crate::repo::repo_root();
     let mut outcomes = Vec::new();
     let mut step = |name: &str, result: Result<()>, started: Instant| {
         if let Err(e) = &result {

@@ -417,7 +417,7 @@ mod tests {
 
     #[test]
     fn cache_key_changes_with_inputs() {
-        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
         let v = Versions::read(&layout).unwrap();
         let a = cache_key(&layout, &v, "go version go1.26.8 linux/amd64").unwrap();
         let b = cache_key(&layout, &v, "go version go1.26.9 linux/amd64").unwrap();

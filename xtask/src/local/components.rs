@@ -434,7 +434,7 @@ mod tests {
 
     #[test]
     fn cni_config_has_no_route_gateway_or_masquerade() {
-        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
         let node = &nodes::cluster_nodes(2)[1];
         let conf: serde_json::Value =
             serde_json::from_str(&cni_conflist(&NodeDirs::new(&layout, node), node)).unwrap();
@@ -447,7 +447,7 @@ mod tests {
 
     #[test]
     fn containerd_config_keeps_to_our_paths() {
-        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
         let dirs = NodeDirs::new(&layout, &nodes::cluster_nodes(1)[0]);
         let config = containerd_config(&dirs, Path::new("/cache/bin/runc"));
         assert!(config.contains("enable_cdi = true"));

@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn the_repository_pins_kubernetes_and_containerd() {
-        let go_dir = crate::cli::repo_root().join("xtask/local-cluster");
+        let go_dir = crate::repo::repo_root().join("xtask/local-cluster");
         let k8s = go_mod_version(&go_dir.join("go.mod"), "k8s.io/kubernetes").unwrap();
         assert!(k8s.starts_with("v1."), "{k8s}");
         let containerd =

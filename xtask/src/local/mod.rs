@@ -41,10 +41,10 @@ use self::{
     process::Supervisor,
 };
 use crate::{
-    cli::repo_root,
     cluster_config::ClusterConfig,
     kube_api::{client_for, node_is_ready},
     progress::Step,
+    repo::repo_root,
 };
 
 /// The control-plane components in start order (all in the control-plane node's network

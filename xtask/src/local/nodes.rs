@@ -346,7 +346,7 @@ mod tests {
 
     #[test]
     fn node_paths_stay_in_the_node_state() {
-        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
         let node = &cluster_nodes(2)[1];
         let dirs = NodeDirs::new(&layout, node);
         for (source, target) in dirs.bind_mounts() {

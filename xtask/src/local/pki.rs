@@ -273,7 +273,7 @@ mod tests {
     fn generates_a_complete_pki_once() {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout {
-            repo: crate::cli::repo_root(),
+            repo: crate::repo::repo_root(),
             cache: dir.path().join("cache"),
             state: dir.path().join("state"),
             run: dir.path().join("run"),
