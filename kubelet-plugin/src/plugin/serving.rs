@@ -125,6 +125,8 @@ impl ConnectionSender {
 /// connection task ends even while the peer keeps the connection open.
 pub(crate) struct ServedConnection {
     io: BoxedConnection,
+    /// On listeners that need it.
+    authority: Option<NormalizeAuthority>,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
@@ -133,8 +135,11 @@ impl ServedConnection {
     /// is normalised on the way in (see [`NormalizeAuthority`]), otherwise
     /// every byte passes through untouched.
     pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken, rewrite_authority: bool) -> Self {
-        let io = if rewrite_authority { Box::new(NormalizeAuthority::new(io)) } else { io };
-        ServedConnection { io, killed: Box::pin(kill.clone().cancelled_owned()) }
+        ServedConnection {
+            io,
+            authority: rewrite_authority.then(NormalizeAuthority::new),
+            killed: Box::pin(kill.clone().cancelled_owned()),
+        }
     }
 
     fn check_killed(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
@@ -149,7 +154,10 @@ impl AsyncRead for ServedConnection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        Pin::new(&mut this.io).poll_read(cx, buf)
+        match &mut this.authority {
+            Some(authority) => authority.poll_read(Pin::new(&mut this.io), cx, buf),
+            None => Pin::new(&mut this.io).poll_read(cx, buf),
+        }
     }
 }
 
