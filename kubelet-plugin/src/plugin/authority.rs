@@ -42,7 +42,9 @@
 //! - server→client bytes pass through untouched.
 //!
 //! A malformed or oversized header block is an I/O error, which closes the
-//! connection.
+//! connection. A rewritten request costs tens of µs (≈ 50 µs with tonic's
+//! client in `plugin_roundtrip`), mostly loona-hpack building a Huffman table
+//! for every Huffman-coded string; fine for the few calls that take this path.
 
 use std::{
     io,
