@@ -99,16 +99,16 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             vec!["test", "--workspace", "--test", "local_cluster", "--", "--ignored"],
         ),
         (
-            "framework cluster tests (harness/tests/framework_cluster.rs)",
-            vec!["test", "--workspace", "--test", "framework_cluster", "--", "--ignored"],
+            "framework cluster tests (harness/tests/cluster/framework.rs)",
+            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "framework::"],
         ),
         (
-            "tunnel cluster tests (harness/tests/tunnel_cluster.rs)",
-            vec!["test", "--workspace", "--test", "tunnel_cluster", "--", "--ignored"],
+            "tunnel cluster tests (harness/tests/cluster/tunnel.rs)",
+            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "tunnel::"],
         ),
         (
-            "driver cluster tests (harness/tests/driver_cluster.rs)",
-            vec!["test", "--workspace", "--test", "driver_cluster", "--", "--ignored"],
+            "driver cluster tests (harness/tests/cluster/driver.rs)",
+            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
         ),
     ]
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
-//!     cargo test -p harness --test tunnel_cluster -- --ignored
+//!     cargo test -p harness --test cluster -- --ignored tunnel::
 //! ```
 //!
 //! Every test fails (never passes silently) when `DRA_E2E_KUBECONFIG` is unset. Each test
@@ -13,16 +13,14 @@
 //! node's directories are in its state directory ([`on_host`]).
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-mod tunnel_support;
-
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
+use crate::tunnel_support::wait_tasks;
 use harness::{
     calls::{Calls, Method},
     plugin::{ClaimState, HealthState, KubeletPlugin, Listener, MemoryClaims, PluginConfig, PluginListeners},
@@ -36,7 +34,6 @@ use kube::{
     api::{DeleteParams, PostParams},
     runtime::{conditions, wait::await_condition},
 };
-use tunnel_support::wait_tasks;
 
 const IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -267,7 +264,7 @@ async fn tunnel_through_port_forward_and_exec() {
     let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
     let pod_ref = PodRef::from_pod(&pod).unwrap();
     let exec = Arc::new(PodExec::new(client.clone(), pod_ref.clone()));
-    let baseline = tunnel_support::alive_tasks();
+    let baseline = crate::tunnel_support::alive_tasks();
 
     // Both sockets in the driver's plugin directory (not the registry: the real kubelet must not
     // pick this plugin up), served by the common test driver's plugin.

@@ -11,11 +11,9 @@
 //!   test needs `go` on PATH.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
-use common::*;
+use crate::common::*;
 use futures::StreamExt as _;
 use harness::{
     calls::Method,
@@ -32,7 +30,7 @@ use tokio::{
 
 /// Client→server bytes of grpc-go 1.82.1 registering like the kubelet.
 const VECTOR: &[u8] =
-    include_bytes!("../../kubelet-plugin/tests/data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
+    include_bytes!("../../../kubelet-plugin/tests/data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
 
 /// What the server sent on one stream.
 #[derive(Debug, Default)]
