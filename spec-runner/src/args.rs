@@ -151,17 +151,24 @@ pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
     ExitCode::from(report.exit_code())
 }
 
-/// First Ctrl-C: cancel the run. Second: exit immediately.
+/// First Ctrl-C: cancel the run. Second: exit immediately. One listener serves both, so a second
+/// Ctrl-C that comes right after the first (before a new listener could exist) is not lost.
 async fn handle_ctrl_c(interrupt: CancellationToken) {
-    if let Err(e) = tokio::signal::ctrl_c().await {
-        tracing::warn!("cannot listen for Ctrl-C: {e}");
+    let mut sigint = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+        Ok(sigint) => sigint,
+        Err(e) => {
+            tracing::warn!("cannot listen for Ctrl-C: {e}");
+            return;
+        }
+    };
+    if sigint.recv().await.is_none() {
         return;
     }
     eprintln!(
         "\nInterrupted: cancelling running specs and running their cleanups; press Ctrl-C again to exit at once."
     );
     interrupt.cancel();
-    if tokio::signal::ctrl_c().await.is_ok() {
+    if sigint.recv().await.is_some() {
         eprintln!("\nInterrupted twice: exiting without cleanup.");
         std::process::exit(130);
     }
