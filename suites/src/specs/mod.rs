@@ -17,6 +17,7 @@ macro_rules! fail {
     };
 }
 
+mod compatibility_groups;
 mod control_plane;
 mod crud;
 mod health;
@@ -35,4 +36,5 @@ pub fn register(registry: &mut Registry) {
     kubelet::register(registry);
     kubelet_drivers::register(registry);
     health::register(registry);
+    compatibility_groups::register(registry);
 }
