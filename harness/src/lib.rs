@@ -8,6 +8,7 @@ pub mod driver;
 pub mod manifests;
 pub mod podexec;
 pub mod proxied;
+pub mod slice_controller;
 pub mod suite;
 pub mod tunnel;
 pub mod wait;

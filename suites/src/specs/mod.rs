@@ -23,6 +23,7 @@ mod crud;
 mod health;
 mod kubelet;
 mod kubelet_drivers;
+mod slice_controller;
 
 use harness::framework::Registry;
 
@@ -37,4 +38,5 @@ pub fn register(registry: &mut Registry) {
     kubelet_drivers::register(registry);
     health::register(registry);
     compatibility_groups::register(registry);
+    slice_controller::register(registry);
 }
