@@ -42,6 +42,10 @@ pub struct RunnerArgs {
     #[arg(long)]
     pub list: bool,
 
+    /// Write a report in the schema of ginkgo's JSON report (`[]types.Report`) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json_report: Option<PathBuf>,
+
     /// Write a JUnit XML report to this file.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
@@ -53,6 +57,24 @@ pub struct RunnerArgs {
     /// Run the selection N times in total (to find flakes); reports name the attempt.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
+
+    /// Seed of the specs' order (ginkgo's `--seed`); printed by every run, so an order can be
+    /// repeated. Default: a new seed each run.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Shuffle every spec, not only the top-level containers (ginkgo's `--randomize-all`).
+    #[arg(long)]
+    pub randomize_all: bool,
+
+    /// After the first failure start no new spec; running specs finish and clean up.
+    #[arg(long)]
+    pub fail_fast: bool,
+
+    /// Run a failing spec up to N times in all; one that passes on a retry is reported as flaky,
+    /// with every earlier failure (ginkgo's `--flake-attempts`).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub flake_attempts: u32,
 
     /// Kubeconfig of the cluster (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, value_name = "PATH")]
@@ -69,6 +91,11 @@ impl RunnerArgs {
             artifacts: self.artifacts.clone(),
             junit: self.junit.clone(),
             output: Output::stdout(),
+            seed: self.seed,
+            randomize_all: self.randomize_all,
+            fail_fast: self.fail_fast,
+            flake_attempts: self.flake_attempts,
+            json_report: self.json_report.clone(),
             ..RunOptions::default()
         }
     }

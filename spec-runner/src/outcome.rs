@@ -1,6 +1,9 @@
 //! Results: what happened to each spec run, and to the whole run.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
 
 use super::duration;
 
@@ -85,12 +88,25 @@ pub struct SpecReport {
     pub attempt: u32,
     /// What happened.
     pub outcome: Outcome,
+    /// When it started (the Unix epoch for a spec that never started).
+    pub started: SystemTime,
     /// From start to the end of the last cleanup.
     pub duration: Duration,
     /// The captured log.
     pub log: String,
     /// The artifact folder, for failed specs.
     pub artifacts: Option<PathBuf>,
+    /// How often it ran in this attempt (`--flake-attempts`); 0 when it never started.
+    pub tries: u32,
+    /// The failures of the tries before the last, one line each (with their artifact folder).
+    pub earlier_failures: Vec<String>,
+}
+
+impl SpecReport {
+    /// Passed, but only on a retry.
+    pub fn is_flaky(&self) -> bool {
+        self.outcome == Outcome::Passed && self.tries > 1
+    }
 }
 
 /// The whole run.
@@ -106,6 +122,10 @@ pub struct RunReport {
     pub error: Option<String>,
     /// How many times the selection ran (`--repeat`).
     pub repeat: u32,
+    /// The seed of the specs' order (`--seed`).
+    pub seed: u64,
+    /// When the run started.
+    pub started: Option<SystemTime>,
 }
 
 impl RunReport {
@@ -117,6 +137,11 @@ impl RunReport {
     /// Spec runs that failed.
     pub fn failed(&self) -> usize {
         self.specs.iter().filter(|s| s.outcome.is_failed()).count()
+    }
+
+    /// Spec runs that passed on a retry (counted as passed too).
+    pub fn flaky(&self) -> usize {
+        self.specs.iter().filter(|s| s.is_flaky()).count()
     }
 
     /// Spec runs that were skipped.
