@@ -18,7 +18,7 @@ use tracing::Instrument as _;
 
 use super::{
     artifacts,
-    backend::{ArtifactRequest, ClusterBackend, NamespaceRequest},
+    backend::{ClusterBackend, NamespaceRequest},
     capture::{self, SPEC_SPAN_TARGET},
     cleanup::{CleanupStack, panic_message},
     cluster::ClusterInfo,
@@ -172,7 +172,15 @@ pub async fn run_with_backend(
             "spec logs are not captured: the global tracing subscriber lacks spec_runner::capture_layer()"
         );
     }
-    options.output.block(&header(&specs, total, &options, &cluster, seed));
+    options.output.block(&progress::header(&progress::RunHeader {
+        selected: specs.len(),
+        total,
+        procs: options.procs,
+        repeat: options.repeat,
+        randomize_all: options.randomize_all,
+        seed,
+        cluster: &cluster,
+    }));
 
     let env = Arc::new(Env {
         hooks,
@@ -243,35 +251,6 @@ pub async fn run_with_backend(
     }
     env.options.output.block(&progress::summary(&report, not_run));
     report
-}
-
-fn header(
-    specs: &[Arc<SpecDef>],
-    total: usize,
-    options: &RunOptions,
-    cluster: &ClusterInfo,
-    seed: u64,
-) -> String {
-    let ready = cluster.ready_nodes().count();
-    let mut line = format!("Random Seed: {seed}");
-    if options.randomize_all {
-        line.push_str(" - will randomize all specs");
-    }
-    line.push_str(&format!("\nRunning {} of {total} specs", specs.len()));
-    if options.repeat > 1 {
-        line.push_str(&format!(" {} times", options.repeat));
-    }
-    line.push_str(&format!(
-        ", {} in parallel, against {} ({}, {ready} ready node{})\n",
-        options.procs,
-        cluster.server,
-        cluster.server_version,
-        if ready == 1 { "" } else { "s" }
-    ));
-    if specs.is_empty() {
-        line.push_str("No spec matches the selection (--focus, --skip, --label-filter).\n");
-    }
-    line
 }
 
 /// Runs the non-serial specs of one attempt, at most `procs` at a time, in the run's order.
@@ -509,7 +488,14 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
 
     // Collect what the cluster looks like now, before cleanups change it.
     if matches!(&run.outcome, Outcome::Failed { kind, .. } if *kind != FailureKind::Interrupted) {
-        run.problems = collect(env, &ctx, &namespace.name, dir).await;
+        run.problems = artifacts::collect(
+            env.backend.as_ref(),
+            env.options.artifact_timeout,
+            &ctx,
+            &namespace.name,
+            dir,
+        )
+        .await;
         run.dir_ready = true;
     }
 
@@ -576,41 +562,6 @@ async fn stop_body(
         task.abort();
         let _ = task.await;
     }
-}
-
-/// Cluster state and artifact sources of a failed spec, bounded by the artifact timeout.
-async fn collect(env: &Env, ctx: &Ctx, namespace: &str, dir: &Path) -> Vec<String> {
-    if let Err(e) = artifacts::fresh_dir(dir).await {
-        let problem = format!("cannot create the artifact folder {}: {e}", dir.display());
-        tracing::error!("{problem}");
-        return vec![problem];
-    }
-    let limit = env.options.artifact_timeout;
-    let request = ArtifactRequest { namespace, dir };
-    let mut problems = match tokio::time::timeout(limit, env.backend.collect_artifacts(request)).await {
-        Ok(problems) => problems,
-        Err(_) => {
-            vec![format!("collecting cluster artifacts did not finish within {}", duration::display(limit))]
-        }
-    };
-    for source in ctx.sources() {
-        let name = source.name().to_owned();
-        let sub = dir.join(names::dir_name(&name));
-        let result = match tokio::fs::create_dir_all(&sub).await {
-            Ok(()) => match tokio::time::timeout(limit, source.collect(&sub)).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(format!("{e:#}")),
-                Err(_) => Err(format!("did not finish within {}", duration::display(limit))),
-            },
-            Err(e) => Err(format!("cannot create {}: {e}", sub.display())),
-        };
-        if let Err(e) = result {
-            tracing::warn!("artifact source {name:?} failed: {e}");
-            problems.push(format!("artifact source {name:?}: {e}"));
-        }
-    }
-    tracing::info!("collected artifacts into {}", dir.display());
-    problems
 }
 
 /// `failure.txt` and `spec.log` (written last, so they include the cleanups).

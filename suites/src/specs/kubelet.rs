@@ -16,6 +16,7 @@
 //! | `kubelet` with individual driver lifecycles | [`lifecycle`] | 5 (rolling, failed and sequential updates: two instances of one driver) |
 //! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (the extended-resources one `Serial`, with upstream's sample device plugin) |
 //! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
+//! | `kubelet ... on multiple nodes` (`multiNodeTests(true)`) | `control_plane::multi_node` | 2, need 2 to 8 nodes |
 //!
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
@@ -28,7 +29,10 @@ mod node_local;
 
 use harness::framework::Registry;
 
-use super::{FEATURE_DRA, control_plane::single_node};
+use super::{
+    FEATURE_DRA,
+    control_plane::{multi_node, single_node},
+};
 
 /// Registers the kubelet specs under `[sig-node] [DRA]`, in upstream's order.
 pub fn register(registry: &mut Registry) {
@@ -41,6 +45,9 @@ pub fn register(registry: &mut Registry) {
         });
         r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             r.context("on single node with multiple claims allocation", multiple_claims::register);
+        });
+        r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
+            r.context("on multiple nodes", multi_node::register_kubelet);
         });
     });
 }
@@ -83,10 +90,14 @@ mod tests {
             format!(
                 "{k} on single node with multiple claims allocation requests an already allocated and a new claim for a pod"
             ),
+            format!(
+                "{k} on multiple nodes with different ResourceSlices keeps pod pending because of CEL runtime errors"
+            ),
+            format!("{k} on multiple nodes with node-local resources uses all resources"),
         ] {
             assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
         }
-        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1);
+        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 2);
         let serial: Vec<_> =
             registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
         assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);
