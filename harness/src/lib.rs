@@ -15,6 +15,7 @@ pub mod manifests;
 pub mod podexec;
 pub mod prelude;
 pub mod proxied;
+pub mod slice_controller;
 pub mod suite;
 pub mod tunnel;
 pub mod wait;

@@ -21,7 +21,7 @@
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
 
-mod checks;
+pub(crate) mod checks;
 mod lifecycle;
 mod multiple_claims;
 mod network;

@@ -17,11 +17,13 @@ macro_rules! fail {
     };
 }
 
+mod compatibility_groups;
 mod control_plane;
 mod crud;
 mod health;
 mod kubelet;
 mod kubelet_drivers;
+mod slice_controller;
 
 use harness::framework::Registry;
 
@@ -35,4 +37,6 @@ pub fn register(registry: &mut Registry) {
     kubelet::register(registry);
     kubelet_drivers::register(registry);
     health::register(registry);
+    compatibility_groups::register(registry);
+    slice_controller::register(registry);
 }

@@ -5,6 +5,8 @@
 //! | upstream context (dra.go) | module | specs |
 //! |---|---|---|
 //! | `with multiple drivers` (`multipleDriversContext`) | [`multiple_drivers`] | 3: only v1beta1, only v1, both |
+//! | `[FeatureGate:DRAPrioritizedList]` | [`prioritized_list`] | 4: sub-requests, their configs, constraints |
+//! | `[FeatureGate:DRAConsumableCapacity]` | [`consumable_capacity`] | must allow multiple allocations and consume capacity |
 //! | `with v1beta1 API` / `with v1beta2 API` | [`api_versions`] | 2 each: simple claim, requests with alternatives |
 //! | `[FeatureGate:DRAPartitionableDevices]` | [`partitionable`] | must consume and free up counters |
 //!
@@ -17,18 +19,40 @@
 //! at the end of the spec name.
 
 mod api_versions;
+mod consumable_capacity;
 pub(crate) mod evidence;
 pub(crate) mod gates;
 mod multiple_drivers;
 mod partitionable;
+mod prioritized_list;
 
-use harness::framework::Registry;
+use harness::framework::{Label, Registry};
 
 use super::FEATURE_DRA;
 
 /// Registers the specs under `[sig-node] [DRA]`.
 pub fn register(registry: &mut Registry) {
     registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
+        // DRAPrioritizedList is GA (locked on) in 1.37: only the gate it depends on trails.
+        r.context_with_labels(
+            "kubelet",
+            [
+                Label::new(FEATURE_DRA),
+                Label::new("FeatureGate:DRAPrioritizedList"),
+                Label::trailing("FeatureGate:DynamicResourceAllocation"),
+            ],
+            prioritized_list::register,
+        );
+        r.context_with_labels(
+            "kubelet",
+            [
+                Label::new(FEATURE_DRA),
+                Label::new("FeatureGate:DRAConsumableCapacity"),
+                Label::trailing("Beta"),
+                Label::trailing("FeatureGate:DynamicResourceAllocation"),
+            ],
+            consumable_capacity::register,
+        );
         r.context_with_labels("kubelet", [FEATURE_DRA], api_versions::register);
         r.context_with_labels(
             "kubelet",
@@ -37,4 +61,42 @@ pub fn register(registry: &mut Registry) {
         );
         r.context_with_labels("kubelet", [FEATURE_DRA], multiple_drivers::register);
     });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    /// The full texts as upstream renders them (ginkgo `--dry-run -v` of v1.37.2 dra.go).
+    #[test]
+    fn full_texts_match_upstream() {
+        let mut registry = Registry::new();
+        register(&mut registry);
+        registry.validate().unwrap();
+        let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();
+        let k = "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation]";
+        let p = format!("{k} [FeatureGate:DRAPrioritizedList]");
+        let dra = "[FeatureGate:DynamicResourceAllocation]";
+        for expected in [
+            format!("{p} selects the first subrequest that can be satisfied {dra}"),
+            format!("{p} uses the config for the selected subrequest {dra}"),
+            format!("{p} chooses the correct subrequest subject to constraints {dra}"),
+            format!("{p} filters config correctly for multiple devices {dra}"),
+            format!(
+                "{k} [FeatureGate:DRAConsumableCapacity] must allow multiple allocations and consume capacity [KubeletMinVersion:1.34] [Beta] {dra}"
+            ),
+            format!("{k} with v1beta1 API supports simple ResourceClaim"),
+            format!(
+                "{k} with v1beta2 API supports requests with alternatives [FeatureGate:DRAPrioritizedList] {dra}"
+            ),
+            format!(
+                "{k} [FeatureGate:DRAPartitionableDevices] must consume and free up counters [Beta] {dra}"
+            ),
+            format!("{k} with multiple drivers using only drapbv1 [KubeletMinVersion:1.34] work"),
+        ] {
+            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
+        }
+        assert_eq!(texts.len(), 4 + 1 + 4 + 1 + 3);
+    }
 }
