@@ -13,12 +13,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use harness::{
-    builder::Builder,
-    calls::{Method, UNPREPARE_TIMEOUT},
-    driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{Ctx, Registry, RunnerArgs, SpecResult},
-};
+use harness::{framework::RunnerArgs, prelude::*};
 use kube::ResourceExt as _;
 
 /// The runner's flags.

@@ -1,4 +1,10 @@
 //! dra-e2e harness: everything a spec uses to test Kubernetes Dynamic Resource Allocation.
+//!
+//! The DRA test driver (proxy pods, tunnels, in-process plugins per node: [`driver`]), the
+//! object builder ([`builder`]) and the waits ([`wait`]), over two focused crates it re-exports:
+//! `kubelet-plugin` ([`calls`], [`grpc`], [`plugin`]: the plugin and the call-assertion API) and
+//! `spec-runner` ([`framework`]: registry, selection, parallel runner, reports).
+//! [`prelude`] holds what a spec needs in one import; `suites/README.md` shows how to write one.
 
 pub mod builder;
 pub use kubelet_plugin::{calls, grpc, plugin};
@@ -7,6 +13,7 @@ pub mod device_plugin;
 pub mod driver;
 pub mod manifests;
 pub mod podexec;
+pub mod prelude;
 pub mod proxied;
 pub mod suite;
 pub mod tunnel;

@@ -7,7 +7,7 @@
 //!   ResourceSlices. Placeholders are replaced as upstream does it:
 //!   [`plugin_permissions`].
 //! - [`SAMPLE_DEVICE_PLUGIN`]: upstream's sample device plugin as a DaemonSet, with the spec's
-//!   namespace for its placeholder: [`sample_device_plugin`] (see [`crate::device_plugin`]).
+//!   namespace for its placeholder: [`sample_device_plugin`] (deployed by the `device_plugin` module).
 
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},

@@ -164,6 +164,7 @@ fn options(dir: &Path, output: Output) -> RunOptions {
         junit: Some(dir.join("out/junit.xml")),
         cancel_grace: Duration::from_secs(5),
         output,
+        seed: Some(1),
         ..RunOptions::default()
     }
 }
@@ -522,11 +523,9 @@ async fn selection_picks_specs() {
     let run = run_with(reg, &selection, backend, |_| {}, CancellationToken::new()).await;
     let ran: Vec<_> = run.report.specs.iter().map(|s| s.full_text.as_str()).collect();
     assert_eq!(ran, ["[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] b"]);
-    assert!(
-        run.output
-            .contents()
-            .starts_with("Running 1 of 4 specs, 4 in parallel, against https://fake (v1.37.2, 1 ready node)")
-    );
+    assert!(run.output.contents().starts_with(
+        "Random Seed: 1\nRunning 1 of 4 specs, 4 in parallel, against https://fake (v1.37.2, 1 ready node)"
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,6 +571,126 @@ async fn preflight_failure_is_a_configuration_error() {
     );
     assert!(run.report.specs.is_empty());
     assert!(journal.entries().is_empty());
+}
+
+/// A spec that fails its first `failures` runs, then passes.
+fn flaky_spec(reg: &mut Registry, name: &str, failures: usize) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    reg.it(name, move |_| {
+        let runs = runs.clone();
+        async move {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            if run <= failures {
+                return Err(anyhow::anyhow!("failure {run}").into());
+            }
+            Ok(())
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flake_attempts_retry_failures_and_report_flaky_specs() {
+    let journal = Journal::default();
+    let mut reg = Registry::new();
+    flaky_spec(&mut reg, "flakes twice", 2);
+    flaky_spec(&mut reg, "always fails", usize::MAX);
+    flaky_spec(&mut reg, "passes", 0);
+    let run = run(reg, journal.clone(), |o| o.flake_attempts = 3).await;
+    let out = run.output.contents();
+    let by_name = |name: &str| run.report.specs.iter().find(|s| s.full_text == name).unwrap();
+    let flaky = by_name("flakes twice");
+    assert!(flaky.is_flaky() && flaky.tries == 3, "{out}");
+    assert_eq!(flaky.earlier_failures.len(), 2, "{:?}", flaky.earlier_failures);
+    assert!(flaky.earlier_failures[0].starts_with("try 1: failure 1"), "{:?}", flaky.earlier_failures);
+    let failing = by_name("always fails");
+    assert!(failing.outcome.is_failed() && failing.tries == 3, "{out}");
+    assert_eq!(by_name("passes").tries, 1);
+    assert_eq!((run.report.passed(), run.report.failed(), run.report.flaky()), (2, 1, 1));
+    assert!(
+        out.contains("PASS ") && out.contains("flakes twice [FLAKEY TEST - TOOK 3 ATTEMPTS TO PASS]"),
+        "{out}"
+    );
+    assert!(out.contains("(try 1 of 3, retrying)"), "{out}");
+    assert!(out.contains("1 flaky (passed on a retry):"), "{out}");
+    assert!(out.contains("2 passed, 1 failed, 0 skipped in"), "{out}");
+    // Each failed try has its own artifact folder.
+    assert!(run.dir.path().join("artifacts/flakes_twice").exists());
+    assert!(run.dir.path().join("artifacts/flakes_twice-try-2").exists());
+    let xml = std::fs::read_to_string(run.dir.path().join("out/junit.xml")).unwrap();
+    assert!(xml.contains("flakyFailure"), "{xml}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_fast_starts_no_new_spec_after_a_failure() {
+    let journal = Journal::default();
+    let mut reg = Registry::new();
+    reg.describe("suite", |r| {
+        r.it("fails", async |_| Err(anyhow::anyhow!("boom").into()));
+        for name in ["second", "third"] {
+            let j = journal.clone();
+            r.it(name, move |_| {
+                let j = j.clone();
+                async move {
+                    j.push(format!("ran {name}"));
+                    Ok(())
+                }
+            });
+        }
+    });
+    let run = run(reg, journal.clone(), |o| {
+        o.procs = 1;
+        o.fail_fast = true;
+    })
+    .await;
+    let out = run.output.contents();
+    assert_eq!(run.report.exit_code(), 1, "{out}");
+    assert!(!journal.entries().iter().any(|e| e.starts_with("ran ")), "{:?}", journal.entries());
+    let skipped: Vec<_> = run
+        .report
+        .specs
+        .iter()
+        .filter(|s| matches!(&s.outcome, Outcome::Skipped { reason } if reason.contains("--fail-fast")))
+        .collect();
+    assert_eq!(skipped.len(), 2, "{out}");
+    assert!(out.contains("--fail-fast: 2 spec run(s) did not start after a failure."), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_seed_starts_specs_in_the_same_order() {
+    async fn start_order(seed: u64) -> Vec<String> {
+        let journal = Journal::default();
+        let mut reg = Registry::new();
+        for c in ["a", "b", "c", "d", "e"] {
+            let j = journal.clone();
+            reg.describe(c, move |r| {
+                for s in ["1", "2"] {
+                    let j = j.clone();
+                    r.it(s, move |ctx: Ctx| {
+                        let j = j.clone();
+                        async move {
+                            j.push(format!("started {}", ctx.full_text()));
+                            Ok(())
+                        }
+                    });
+                }
+            });
+        }
+        let run = run(reg, journal.clone(), |o| {
+            o.procs = 1;
+            o.seed = Some(seed);
+        })
+        .await;
+        assert!(run.output.contents().starts_with(&format!("Random Seed: {seed}\n")));
+        journal.entries().into_iter().filter(|e| e.starts_with("started ")).collect()
+    }
+    let first = start_order(7).await;
+    assert_eq!(first.len(), 10);
+    assert_eq!(first, start_order(7).await, "one seed, two orders");
+    let mut others = Vec::new();
+    for seed in 0..8 {
+        others.push(start_order(seed).await);
+    }
+    assert!(others.iter().any(|o| o != &first), "eight other seeds all gave seed 7's order");
 }
 
 #[tokio::test]

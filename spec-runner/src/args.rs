@@ -54,6 +54,24 @@ pub struct RunnerArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
 
+    /// Seed of the specs' order (ginkgo's `--seed`); printed by every run, so an order can be
+    /// repeated. Default: a new seed each run.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Shuffle every spec, not only the top-level containers (ginkgo's `--randomize-all`).
+    #[arg(long)]
+    pub randomize_all: bool,
+
+    /// After the first failure start no new spec; running specs finish and clean up.
+    #[arg(long)]
+    pub fail_fast: bool,
+
+    /// Run a failing spec up to N times in all; one that passes on a retry is reported as flaky,
+    /// with every earlier failure (ginkgo's `--flake-attempts`).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub flake_attempts: u32,
+
     /// Kubeconfig of the cluster (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -69,6 +87,10 @@ impl RunnerArgs {
             artifacts: self.artifacts.clone(),
             junit: self.junit.clone(),
             output: Output::stdout(),
+            seed: self.seed,
+            randomize_all: self.randomize_all,
+            fail_fast: self.fail_fast,
+            flake_attempts: self.flake_attempts,
             ..RunOptions::default()
         }
     }

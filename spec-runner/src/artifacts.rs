@@ -43,10 +43,17 @@ pub trait ArtifactSource: Send + Sync {
     async fn collect(&self, dir: &Path) -> anyhow::Result<()>;
 }
 
-/// The artifact folder of a spec run.
-pub(crate) fn spec_dir(root: &Path, full_text: &str, attempt: u32, repeat: u32) -> PathBuf {
-    let name = names::dir_name(full_text);
-    if repeat > 1 { root.join(format!("{name}-attempt-{attempt}")) } else { root.join(name) }
+/// The artifact folder of a spec run: `<name>[-attempt-A][-try-T]` (`--repeat`, and the retries
+/// of `--flake-attempts` after the first try).
+pub(crate) fn spec_dir(root: &Path, full_text: &str, attempt: u32, repeat: u32, try_number: u32) -> PathBuf {
+    let mut name = names::dir_name(full_text);
+    if repeat > 1 {
+        name.push_str(&format!("-attempt-{attempt}"));
+    }
+    if try_number > 1 {
+        name.push_str(&format!("-try-{try_number}"));
+    }
+    root.join(name)
 }
 
 /// Empties (or creates) a spec's artifact folder, so no file of an earlier run stays.

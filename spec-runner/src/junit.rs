@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
+use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestRerun, TestSuite};
 
 use super::outcome::{Outcome, RunReport};
 
@@ -19,6 +19,19 @@ pub fn report(run: &RunReport) -> Report {
     suite.set_time(run.wall_time);
     for spec in &run.specs {
         let status = match &spec.outcome {
+            // A flaky spec passes, with its earlier tries as `flakyFailure`s (as surefire and
+            // nextest write them); ginkgo also reports it as passed.
+            Outcome::Passed if spec.is_flaky() => TestCaseStatus::Success {
+                flaky_runs: spec
+                    .earlier_failures
+                    .iter()
+                    .map(|failure| {
+                        let mut rerun = TestRerun::new(NonSuccessKind::Failure);
+                        rerun.set_message(failure.as_str());
+                        rerun
+                    })
+                    .collect(),
+            },
             Outcome::Passed => TestCaseStatus::success(),
             Outcome::Skipped { reason } => {
                 let mut s = TestCaseStatus::skipped();
@@ -40,6 +53,9 @@ pub fn report(run: &RunReport) -> Report {
         case.set_classname(SUITE_NAME).set_time(spec.duration).set_system_out_lossy(spec.log.as_bytes());
         if run.repeat > 1 {
             case.add_property(Property::new("attempt", spec.attempt.to_string()));
+        }
+        if spec.tries > 1 {
+            case.add_property(Property::new("tries", spec.tries.to_string()));
         }
         if let Some(dir) = &spec.artifacts {
             case.add_property(Property::new("artifacts", dir.display().to_string()));
@@ -96,11 +112,14 @@ mod tests {
             duration: Duration::from_millis(1500),
             log: log.into(),
             artifacts: None,
+            tries: 1,
+            earlier_failures: vec![],
         }
     }
 
     fn run(repeat: u32) -> RunReport {
         RunReport {
+            seed: 7,
             specs: vec![
                 spec(
                     "[sig-node] [DRA] passes",
@@ -190,5 +209,26 @@ mod tests {
         assert!(!dir.path().join("junit.xml.tmp").exists());
         let err = write(&run(1), &dir.path().join("missing/junit.xml")).unwrap_err();
         assert!(err.to_string().starts_with("cannot write the JUnit report"), "{err}");
+    }
+
+    #[test]
+    fn a_flaky_spec_passes_with_its_earlier_failures_as_flaky_failures() {
+        let mut flaky = spec("[sig-node] [DRA] flakes", 1, Outcome::Passed, "");
+        flaky.tries = 3;
+        flaky.earlier_failures = vec!["try 1: boom".into(), "try 2: bang".into()];
+        let run = RunReport { specs: vec![flaky], repeat: 1, ..RunReport::default() };
+        let xml = report(&run).to_string().unwrap();
+        let parsed = Report::deserialize_from_str(&xml).unwrap();
+        let case = &parsed.test_suites[0].test_cases[0];
+        match &case.status {
+            TestCaseStatus::Success { flaky_runs } => {
+                let messages: Vec<_> =
+                    flaky_runs.iter().map(|r| r.message.as_ref().unwrap().as_str()).collect();
+                assert_eq!(messages, ["try 1: boom", "try 2: bang"]);
+            }
+            other => panic!("expected a flaky success, got {other:?}"),
+        }
+        assert!(case.properties.iter().any(|p| p.name.as_str() == "tries" && p.value.as_str() == "3"));
+        assert_eq!(parsed.failures, 0);
     }
 }

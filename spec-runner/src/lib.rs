@@ -118,6 +118,7 @@ mod kube_backend;
 mod label;
 mod label_filter;
 mod names;
+mod order;
 mod outcome;
 mod progress;
 mod registry;

@@ -91,6 +91,17 @@ pub struct SpecReport {
     pub log: String,
     /// The artifact folder, for failed specs.
     pub artifacts: Option<PathBuf>,
+    /// How often it ran in this attempt (`--flake-attempts`); 0 when it never started.
+    pub tries: u32,
+    /// The failures of the tries before the last, one line each (with their artifact folder).
+    pub earlier_failures: Vec<String>,
+}
+
+impl SpecReport {
+    /// Passed, but only on a retry.
+    pub fn is_flaky(&self) -> bool {
+        self.outcome == Outcome::Passed && self.tries > 1
+    }
 }
 
 /// The whole run.
@@ -106,6 +117,8 @@ pub struct RunReport {
     pub error: Option<String>,
     /// How many times the selection ran (`--repeat`).
     pub repeat: u32,
+    /// The seed of the specs' order (`--seed`).
+    pub seed: u64,
 }
 
 impl RunReport {
@@ -117,6 +130,11 @@ impl RunReport {
     /// Spec runs that failed.
     pub fn failed(&self) -> usize {
         self.specs.iter().filter(|s| s.outcome.is_failed()).count()
+    }
+
+    /// Spec runs that passed on a retry (counted as passed too).
+    pub fn flaky(&self) -> usize {
+        self.specs.iter().filter(|s| s.is_flaky()).count()
     }
 
     /// Spec runs that were skipped.

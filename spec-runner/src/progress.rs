@@ -78,14 +78,23 @@ fn attempt_suffix(report: &SpecReport, repeat: u32) -> String {
 }
 
 /// The block for one finished spec.
-pub(crate) fn spec_block(report: &SpecReport, repeat: u32) -> String {
+pub(crate) fn spec_block(report: &SpecReport, repeat: u32, flake_attempts: u32) -> String {
     let secs = report.duration.as_secs_f64();
     let text = format!("{}{}", report.full_text, attempt_suffix(report, repeat));
     match &report.outcome {
+        // ginkgo's words for a spec that passed on a retry.
+        Outcome::Passed if report.tries > 1 => {
+            format!("PASS [{secs:>8.2}s] {text} [FLAKEY TEST - TOOK {} ATTEMPTS TO PASS]\n", report.tries)
+        }
         Outcome::Passed => format!("PASS [{secs:>8.2}s] {text}\n"),
         Outcome::Skipped { reason } => format!("SKIP [{secs:>8.2}s] {text} -- {reason}\n"),
         Outcome::Failed { kind, details, .. } => {
-            let mut out = format!("FAIL [{secs:>8.2}s] {text}\n");
+            let retrying = if report.tries < flake_attempts {
+                format!(" (try {} of {flake_attempts}, retrying)", report.tries)
+            } else {
+                String::new()
+            };
+            let mut out = format!("FAIL [{secs:>8.2}s] {text}{retrying}\n");
             let _ = writeln!(out, "  {} failure:", kind.as_str());
             for line in details.lines() {
                 let _ = writeln!(out, "    {line}");
@@ -130,8 +139,26 @@ pub(crate) fn summary(report: &RunReport, not_run: usize) -> String {
             }
         }
     }
+    let flaky: Vec<_> = report.specs.iter().filter(|s| s.is_flaky()).collect();
+    if !flaky.is_empty() {
+        let _ = writeln!(out, "\n{} flaky (passed on a retry):", flaky.len());
+        for s in flaky {
+            let _ = writeln!(
+                out,
+                "  FLAKY {}{} ({} attempts)",
+                s.full_text,
+                attempt_suffix(s, report.repeat),
+                s.tries
+            );
+            for failure in &s.earlier_failures {
+                let _ = writeln!(out, "    {failure}");
+            }
+        }
+    }
     if report.interrupted {
         let _ = writeln!(out, "\nInterrupted: {not_run} spec run(s) did not start.");
+    } else if not_run > 0 {
+        let _ = writeln!(out, "\n--fail-fast: {not_run} spec run(s) did not start after a failure.");
     }
     let _ = writeln!(out, "{}", report.summary_line());
     out

@@ -58,6 +58,8 @@ pub struct Registry {
     containers: Vec<Container>,
     problems: Vec<String>,
     hooks: SuiteHooks,
+    /// Top-level containers registered so far, and the one being registered.
+    top_level: (usize, Option<usize>),
 }
 
 /// A hook run for every spec before its body ([`Registry::before_each`]).
@@ -88,6 +90,8 @@ pub(crate) struct SpecDef {
 #[derive(Debug, Clone)]
 pub struct SpecInfo {
     index: usize,
+    /// The top-level container (ginkgo shuffles these by default), or `None` at the top level.
+    top_level: Option<usize>,
     container_text: String,
     name: String,
     own_labels: Vec<Label>,
@@ -102,6 +106,15 @@ impl SpecInfo {
     /// (see [`Registry`]): `[sig-node] [DRA] control plane [FeatureGate:X] reports [Alpha]`.
     pub fn full_text(&self) -> &str {
         &self.full_text
+    }
+
+    /// What ginkgo's default randomization shuffles as one unit: the spec's top-level container,
+    /// or the spec itself when it is registered outside any container.
+    pub(crate) fn shuffle_group(&self) -> (usize, usize) {
+        match self.top_level {
+            Some(container) => (container, usize::MAX),
+            None => (usize::MAX, self.index),
+        }
     }
 
     /// The spec's own text (the `it` text, without containers and labels).
@@ -243,9 +256,17 @@ impl Registry {
                 l.name()
             ));
         }
+        let outermost = self.containers.is_empty();
+        if outermost {
+            self.top_level.1 = Some(self.top_level.0);
+            self.top_level.0 += 1;
+        }
         self.containers.push(Container { text, labels });
         body(self);
         self.containers.pop();
+        if outermost {
+            self.top_level.1 = None;
+        }
     }
 
     fn checked_labels<I, S>(&mut self, labels: I, owner: &str) -> Vec<Label>
@@ -277,6 +298,7 @@ impl Registry {
         }
         let mut info = SpecInfo {
             index: self.specs.len(),
+            top_level: self.top_level.1,
             container_text,
             name: name.trim().to_owned(),
             own_labels: Vec::new(),

@@ -25,7 +25,7 @@ use super::{
     ctx::{Ctx, CtxParts},
     duration,
     error::SpecError,
-    junit, names,
+    junit, names, order,
     outcome::OUTCOME_TARGET,
     outcome::{FailureKind, Outcome, RunReport, SpecReport},
     progress::{self, Output},
@@ -62,6 +62,14 @@ pub struct RunOptions {
     pub artifact_timeout: Duration,
     /// Where progress lines and the summary go.
     pub output: Output,
+    /// The order's seed (`--seed`); a new one each run when `None`. The run prints it.
+    pub seed: Option<u64>,
+    /// Shuffle every spec, not only the top-level containers (`--randomize-all`).
+    pub randomize_all: bool,
+    /// After the first failure, start no new spec (`--fail-fast`); running ones finish.
+    pub fail_fast: bool,
+    /// Runs of a failing spec in all (`--flake-attempts`); one that passes on a retry is flaky.
+    pub flake_attempts: u32,
 }
 
 impl Default for RunOptions {
@@ -78,12 +86,18 @@ impl Default for RunOptions {
             cancel_grace: Duration::from_secs(10),
             artifact_timeout: Duration::from_secs(120),
             output: Output::stdout(),
+            seed: None,
+            randomize_all: false,
+            fail_fast: false,
+            flake_attempts: 1,
         }
     }
 }
 
 struct Env {
     hooks: SuiteHooks,
+    /// Cancelled by `--fail-fast` at the first failure: no new spec starts.
+    stop_new: CancellationToken,
     backend: Arc<dyn ClusterBackend>,
     cluster: Arc<ClusterInfo>,
     options: RunOptions,
@@ -112,13 +126,16 @@ pub async fn run_with_backend(
     if let Err(e) = registry.validate() {
         return stop(report, e.to_string());
     }
-    if options.procs == 0 || options.repeat == 0 {
-        return stop(report, "--procs and --repeat must be at least 1".to_owned());
+    if options.procs == 0 || options.repeat == 0 || options.flake_attempts == 0 {
+        return stop(report, "--procs, --repeat and --flake-attempts must be at least 1".to_owned());
     }
     let total = registry.len();
     let (specs, hooks) = registry.into_parts();
-    let specs: Vec<Arc<SpecDef>> =
+    let mut specs: Vec<Arc<SpecDef>> =
         specs.into_iter().filter(|s| selection.matches(&s.info)).map(Arc::new).collect();
+    let seed = options.seed.unwrap_or_else(order::default_seed);
+    report.seed = seed;
+    order::shuffle(&mut specs, seed, options.randomize_all);
     if let Some(parent) =
         options.junit.as_deref().and_then(Path::parent).filter(|p| !p.as_os_str().is_empty())
         && let Err(e) = std::fs::create_dir_all(parent)
@@ -147,24 +164,36 @@ pub async fn run_with_backend(
             "spec logs are not captured: the global tracing subscriber lacks spec_runner::capture_layer()"
         );
     }
-    options.output.block(&header(&specs, total, &options, &cluster));
+    options.output.block(&header(&specs, total, &options, &cluster, seed));
 
-    let env = Arc::new(Env { hooks, backend, cluster: Arc::new(cluster), options, interrupt });
+    let env = Arc::new(Env {
+        hooks,
+        stop_new: CancellationToken::new(),
+        backend,
+        cluster: Arc::new(cluster),
+        options,
+        interrupt,
+    });
     let (serial, parallel): (Vec<_>, Vec<_>) = specs.iter().cloned().partition(|s| s.info.is_serial());
     let mut not_run = 0;
     for attempt in 1..=env.options.repeat {
-        if env.interrupt.is_cancelled() {
+        if env.interrupt.is_cancelled() || env.stop_new.is_cancelled() {
             break;
         }
         let mut started_specs = HashSet::new();
         report.specs.extend(run_parallel(&env, &parallel, attempt, &mut started_specs).await);
         for spec in &serial {
-            if env.interrupt.is_cancelled() {
+            if env.interrupt.is_cancelled() || env.stop_new.is_cancelled() {
                 break;
             }
             started_specs.insert(spec.info.index());
             report.specs.push(spawn_spec(&env, spec.clone(), attempt).await);
         }
+        let reason = if env.interrupt.is_cancelled() {
+            "not run: the run was interrupted"
+        } else {
+            "not run: --fail-fast stopped the run after a failure"
+        };
         for spec in specs.iter().filter(|s| !started_specs.contains(&s.info.index())) {
             not_run += 1;
             report.specs.push(SpecReport {
@@ -172,10 +201,12 @@ pub async fn run_with_backend(
                 labels: spec.info.labels().to_vec(),
                 index: spec.info.index(),
                 attempt,
-                outcome: Outcome::Skipped { reason: "not run: the run was interrupted".to_owned() },
+                outcome: Outcome::Skipped { reason: reason.to_owned() },
                 duration: Duration::ZERO,
                 log: String::new(),
                 artifacts: None,
+                tries: 0,
+                earlier_failures: Vec::new(),
             });
         }
     }
@@ -192,9 +223,19 @@ pub async fn run_with_backend(
     report
 }
 
-fn header(specs: &[Arc<SpecDef>], total: usize, options: &RunOptions, cluster: &ClusterInfo) -> String {
+fn header(
+    specs: &[Arc<SpecDef>],
+    total: usize,
+    options: &RunOptions,
+    cluster: &ClusterInfo,
+    seed: u64,
+) -> String {
     let ready = cluster.ready_nodes().count();
-    let mut line = format!("Running {} of {total} specs", specs.len());
+    let mut line = format!("Random Seed: {seed}");
+    if options.randomize_all {
+        line.push_str(" - will randomize all specs");
+    }
+    line.push_str(&format!("\nRunning {} of {total} specs", specs.len()));
     if options.repeat > 1 {
         line.push_str(&format!(" {} times", options.repeat));
     }
@@ -211,7 +252,7 @@ fn header(specs: &[Arc<SpecDef>], total: usize, options: &RunOptions, cluster: &
     line
 }
 
-/// Runs the non-serial specs of one attempt, at most `procs` at a time, in registration order.
+/// Runs the non-serial specs of one attempt, at most `procs` at a time, in the run's order.
 async fn run_parallel(
     env: &Arc<Env>,
     specs: &[Arc<SpecDef>],
@@ -225,13 +266,14 @@ async fn run_parallel(
         let permit = tokio::select! {
             biased;
             () = env.interrupt.cancelled() => break,
+            () = env.stop_new.cancelled() => break,
             permit = semaphore.clone().acquire_owned() => permit,
         };
         let Ok(permit) = permit else { break };
         started.insert(spec.info.index());
         let (env, task_spec) = (env.clone(), spec.clone());
         let handle = set.spawn(async move {
-            let report = run_spec(env, task_spec, attempt).await;
+            let report = run_tries(env, task_spec, attempt).await;
             drop(permit);
             report
         });
@@ -253,7 +295,7 @@ async fn run_parallel(
 
 /// Runs one spec in its own task (so nothing in it can take the runner down).
 async fn spawn_spec(env: &Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
-    match tokio::spawn(run_spec(env.clone(), spec.clone(), attempt)).await {
+    match tokio::spawn(run_tries(env.clone(), spec.clone(), attempt)).await {
         Ok(report) => report,
         Err(e) => runner_failure(&spec, attempt, &e),
     }
@@ -272,17 +314,53 @@ fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::JoinError) 
         duration: Duration::ZERO,
         log: String::new(),
         artifacts: None,
+        tries: 1,
+        earlier_failures: Vec::new(),
     }
+}
+
+/// Runs a spec up to `--flake-attempts` times, until it does not fail (or the run is
+/// interrupted); the report is the last run's, with the failures before it. A spec that still
+/// fails stops new specs with `--fail-fast`.
+async fn run_tries(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
+    let mut earlier = Vec::new();
+    for try_number in 1.. {
+        let mut report = run_spec(env.clone(), spec.clone(), attempt, try_number).await;
+        let retry = report.outcome.is_failed()
+            && try_number < env.options.flake_attempts
+            && !env.interrupt.is_cancelled();
+        if retry {
+            if let Outcome::Failed { message, .. } = &report.outcome {
+                let at = report.artifacts.as_ref().map(|d| format!(" (artifacts: {})", d.display()));
+                earlier.push(format!("try {try_number}: {message}{}", at.unwrap_or_default()));
+            }
+            continue;
+        }
+        report.tries = try_number;
+        report.earlier_failures = earlier;
+        if report.outcome.is_failed() && env.options.fail_fast && !env.stop_new.is_cancelled() {
+            tracing::warn!("--fail-fast: a spec failed, no new spec starts");
+            env.stop_new.cancel();
+        }
+        return report;
+    }
+    unreachable!("the loop above returns")
 }
 
 /// One spec run, start to end: captured log, namespace, body, artifacts,
 /// cleanups, failure files, progress line.
-async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
+async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u32) -> SpecReport {
     let id = capture::new_spec_id();
     capture::begin(id);
     let span = tracing::error_span!(target: SPEC_SPAN_TARGET, "spec", spec_id = id, name = %spec.info.name());
     let started = Instant::now();
-    let dir = artifacts::spec_dir(&env.options.artifacts, spec.info.full_text(), attempt, env.options.repeat);
+    let dir = artifacts::spec_dir(
+        &env.options.artifacts,
+        spec.info.full_text(),
+        attempt,
+        env.options.repeat,
+        try_number,
+    );
     let run = execute(&env, &spec, attempt, &dir).instrument(span).await;
     let duration = started.elapsed();
     let log = capture::take(id);
@@ -301,8 +379,10 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport
         duration,
         log,
         artifacts,
+        tries: try_number,
+        earlier_failures: Vec::new(),
     };
-    env.options.output.block(&progress::spec_block(&report, env.options.repeat));
+    env.options.output.block(&progress::spec_block(&report, env.options.repeat, env.options.flake_attempts));
     report
 }
 

@@ -1,0 +1,171 @@
+//! Setting up a driver after its proxy pods run: the plugins per node, RBAC in effect, the
+//! node-local ResourceSlices, the kubelets' registration.
+
+use super::*;
+
+impl Driver {
+    /// Starts one proxied plugin per proxy pod and registers their stop, then the scale-down.
+    pub(super) async fn start_plugins(&self, ctx: &Ctx) -> Result<(), DriverError> {
+        let inner = &self.inner;
+        for (node, state) in &inner.per_node {
+            let Some(pod) = state.pod.clone() else { continue };
+            let claims_client = state.client.clone().unwrap_or_else(|| inner.admin.clone());
+            let mut plugin = PluginConfig::new(&inner.name, node, "/cdi")
+                .dra_endpoint(format!(
+                    "{}/dra.sock",
+                    proxy::plugin_data_dir(&inner.config.kubelet_root_dir, &inner.name)
+                ))
+                .dra_v1(inner.config.dra_v1)
+                .dra_v1beta1(inner.config.dra_v1beta1)
+                .health_v1(inner.config.health_v1)
+                .health_v1alpha1(inner.config.health_v1alpha1);
+            if inner.config.rolling_update {
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                if uid.is_empty() {
+                    return Err(DriverError::MissingPodUid {
+                        driver: inner.name.clone(),
+                        pod: format!("{}/{}", inner.namespace, pod.metadata.name.clone().unwrap_or_default()),
+                    });
+                }
+                plugin = plugin.rolling_update_uid(uid);
+            }
+            let claims = shared_claims::Lease::acquire(&inner.name, node);
+            let started = ProxiedPlugin::start(ProxiedPluginSpec {
+                client: inner.stream.clone(),
+                pod,
+                plugin,
+                claims: Arc::new(KubeClaims::new(claims_client)),
+                calls: state.calls.clone(),
+                health: state.health.clone(),
+                claim_state: claims.state().clone(),
+            })
+            .await
+            .map_err(|source| DriverError::Plugin {
+                driver: inner.name.clone(),
+                node: node.clone(),
+                source: Box::new(source),
+            })?;
+            *lock(&state.plugin) = Some(RunningPlugin { plugin: started, claims });
+            let this = self.clone();
+            let node = node.clone();
+            ctx.defer(
+                format!("stop the kubelet plugin of driver {} on node {node}", inner.name),
+                async move {
+                    let running = this.inner.per_node.get(&node).and_then(|s| lock(&s.plugin).take());
+                    if let Some(running) = running {
+                        this.stop_plugin(&node, running).await;
+                    }
+                    Ok(())
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until RBAC and the admission policy are in effect: the first node's identity may
+    /// create (dry run) a slice on its node, and may not create one on another node.
+    pub(super) async fn wait_permissions_effective(&self) -> Result<(), DriverError> {
+        let Some((node, state)) = self.inner.per_node.iter().next() else { return Ok(()) };
+        let Some(client) = state.client.clone() else { return Ok(()) };
+        let api: Api<ResourceSlice> = Api::all(client);
+        let probe = |node_name: &str| -> ResourceSlice {
+            serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": { "generateName": "dra-e2e-permission-probe-" },
+                "spec": {
+                    "driver": self.inner.name,
+                    "nodeName": node_name,
+                    "pool": { "name": "probe", "generation": 1, "resourceSliceCount": 1 },
+                },
+            }))
+            .unwrap_or_default()
+        };
+        let own = probe(node);
+        let other = probe("dra-e2e-permission-probe-node");
+        let dry = PostParams { dry_run: true, ..Default::default() };
+        let what = format!("RBAC and ResourceSlice policy of driver {} to take effect", self.inner.name);
+        wait::poll(what, PERMISSIONS_TIMEOUT, Duration::from_millis(200), || {
+            let (api, own, other, dry) = (api.clone(), own.clone(), other.clone(), dry.clone());
+            async move {
+                if let Err(e) = api.create(&dry, &own).await {
+                    return Attempt::Retry(format!("creating a slice on its own node failed: {e}"));
+                }
+                match api.create(&dry, &other).await {
+                    Ok(_) => Attempt::Retry("creating a slice on another node was allowed".to_owned()),
+                    Err(kube::Error::Api(s)) if s.message.contains("may not modify") => Attempt::Done(()),
+                    Err(e) => Attempt::Retry(format!(
+                        "creating a slice on another node failed with an unexpected error: {e}"
+                    )),
+                }
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Creates the node-local slices of every node, with the node's plugin client when there
+    /// is one (as the plugin would), else with the admin client.
+    pub(super) async fn publish_node_local(&self, resources: &Resources) -> Result<(), DriverError> {
+        let inner = &self.inner;
+        for (node, res) in resources.iter().filter(|(k, _)| k.as_str() != MULTI_HOST) {
+            let node_obj =
+                match inner.nodes.objects().iter().find(|n| n.metadata.name.as_deref() == Some(node)) {
+                    Some(n) => n.clone(),
+                    None => Api::<Node>::all(inner.admin.clone())
+                        .get(node)
+                        .await
+                        .map_err(api_error(format!("get node {node}")))?,
+                };
+            let client = inner
+                .per_node
+                .get(node)
+                .and_then(|s| s.client.clone())
+                .unwrap_or_else(|| inner.admin.clone());
+            let api: Api<ResourceSlice> = Api::all(client);
+            // Another instance of the same driver (an update) may have published this node's
+            // pools already: keep identical slices, as upstream's slice controller does.
+            let existing = Api::<ResourceSlice>::all(inner.admin.clone())
+                .list(
+                    &ListParams::default()
+                        .fields(&format!("spec.driver={},spec.nodeName={node}", inner.name)),
+                )
+                .await
+                .map_err(api_error(format!(
+                    "list the ResourceSlices of driver {} on node {node}",
+                    inner.name
+                )))?
+                .items;
+            for slice in resources::node_slices(&inner.name, &node_obj, res) {
+                if let Some(same) = existing.iter().find(|e| same_slice_content(e, &slice)) {
+                    tracing::info!(slice = ?same.metadata.name, node = %node, "keeping the identical ResourceSlice of an earlier instance");
+                    continue;
+                }
+                api.create(&PostParams::default(), &slice).await.map_err(api_error(format!(
+                    "publish a ResourceSlice of driver {} for node {node}",
+                    inner.name
+                )))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every node's kubelet reported a successful registration.
+    pub(super) async fn wait_registered(&self) -> Result<(), DriverError> {
+        let timeout = self.inner.config.registration_timeout;
+        let waits = self.inner.per_node.iter().map(|(node, state)| {
+            let calls = state.calls.clone();
+            let node = node.clone();
+            let driver = self.inner.name.clone();
+            async move {
+                let what = format!("registration of driver {driver} by the kubelet of node {node}");
+                calls
+                    .wait_for(what, is_registered, timeout)
+                    .await
+                    .map_err(|source| DriverError::NotRegistered { driver, node, source: Box::new(source) })
+            }
+        });
+        futures::future::try_join_all(waits).await?;
+        Ok(())
+    }
+}

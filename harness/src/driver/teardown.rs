@@ -1,0 +1,72 @@
+//! Stopping a driver's plugins: in the middle of a spec ([`Driver::stop`]) and at its cleanup.
+
+use super::*;
+
+impl Driver {
+    /// Upstream's `TearDown` in the middle of a spec (e.g. to replace this instance by another
+    /// one of the same driver): stops every node's plugin, so that its sockets go away and the
+    /// kubelets unregister it, then scales the proxy pods to zero. RBAC, policy and the
+    /// ResourceSlices stay; the teardown registered by [`Driver::start`] still runs at the end
+    /// and finds nothing left to stop. Without kubelet this does nothing.
+    pub async fn stop(&self) -> Result<(), DriverError> {
+        let inner = &self.inner;
+        if !inner.config.with_kubelet {
+            return Ok(());
+        }
+        tracing::info!(driver = %inner.name, instance = %inner.config.instance_suffix, "stopping driver");
+        for (node, state) in &inner.per_node {
+            let running = lock(&state.plugin).take();
+            if let Some(running) = running {
+                self.stop_plugin(node, running).await;
+            }
+        }
+        let rs_api: Api<ReplicaSet> = Api::namespaced(inner.admin.clone(), &inner.namespace);
+        let rs_name = format!("dra-test-driver{}{}", inner.config.name_suffix, inner.config.instance_suffix);
+        scale_proxy_down(&rs_api, &rs_name, &inner.name).await
+    }
+
+    /// Stops a node's plugin. Claims it still holds as prepared (the kubelet did not unprepare
+    /// them, e.g. after a failed spec) would leave their CDI files on the node: those are then
+    /// removed through the proxy pod, with a warning, unless another instance of the driver still
+    /// runs on the node and shares the claims (it may still be asked to unprepare them).
+    pub(super) async fn stop_plugin(&self, node: &str, running: RunningPlugin) {
+        let driver = &self.inner.name;
+        let RunningPlugin { plugin, claims } = running;
+        // Stop serving first, so that the prepared claims no longer change through this instance.
+        let state = plugin.plugin().claim_state().clone();
+        let cdi_dir = plugin.plugin().config().cdi_dir.clone();
+        plugin.stop().await;
+        let leftover = state.prepared_claims();
+        let last = claims.release();
+        if !last && !leftover.is_empty() {
+            tracing::info!(%driver, %node, claims = ?leftover, "another instance of the driver still runs on the node and keeps the prepared claims");
+        }
+        if last && !leftover.is_empty() {
+            tracing::warn!(%driver, %node, claims = ?leftover, "stopping a plugin that still holds prepared claims; removing their CDI files");
+            let pod = self
+                .inner
+                .per_node
+                .get(node)
+                .and_then(|s| s.pod.as_ref())
+                .map(crate::tunnel::PodRef::from_pod);
+            if let Some(Ok(pod)) = pod {
+                let files = crate::podexec::PodFiles::new(Arc::new(crate::podexec::PodExec::new(
+                    self.inner.stream.clone(),
+                    pod,
+                )));
+                for claim in &leftover {
+                    let devices = state.prepared_devices(claim).unwrap_or_default();
+                    let mut requests: Vec<&String> = devices.iter().flat_map(|d| &d.requests).collect();
+                    requests.sort();
+                    requests.dedup();
+                    for request in requests {
+                        let path = crate::plugin::spec_path(&cdi_dir, driver, &claim.uid, request);
+                        if let Err(e) = crate::plugin::FileOps::remove(&files, &path).await {
+                            tracing::warn!(%driver, %node, error = %e, "cannot remove a leftover CDI file");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
