@@ -22,8 +22,8 @@
 pub use crate::{
     builder::{Builder, POD_DELETE_TIMEOUT, POD_START_TIMEOUT},
     calls::{
-        BlockGuard, CallFilter, CallLog, Calls, CallsError, ClaimCalls, DraApi, FaultGuard, HealthApi, Method,
-        UNPREPARE_TIMEOUT,
+        BlockGuard, CallFilter, CallLog, Calls, CallsError, ClaimCalls, DraApi, FaultGuard, HealthApi,
+        Method, UNPREPARE_TIMEOUT,
     },
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Label, Registry, Skip, SpecResult},

@@ -5,9 +5,11 @@
 //!
 //! Beyond upstream, every spec checks that the API server kept the taints in the published
 //! slice (a dropped taint would make "keeps pod pending" fail for the wrong reason and "can be
-//! tolerated" pass for it), and what the kubelet did from the recorded gRPC calls: nothing for a
-//! pod that stays pending, a prepare for a tolerated one, and the unprepare of the claim of an
-//! evicted one. A tolerated allocation must carry a copy of the request's toleration.
+//! tolerated" pass for it), that a pending pod is unschedulable because the scheduler's DRA
+//! plugin could not allocate its claim, and what the kubelet did from the recorded gRPC calls:
+//! nothing for a pod that stays pending, a prepare for a tolerated one, and the unprepare of the
+//! claim of an evicted one. A tolerated allocation must carry a copy of the request's
+//! toleration; a tolerated `NoExecute` pod must keep running for 10 s.
 //!
 //! The PodGroup variants of the first context need the `GenericWorkload` gate, which
 //! kind.yaml does not turn on: they are declared missing in parity.txt.
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use harness::{
-    builder::{Builder, allocation_results, condition},
+    builder::{Builder, POD_START_SHORT_TIMEOUT, allocation_results, condition, node_name},
     calls::{Method, UNPREPARE_TIMEOUT},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Label, Registry, SpecResult},
@@ -51,6 +53,8 @@ const TAINT_RULES_LABELS: [Label; 2] =
     [Label::new("FeatureGate:DRADeviceTaintRules"), Label::trailing("FeatureGate:DRADeviceTaints")];
 /// The taint on every device.
 const TAINT_KEY: &str = "example.com/taint";
+/// What the scheduler's DRA plugin reports when it finds no devices for a pod's claims.
+const NO_DEVICE: &str = "cannot allocate all claims";
 /// The finalizer that keeps the evicted pod around for its status.
 const FINALIZER: &str = "e2e-test/dont-delete-me";
 /// How long a tolerated pod must keep running after it started (not in upstream, which relies on
@@ -117,7 +121,21 @@ async fn keeps_pending(ctx: Ctx, effect: &str) -> SpecResult {
     let (pod, template) = b.pod_inline();
     b.create_pod(&pod).await?;
     b.create_template(&template).await?;
-    let pending = b.wait_unschedulable(&pod).await?;
+    b.wait_unschedulable(&pod).await?;
+    // Beyond upstream: because the DRA plugin found no device for the claim (not, e.g., because
+    // the claim did not exist yet).
+    let pending = b
+        .wait_pod(&pod, "to be unschedulable for its claim", POD_START_SHORT_TIMEOUT, |p| {
+            if node_name(p).is_some() {
+                return Verdict::Fail("the pod got scheduled".to_owned());
+            }
+            Verdict::done_if(condition(p, "PodScheduled").is_some_and(|c| {
+                c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+                    && c.message.as_deref().is_some_and(|m| m.contains(NO_DEVICE))
+            }))
+        })
+        .await?;
     let message = condition(&pending, "PodScheduled").and_then(|c| c.message.clone()).unwrap_or_default();
     tracing::info!(pod = %pod.name_any(), %message, "pod is unschedulable");
     // The claim, if generated yet, found no device it may use.
