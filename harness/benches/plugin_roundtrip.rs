@@ -1,5 +1,6 @@
 //! Prepare + unprepare round trips against the in-process plugin over a real
-//! Unix socket, with and without the call-recording layer.
+//! Unix socket, with and without the call-recording layer, and with the
+//! `:authority` rewrite that the DRA listener does for kubelets before v1.36.
 //!
 //! Run: `cargo bench -p harness --bench plugin_roundtrip`
 //! (`BENCH_ITERATIONS=N` changes the number of measured round trips per mode.)
@@ -30,21 +31,23 @@ struct Target {
     calls: usize,
 }
 
-async fn start(record: bool) -> Result<Target, BoxError> {
+async fn start(record: bool, rewrite_authority: bool) -> Result<Target, BoxError> {
     let dir = tempfile::Builder::new().prefix("dra-bench").tempdir()?;
     let cdi = dir.path().join("cdi");
     std::fs::create_dir_all(&cdi)?;
     let claims = MemoryClaims::new();
     claims.insert(claim());
     let dra_socket = dir.path().join("dra.sock");
-    let plugin = KubeletPlugin::builder(PluginConfig::new(DRIVER, "node", &cdi))
-        .claim_source(Arc::new(claims))
-        .record_calls(record)
-        .start(PluginListeners {
-            registration: Listener::unix(dir.path().join("reg.sock")),
-            dra: Listener::unix(&dra_socket),
-        })
-        .await?;
+    let plugin = KubeletPlugin::builder(
+        PluginConfig::new(DRIVER, "node", &cdi).dra_authority_rewrite(rewrite_authority),
+    )
+    .claim_source(Arc::new(claims))
+    .record_calls(record)
+    .start(PluginListeners {
+        registration: Listener::unix(dir.path().join("reg.sock")),
+        dra: Listener::unix(&dra_socket),
+    })
+    .await?;
     let client = DraPluginClient::new(unix_channel(dra_socket).await?);
     Ok(Target { _dir: dir, plugin, client, record, latencies: Vec::new(), calls: 0 })
 }
@@ -91,19 +94,23 @@ fn main() -> Result<(), BoxError> {
             "plugin_roundtrip: {iterations} sequential prepare+unprepare round trips per mode over a Unix socket \
              ({WARMUP} warm-up; the modes alternate in batches of {BATCH} to share machine noise)"
         );
-        let mut plain = start(false).await?;
-        let mut recorded = start(true).await?;
-        plain.run(WARMUP, false).await?;
-        recorded.run(WARMUP, false).await?;
+        let mut plain = start(false, false).await?;
+        let mut recorded = start(true, false).await?;
+        let mut rewritten = start(false, true).await?;
+        for target in [&mut plain, &mut recorded, &mut rewritten] {
+            target.run(WARMUP, false).await?;
+        }
         let mut done = 0;
         while done < iterations {
             let n = BATCH.min(iterations - done);
-            plain.run(n, true).await?;
-            recorded.run(n, true).await?;
+            for target in [&mut plain, &mut recorded, &mut rewritten] {
+                target.run(n, true).await?;
+            }
             done += n;
         }
         plain.report("without recording layer").await?;
         recorded.report("with recording layer").await?;
+        rewritten.report("with :authority rewrite").await?;
         Ok::<(), BoxError>(())
     })
 }

@@ -1,5 +1,5 @@
 //! A tiny spec binary on the real runner, used by the framework's cluster
-//! tests (`harness/tests/framework_cluster.rs`) to check Ctrl-C handling and
+//! tests (`harness/tests/cluster/framework.rs`) to check Ctrl-C handling and
 //! the command line end to end.
 //!
 //! Every spec labels its namespace and creates a DeviceClass, both labelled

@@ -1,6 +1,6 @@
 //! What every DRA suite adds to the generic runner: the API it needs at preflight, and the DRA
 //! objects a failed spec's artifacts hold (the spec's ResourceClaims and the DeviceClasses; each
-//! [`Driver`](crate::driver::Driver) adds its own ResourceSlices and recorded calls).
+//! `Driver` adds its own ResourceSlices and recorded calls).
 //!
 //! ```
 //! let mut registry = harness::framework::Registry::new();

@@ -42,6 +42,10 @@ pub struct RunnerArgs {
     #[arg(long)]
     pub list: bool,
 
+    /// Write a report in the schema of ginkgo's JSON report (`[]types.Report`) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json_report: Option<PathBuf>,
+
     /// Write a JUnit XML report to this file.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
@@ -91,6 +95,7 @@ impl RunnerArgs {
             randomize_all: self.randomize_all,
             fail_fast: self.fail_fast,
             flake_attempts: self.flake_attempts,
+            json_report: self.json_report.clone(),
             ..RunOptions::default()
         }
     }

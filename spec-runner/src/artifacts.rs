@@ -6,11 +6,18 @@
 //! `failure.txt` and `spec.log`.
 //! Cluster state is collected before the cleanups run.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 
-use super::names;
+use super::{
+    backend::{ArtifactRequest, ClusterBackend},
+    ctx::Ctx,
+    duration, names,
+};
 
 /// Something that can add files to a failed spec's artifacts, e.g. the
 /// Driver's recorded gRPC calls. Register it with
@@ -64,4 +71,44 @@ pub(crate) async fn fresh_dir(dir: &Path) -> std::io::Result<()> {
         Err(e) => return Err(e),
     }
     tokio::fs::create_dir_all(dir).await
+}
+
+/// Cluster state and artifact sources of a failed spec, bounded by the artifact timeout.
+pub(crate) async fn collect(
+    backend: &dyn ClusterBackend,
+    limit: Duration,
+    ctx: &Ctx,
+    namespace: &str,
+    dir: &Path,
+) -> Vec<String> {
+    if let Err(e) = fresh_dir(dir).await {
+        let problem = format!("cannot create the artifact folder {}: {e}", dir.display());
+        tracing::error!("{problem}");
+        return vec![problem];
+    }
+    let request = ArtifactRequest { namespace, dir };
+    let mut problems = match tokio::time::timeout(limit, backend.collect_artifacts(request)).await {
+        Ok(problems) => problems,
+        Err(_) => {
+            vec![format!("collecting cluster artifacts did not finish within {}", duration::display(limit))]
+        }
+    };
+    for source in ctx.sources() {
+        let name = source.name().to_owned();
+        let sub = dir.join(names::dir_name(&name));
+        let result = match tokio::fs::create_dir_all(&sub).await {
+            Ok(()) => match tokio::time::timeout(limit, source.collect(&sub)).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("{e:#}")),
+                Err(_) => Err(format!("did not finish within {}", duration::display(limit))),
+            },
+            Err(e) => Err(format!("cannot create {}: {e}", sub.display())),
+        };
+        if let Err(e) = result {
+            tracing::warn!("artifact source {name:?} failed: {e}");
+            problems.push(format!("artifact source {name:?}: {e}"));
+        }
+    }
+    tracing::info!("collected artifacts into {}", dir.display());
+    problems
 }

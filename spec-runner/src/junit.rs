@@ -109,6 +109,7 @@ mod tests {
             index: 0,
             attempt,
             outcome,
+            started: std::time::SystemTime::UNIX_EPOCH,
             duration: Duration::from_millis(1500),
             log: log.into(),
             artifacts: None,
@@ -120,6 +121,7 @@ mod tests {
     fn run(repeat: u32) -> RunReport {
         RunReport {
             seed: 7,
+            started: None,
             specs: vec![
                 spec(
                     "[sig-node] [DRA] passes",

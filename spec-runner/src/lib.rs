@@ -113,6 +113,7 @@ mod cluster;
 mod ctx;
 mod duration;
 mod error;
+mod json_report;
 mod junit;
 mod kube_backend;
 mod label;
@@ -137,6 +138,7 @@ pub use cluster::{ClusterInfo, KubeVersion, NodeInfo, PreflightError};
 pub use ctx::Ctx;
 pub use duration::{display as display_duration, parse as parse_duration};
 pub use error::{Skip, SpecError, SpecResult, skip};
+pub use json_report::{JsonConfig, render as json_report, write as write_json_report};
 pub use junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
 pub use kube_backend::{
     KubeBackend, MANAGED_BY_LABEL, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client, write_list,

@@ -1,6 +1,9 @@
 //! Results: what happened to each spec run, and to the whole run.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
 
 use super::duration;
 
@@ -85,6 +88,8 @@ pub struct SpecReport {
     pub attempt: u32,
     /// What happened.
     pub outcome: Outcome,
+    /// When it started (the Unix epoch for a spec that never started).
+    pub started: SystemTime,
     /// From start to the end of the last cleanup.
     pub duration: Duration,
     /// The captured log.
@@ -119,6 +124,8 @@ pub struct RunReport {
     pub repeat: u32,
     /// The seed of the specs' order (`--seed`).
     pub seed: u64,
+    /// When the run started.
+    pub started: Option<SystemTime>,
 }
 
 impl RunReport {

@@ -7,7 +7,10 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use super::outcome::{Outcome, RunReport, SpecReport};
+use super::{
+    cluster::ClusterInfo,
+    outcome::{Outcome, RunReport, SpecReport},
+};
 
 /// Where progress lines go (stdout by default; tests capture them).
 #[derive(Clone)]
@@ -162,4 +165,38 @@ pub(crate) fn summary(report: &RunReport, not_run: usize) -> String {
     }
     let _ = writeln!(out, "{}", report.summary_line());
     out
+}
+/// How a run was started, for its first lines.
+pub(crate) struct RunHeader<'a> {
+    pub(crate) selected: usize,
+    pub(crate) total: usize,
+    pub(crate) procs: usize,
+    pub(crate) repeat: u32,
+    pub(crate) randomize_all: bool,
+    pub(crate) seed: u64,
+    pub(crate) cluster: &'a ClusterInfo,
+}
+
+/// The first lines of a run: the seed, what runs against which cluster.
+pub(crate) fn header(h: &RunHeader<'_>) -> String {
+    let ready = h.cluster.ready_nodes().count();
+    let mut line = format!("Random Seed: {}", h.seed);
+    if h.randomize_all {
+        line.push_str(" - will randomize all specs");
+    }
+    line.push_str(&format!("\nRunning {} of {} specs", h.selected, h.total));
+    if h.repeat > 1 {
+        line.push_str(&format!(" {} times", h.repeat));
+    }
+    line.push_str(&format!(
+        ", {} in parallel, against {} ({}, {ready} ready node{})\n",
+        h.procs,
+        h.cluster.server,
+        h.cluster.server_version,
+        if ready == 1 { "" } else { "s" }
+    ));
+    if h.selected == 0 {
+        line.push_str("No spec matches the selection (--focus, --skip, --label-filter).\n");
+    }
+    line
 }

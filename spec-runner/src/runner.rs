@@ -18,13 +18,14 @@ use tracing::Instrument as _;
 
 use super::{
     artifacts,
-    backend::{ArtifactRequest, ClusterBackend, NamespaceRequest},
+    backend::{ClusterBackend, NamespaceRequest},
     capture::{self, SPEC_SPAN_TARGET},
     cleanup::{CleanupStack, panic_message},
     cluster::ClusterInfo,
     ctx::{Ctx, CtxParts},
     duration,
     error::SpecError,
+    json_report::{self, JsonConfig},
     junit, names, order,
     outcome::OUTCOME_TARGET,
     outcome::{FailureKind, Outcome, RunReport, SpecReport},
@@ -70,6 +71,8 @@ pub struct RunOptions {
     pub fail_fast: bool,
     /// Runs of a failing spec in all (`--flake-attempts`); one that passes on a retry is flaky.
     pub flake_attempts: u32,
+    /// Where to write the report in ginkgo's JSON schema (`--json-report`).
+    pub json_report: Option<PathBuf>,
 }
 
 impl Default for RunOptions {
@@ -90,6 +93,7 @@ impl Default for RunOptions {
             randomize_all: false,
             fail_fast: false,
             flake_attempts: 1,
+            json_report: None,
         }
     }
 }
@@ -117,7 +121,11 @@ pub async fn run_with_backend(
     interrupt: CancellationToken,
 ) -> RunReport {
     let started = Instant::now();
-    let mut report = RunReport { repeat: options.repeat, ..RunReport::default() };
+    let mut report = RunReport {
+        repeat: options.repeat,
+        started: Some(std::time::SystemTime::now()),
+        ..RunReport::default()
+    };
     let stop = |mut report: RunReport, error: String| {
         report.error = Some(error);
         report.wall_time = started.elapsed();
@@ -164,7 +172,15 @@ pub async fn run_with_backend(
             "spec logs are not captured: the global tracing subscriber lacks spec_runner::capture_layer()"
         );
     }
-    options.output.block(&header(&specs, total, &options, &cluster, seed));
+    options.output.block(&progress::header(&progress::RunHeader {
+        selected: specs.len(),
+        total,
+        procs: options.procs,
+        repeat: options.repeat,
+        randomize_all: options.randomize_all,
+        seed,
+        cluster: &cluster,
+    }));
 
     let env = Arc::new(Env {
         hooks,
@@ -202,6 +218,7 @@ pub async fn run_with_backend(
                 index: spec.info.index(),
                 attempt,
                 outcome: Outcome::Skipped { reason: reason.to_owned() },
+                started: std::time::SystemTime::UNIX_EPOCH,
                 duration: Duration::ZERO,
                 log: String::new(),
                 artifacts: None,
@@ -219,37 +236,21 @@ pub async fn run_with_backend(
             Err(e) => report.error = Some(e.to_string()),
         }
     }
+    if let Some(path) = &env.options.json_report {
+        let config = JsonConfig {
+            procs: env.options.procs,
+            randomize_all: env.options.randomize_all,
+            fail_fast: env.options.fail_fast,
+            flake_attempts: env.options.flake_attempts,
+            timeout: env.options.default_timeout,
+        };
+        match json_report::write(&report, total, &config, path) {
+            Ok(()) => tracing::info!("wrote JSON report {}", path.display()),
+            Err(e) => report.error = Some(e),
+        }
+    }
     env.options.output.block(&progress::summary(&report, not_run));
     report
-}
-
-fn header(
-    specs: &[Arc<SpecDef>],
-    total: usize,
-    options: &RunOptions,
-    cluster: &ClusterInfo,
-    seed: u64,
-) -> String {
-    let ready = cluster.ready_nodes().count();
-    let mut line = format!("Random Seed: {seed}");
-    if options.randomize_all {
-        line.push_str(" - will randomize all specs");
-    }
-    line.push_str(&format!("\nRunning {} of {total} specs", specs.len()));
-    if options.repeat > 1 {
-        line.push_str(&format!(" {} times", options.repeat));
-    }
-    line.push_str(&format!(
-        ", {} in parallel, against {} ({}, {ready} ready node{})\n",
-        options.procs,
-        cluster.server,
-        cluster.server_version,
-        if ready == 1 { "" } else { "s" }
-    ));
-    if specs.is_empty() {
-        line.push_str("No spec matches the selection (--focus, --skip, --label-filter).\n");
-    }
-    line
 }
 
 /// Runs the non-serial specs of one attempt, at most `procs` at a time, in the run's order.
@@ -311,6 +312,7 @@ fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::JoinError) 
             FailureKind::Error,
             format!("the runner's task for this spec failed: {error}"),
         ),
+        started: std::time::SystemTime::now(),
         duration: Duration::ZERO,
         log: String::new(),
         artifacts: None,
@@ -353,7 +355,7 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
     let id = capture::new_spec_id();
     capture::begin(id);
     let span = tracing::error_span!(target: SPEC_SPAN_TARGET, "spec", spec_id = id, name = %spec.info.name());
-    let started = Instant::now();
+    let (started, started_at) = (Instant::now(), std::time::SystemTime::now());
     let dir = artifacts::spec_dir(
         &env.options.artifacts,
         spec.info.full_text(),
@@ -376,6 +378,7 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
         index: spec.info.index(),
         attempt,
         outcome: run.outcome,
+        started: started_at,
         duration,
         log,
         artifacts,
@@ -485,7 +488,14 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
 
     // Collect what the cluster looks like now, before cleanups change it.
     if matches!(&run.outcome, Outcome::Failed { kind, .. } if *kind != FailureKind::Interrupted) {
-        run.problems = collect(env, &ctx, &namespace.name, dir).await;
+        run.problems = artifacts::collect(
+            env.backend.as_ref(),
+            env.options.artifact_timeout,
+            &ctx,
+            &namespace.name,
+            dir,
+        )
+        .await;
         run.dir_ready = true;
     }
 
@@ -552,41 +562,6 @@ async fn stop_body(
         task.abort();
         let _ = task.await;
     }
-}
-
-/// Cluster state and artifact sources of a failed spec, bounded by the artifact timeout.
-async fn collect(env: &Env, ctx: &Ctx, namespace: &str, dir: &Path) -> Vec<String> {
-    if let Err(e) = artifacts::fresh_dir(dir).await {
-        let problem = format!("cannot create the artifact folder {}: {e}", dir.display());
-        tracing::error!("{problem}");
-        return vec![problem];
-    }
-    let limit = env.options.artifact_timeout;
-    let request = ArtifactRequest { namespace, dir };
-    let mut problems = match tokio::time::timeout(limit, env.backend.collect_artifacts(request)).await {
-        Ok(problems) => problems,
-        Err(_) => {
-            vec![format!("collecting cluster artifacts did not finish within {}", duration::display(limit))]
-        }
-    };
-    for source in ctx.sources() {
-        let name = source.name().to_owned();
-        let sub = dir.join(names::dir_name(&name));
-        let result = match tokio::fs::create_dir_all(&sub).await {
-            Ok(()) => match tokio::time::timeout(limit, source.collect(&sub)).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(format!("{e:#}")),
-                Err(_) => Err(format!("did not finish within {}", duration::display(limit))),
-            },
-            Err(e) => Err(format!("cannot create {}: {e}", sub.display())),
-        };
-        if let Err(e) = result {
-            tracing::warn!("artifact source {name:?} failed: {e}");
-            problems.push(format!("artifact source {name:?}: {e}"));
-        }
-    }
-    tracing::info!("collected artifacts into {}", dir.display());
-    problems
 }
 
 /// `failure.txt` and `spec.log` (written last, so they include the cleanups).

@@ -2,9 +2,9 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
-use crate::{e2e, kind, local, test};
+use crate::{e2e, kind, local, provider::Provider, test};
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
 #[derive(Debug, Parser)]
@@ -36,6 +36,20 @@ pub enum Command {
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
     Test(test::TestArgs),
+    /// Internal: forward a host TCP address into a network namespace (the local cluster's
+    /// apiserver forwarder, started and stopped by `cluster up`/`down`).
+    #[command(hide = true)]
+    NetnsForward {
+        /// The network namespace file (e.g. /run/netns/dra-e2e-kind-control-plane).
+        #[arg(long)]
+        netns: PathBuf,
+        /// Where to listen, in the host's namespace.
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Where to connect, inside the namespace.
+        #[arg(long)]
+        connect: std::net::SocketAddr,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -46,16 +60,6 @@ pub enum ClusterAction {
     Down(ClusterArgs),
     /// Say what runs.
     Status(ClusterArgs),
-}
-
-/// Which kind of cluster to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum Provider {
-    /// The embedded single-node cluster built from official Kubernetes Go modules (no Docker).
-    #[default]
-    Local,
-    /// A kind cluster created from the repository's kind.yaml (needs docker and kind).
-    Kind,
 }
 
 /// Options shared by `cluster up`, `down` and `status`.
@@ -69,40 +73,34 @@ pub struct ClusterArgs {
     /// Print the commands instead of running them (kind provider).
     #[arg(long)]
     pub dry_run: bool,
+    /// Number of nodes of the local cluster (`up`): one control plane and N-1 workers; default:
+    /// the nodes kind.yaml lists.
+    #[arg(long)]
+    pub nodes: Option<usize>,
 }
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Cluster { action } => match action {
-            ClusterAction::Up(args) => match args.provider {
-                Provider::Local => local::up().await.map(|_| ExitCode::SUCCESS),
-                Provider::Kind => kind::up(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
-            },
-            ClusterAction::Down(args) => match args.provider {
-                Provider::Local => local::down().await.map(|_| ExitCode::SUCCESS),
-                Provider::Kind => kind::down(&args.kind, args.dry_run).await.map(|_| ExitCode::SUCCESS),
-            },
-            ClusterAction::Status(args) => match args.provider {
-                Provider::Local => local::status().await.map(exit_code),
-                Provider::Kind => kind::status(&args.kind).await.map(|_| ExitCode::SUCCESS),
-            },
+            ClusterAction::Up(args) => {
+                args.provider.up(&args.kind, args.nodes, args.dry_run).await.map(|_| ExitCode::SUCCESS)
+            }
+            ClusterAction::Down(args) => {
+                args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)
+            }
+            ClusterAction::Status(args) => args.provider.status(&args.kind).await.map(exit_code),
         },
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
         Command::E2e { args } => e2e::run(args).await,
         Command::Test(args) => test::run(args).await,
+        Command::NetnsForward { netns, listen, connect } => {
+            local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
+        }
     }
 }
 
 /// Exit code 0 when `ok`, else 1.
 fn exit_code(ok: bool) -> ExitCode {
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
-}
-
-/// The repository root (the workspace that holds xtask).
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
 }

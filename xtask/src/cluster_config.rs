@@ -39,13 +39,16 @@ pub struct ClusterConfig {
     /// kube-controller-manager arguments (`ClusterConfiguration.controllerManager.extraArgs`).
     pub controller_manager_args: Vec<(String, String)>,
     /// kubelet arguments (`nodeRegistration.kubeletExtraArgs` of Init- and JoinConfiguration,
-    /// which must agree because the local provider runs one kubelet).
+    /// which must agree because the local provider gives every kubelet the same arguments).
     pub kubelet_args: Vec<(String, String)>,
+    /// The roles of `nodes`, in order (`control-plane`, `worker`); kind's default (one control
+    /// plane) when the file lists none.
+    pub node_roles: Vec<String>,
 }
 
 /// The path of `kind.yaml` in this repository.
 pub fn default_path() -> PathBuf {
-    crate::cli::repo_root().join(FILE_NAME)
+    crate::repo::repo_root().join(FILE_NAME)
 }
 
 /// The subset of kind's v1alpha4 `Cluster` read here (kind-check decodes the file strictly).
@@ -60,6 +63,14 @@ struct KindFile {
     runtime_config: BTreeMap<String, String>,
     #[serde(default)]
     kubeadm_config_patches: Vec<String>,
+    #[serde(default)]
+    nodes: Vec<KindNode>,
+}
+
+/// One entry of kind's `nodes` (only the role is read here).
+#[derive(Debug, Deserialize)]
+struct KindNode {
+    role: String,
 }
 
 impl ClusterConfig {
@@ -84,9 +95,21 @@ impl ClusterConfig {
             file.api_version
         );
 
+        let node_roles = if file.nodes.is_empty() {
+            vec!["control-plane".to_string()]
+        } else {
+            file.nodes.into_iter().map(|n| n.role).collect()
+        };
+        ensure!(
+            node_roles.first().map(String::as_str) == Some("control-plane")
+                && node_roles.iter().filter(|r| *r == "control-plane").count() == 1
+                && node_roles.iter().all(|r| r == "control-plane" || r == "worker"),
+            "the local provider runs one control plane, listed first, and workers; kind.yaml lists nodes {node_roles:?}"
+        );
         let mut config = ClusterConfig {
             feature_gates: file.feature_gates,
             runtime_config: file.runtime_config,
+            node_roles,
             ..ClusterConfig::default()
         };
         let mut init_kubelet = Vec::new();
@@ -324,6 +347,19 @@ mod tests {
     }
 
     #[test]
+    fn node_roles_come_from_the_node_list() {
+        let config = ClusterConfig::load(&default_path()).unwrap();
+        assert_eq!(config.node_roles, ["control-plane", "worker", "worker", "worker"]);
+        let none =
+            ClusterConfig::parse("kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nfeatureGates: {}\n")
+                .unwrap();
+        assert_eq!(none.node_roles, ["control-plane"], "kind's default is one control-plane node");
+        let worker_first = "kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nnodes:\n- role: worker\n- role: control-plane\nfeatureGates: {}\n";
+        let err = ClusterConfig::parse(worker_first).unwrap_err().to_string();
+        assert!(err.contains("one control plane, listed first"), "{err}");
+    }
+
+    #[test]
     fn feature_gates_not_last_is_rejected() {
         let text = "kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nfeatureGates:\n  A: true\nnodes:\n- role: control-plane\n";
         let err = ClusterConfig::parse(text).unwrap_err().to_string();
@@ -435,7 +471,7 @@ featureGates: {}
     fn kind_check_binary() -> &'static Path {
         static BINARY: OnceLock<PathBuf> = OnceLock::new();
         BINARY.get_or_init(|| {
-            let source = crate::cli::repo_root().join("xtask").join("kind-check");
+            let source = crate::repo::repo_root().join("xtask").join("kind-check");
             let out_dir = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
             let binary = out_dir.join("kind-check");
             // Build under a private name and rename, so concurrent test processes never run a

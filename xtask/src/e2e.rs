@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cli::Provider, kind, local};
+use crate::{kind, local, provider::Provider};
 
 /// What `cargo xtask e2e` itself understands; everything else goes to `dra-e2e`.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -120,12 +120,13 @@ pub async fn run_runner(runner: &Path, kubeconfig: &Path, args: &[String]) -> Re
 /// `cargo xtask e2e ...`.
 pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
     let args = parse(raw)?;
-    let repo = crate::cli::repo_root();
+    let repo = crate::repo::repo_root();
     let runner = build_runner(&repo, Build::Binary)?;
     let (kubeconfig, teardown) = match (&args.kubeconfig, args.provider) {
         (Some(path), _) => (path.clone(), None),
         (None, Provider::Local) => {
-            let cluster = local::LocalCluster::new()?;
+            // A running cluster is used with whatever node count it has.
+            let cluster = local::LocalCluster::new(None)?;
             let was_running = cluster.is_up().await;
             let path = cluster.up().await?;
             let teardown = (!args.keep_cluster && !was_running).then_some(Provider::Local);
@@ -135,16 +136,13 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
             (path, teardown)
         }
         (None, Provider::Kind) => {
-            let kind_args = kind_args(&args);
-            let path = kind::up(&kind_args, false).await?;
+            let path = Provider::Kind.up(&kind_args(&args), None, false).await?;
             (path, (!args.keep_cluster).then_some(Provider::Kind))
         }
     };
     let code = run_runner(&runner, &kubeconfig, &args.passthrough).await;
-    match teardown {
-        Some(Provider::Local) => local::down().await?,
-        Some(Provider::Kind) => kind::down(&kind_args(&args), false).await?,
-        None => {}
+    if let Some(provider) = teardown {
+        provider.down(&kind_args(&args), false).await?;
     }
     let code = code?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))

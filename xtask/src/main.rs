@@ -10,6 +10,8 @@ mod kind;
 mod kube_api;
 mod local;
 mod progress;
+mod provider;
+mod repo;
 mod test;
 mod wait;
 

@@ -34,7 +34,7 @@ struct Outcome {
 
 /// Runs the steps and prints the summary.
 pub async fn run(args: TestArgs) -> Result<ExitCode> {
-    let repo = crate::cli::repo_root();
+    let repo = crate::repo::repo_root();
     let mut outcomes = Vec::new();
     let mut step = |name: &str, result: Result<()>, started: Instant| {
         if let Err(e) = &result {
@@ -48,7 +48,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
 
     if !args.no_cluster {
         let t = Instant::now();
-        let cluster = local::LocalCluster::new()?;
+        let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?;
         let up = cluster.up().await.map(|_| ());
         let up_ok = up.is_ok();
         step("local cluster up", up, t);
@@ -99,16 +99,16 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             vec!["test", "--workspace", "--test", "local_cluster", "--", "--ignored"],
         ),
         (
-            "framework cluster tests (harness/tests/framework_cluster.rs)",
-            vec!["test", "--workspace", "--test", "framework_cluster", "--", "--ignored"],
+            "framework cluster tests (harness/tests/cluster/framework.rs)",
+            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "framework::"],
         ),
         (
-            "tunnel cluster tests (harness/tests/tunnel_cluster.rs)",
-            vec!["test", "--workspace", "--test", "tunnel_cluster", "--", "--ignored"],
+            "tunnel cluster tests (harness/tests/cluster/tunnel.rs)",
+            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "tunnel::"],
         ),
         (
-            "driver cluster tests (harness/tests/driver_cluster.rs)",
-            vec!["test", "--workspace", "--test", "driver_cluster", "--", "--ignored"],
+            "driver cluster tests (harness/tests/cluster/driver.rs)",
+            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
         ),
     ]
 }

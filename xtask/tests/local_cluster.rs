@@ -3,6 +3,11 @@
 //! `DRA_E2E_KUBECONFIG` and fail when it is missing, so they can never pass without a cluster.
 //!
 //! Run: `DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig cargo test -p xtask --test local_cluster -- --ignored`
+//!
+//! The cluster has kind's default nodes (one control plane, three workers). Tests that look at a
+//! node's files from the host use the node's state directory
+//! (`$DRA_E2E_LOCAL_STATE/nodes/<node>`), which each node's mount namespace bind-mounts at
+//! /var/lib/kubelet, /var/run/cdi, /tmp, ...
 
 use std::{future::Future, path::PathBuf, time::Duration};
 
@@ -19,12 +24,18 @@ use kube::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const NODE: &str = "127.0.0.1";
-const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
+mod node_isolation;
+mod nodes_support;
+
+use nodes_support::{CONTROL_PLANE, NODE, OTHER_NODE, WORKERS, node_path, on_node};
+
+/// The busybox image every node has.
+pub const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
 const HOSTPATHPLUGIN: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
 const WAIT: Duration = Duration::from_secs(120);
 
-async fn client() -> Result<Client> {
+/// A client with the admin kubeconfig of the cluster under test.
+pub async fn client() -> Result<Client> {
     let path = std::env::var_os("DRA_E2E_KUBECONFIG").context(
         "DRA_E2E_KUBECONFIG is not set: these tests need the local cluster (run them through `cargo xtask test`)",
     )?;
@@ -35,7 +46,7 @@ async fn client() -> Result<Client> {
 
 /// Runs `body` in a fresh namespace and deletes the namespace afterwards (also on failure),
 /// waiting until it is gone.
-async fn in_namespace<F, Fut>(client: &Client, body: F) -> Result<()>
+pub async fn in_namespace<F, Fut>(client: &Client, body: F) -> Result<()>
 where
     F: FnOnce(Client, String) -> Fut,
     Fut: Future<Output = Result<()>>,
@@ -62,7 +73,8 @@ where
     result
 }
 
-fn pod(name: &str, image: &str, command: &[&str]) -> Result<Pod> {
+/// A pod with one container `main` running `command` in `image` (1 s grace period).
+pub fn pod(name: &str, image: &str, command: &[&str]) -> Result<Pod> {
     Ok(serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
         "spec": {
@@ -72,7 +84,8 @@ fn pod(name: &str, image: &str, command: &[&str]) -> Result<Pod> {
     }))?)
 }
 
-async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<()> {
+/// Waits until the pod runs.
+pub async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<()> {
     match tokio::time::timeout(WAIT, await_condition(pods.clone(), name, conditions::is_pod_running())).await
     {
         Ok(result) => {
@@ -92,7 +105,7 @@ async fn pod_state(pods: &Api<Pod>, name: &str) -> String {
 }
 
 /// Runs a command in a pod's container and returns its stdout (fails on a non-zero exit).
-async fn exec(pods: &Api<Pod>, name: &str, command: &[&str]) -> Result<String> {
+pub async fn exec(pods: &Api<Pod>, name: &str, command: &[&str]) -> Result<String> {
     let mut process = pods.exec(name, command.to_vec(), &AttachParams::default().stderr(true)).await?;
     let mut stdout = process.stdout().context("no stdout")?;
     let mut stderr = process.stderr().context("no stderr")?;
@@ -113,20 +126,39 @@ async fn exec(pods: &Api<Pod>, name: &str, command: &[&str]) -> Result<String> {
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run via cargo xtask test"]
-async fn node_is_ready_and_reports_the_pinned_versions() -> Result<()> {
+async fn every_node_is_ready_and_reports_the_pinned_versions() -> Result<()> {
     let nodes: Api<Node> = Api::all(client().await?);
-    let node = nodes.get(NODE).await?;
-    let status = node.status.context("node has no status")?;
-    let ready =
-        status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    assert!(ready, "node {NODE} is not Ready");
-    let info = status.node_info.context("no nodeInfo")?;
-    assert_eq!(info.kubelet_version, "v1.37.2", "the kubelet version is stamped at build time");
-    assert!(
-        info.container_runtime_version.starts_with("containerd://2."),
-        "{}",
-        info.container_runtime_version
-    );
+    let mut names: Vec<String> =
+        nodes.list(&Default::default()).await?.items.iter().map(|n| n.name_any()).collect();
+    names.sort();
+    let mut expected: Vec<&str> = WORKERS.iter().copied().chain([CONTROL_PLANE]).collect();
+    expected.sort();
+    assert_eq!(names, expected, "the nodes kind.yaml lists, named as kind names them");
+    for name in expected {
+        let node = nodes.get(name).await?;
+        assert_eq!(node.labels().get("kubernetes.io/hostname").map(String::as_str), Some(name));
+        let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        let cp_taint = taints
+            .iter()
+            .any(|t| t.key == "node-role.kubernetes.io/control-plane" && t.effect == "NoSchedule");
+        let cp_label = node.labels().contains_key("node-role.kubernetes.io/control-plane");
+        assert_eq!(cp_taint, name == CONTROL_PLANE, "{name}: control-plane taint {taints:?}");
+        assert_eq!(cp_label, name == CONTROL_PLANE, "{name}: control-plane label");
+        let status = node.status.context("node has no status")?;
+        let ready =
+            status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        assert!(ready, "node {name} is not Ready");
+        let info = status.node_info.context("no nodeInfo")?;
+        assert_eq!(info.kubelet_version, "v1.37.2", "{name}: the kubelet version is stamped at build time");
+        assert!(
+            info.container_runtime_version.starts_with("containerd://2."),
+            "{name}: {}",
+            info.container_runtime_version
+        );
+        let addresses = status.addresses.unwrap_or_default();
+        let ip = addresses.iter().find(|a| a.type_ == "InternalIP").context("no InternalIP")?;
+        assert!(ip.address.starts_with("10.89.0."), "{name}: node IP {}", ip.address);
+    }
     Ok(())
 }
 
@@ -152,6 +184,7 @@ async fn scheduler_allocates_a_claim_from_a_template() -> Result<()> {
             "devices": [{"name": "device-00"}],
         },
     }))?;
+    // Only NODE has the device: the scheduler must pick it among the workers.
     classes.create(&PostParams::default(), &class).await?;
     slices.create(&PostParams::default(), &slice).await?;
     let result = in_namespace(&client, |client, ns| {
@@ -211,20 +244,37 @@ async fn scheduler_allocates_a_claim_from_a_template() -> Result<()> {
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run via cargo xtask test"]
-async fn exec_runs_env_in_a_busybox_pod() -> Result<()> {
+async fn exec_and_logs_reach_a_busybox_pod_on_every_node() -> Result<()> {
     let client = client().await?;
     in_namespace(&client, |client, ns| async move {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let mut p = pod("busybox", BUSYBOX, &["sleep", "3600"])?;
-        p.spec.as_mut().context("spec")?.containers[0].env =
-            Some(serde_json::from_value(serde_json::json!([{"name": "GREETING", "value": "hello"}]))?);
-        pods.create(&PostParams::default(), &p).await?;
-        wait_running(&pods, "busybox").await?;
-        let env = exec(&pods, "busybox", &["env"]).await?;
-        assert!(env.lines().any(|l| l == "GREETING=hello"), "env output:\n{env}");
-        // Pods get no default route: nothing they send can leave the machine.
-        let routes = exec(&pods, "busybox", &["ip", "route"]).await?;
-        assert!(!routes.contains("default"), "pod has a default route:\n{routes}");
+        for (i, node) in WORKERS.iter().copied().chain([CONTROL_PLANE]).enumerate() {
+            let name = format!("busybox-{i}");
+            let mut p = on_node(pod(&name, BUSYBOX, &["sh", "-c", "echo started; exec sleep 3600"])?, node)?;
+            p.spec.as_mut().context("spec")?.containers[0].env =
+                Some(serde_json::from_value(serde_json::json!([{"name": "GREETING", "value": "hello"}]))?);
+            pods.create(&PostParams::default(), &p).await?;
+        }
+        for (i, node) in WORKERS.iter().copied().chain([CONTROL_PLANE]).enumerate() {
+            let name = format!("busybox-{i}");
+            wait_running(&pods, &name).await?;
+            let env = exec(&pods, &name, &["env"]).await?;
+            assert!(env.lines().any(|l| l == "GREETING=hello"), "{node}: env output:\n{env}");
+            // Pods get no default route: nothing they send can leave the machine.
+            let routes = exec(&pods, &name, &["ip", "route"]).await?;
+            assert!(!routes.contains("default"), "{node}: pod has a default route:\n{routes}");
+            let deadline = tokio::time::Instant::now() + WAIT;
+            loop {
+                let logs = pods.logs(&name, &Default::default()).await?;
+                if logs.contains("started") {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    bail!("{node}: pod {name} logs never showed its output: {logs:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
         Ok(())
     })
     .await
@@ -232,21 +282,34 @@ async fn exec_runs_env_in_a_busybox_pod() -> Result<()> {
 
 #[tokio::test]
 #[ignore = "needs the local cluster: run via cargo xtask test"]
-async fn port_forward_carries_bytes_both_ways() -> Result<()> {
+async fn port_forward_carries_bytes_both_ways_on_every_node() -> Result<()> {
     let client = client().await?;
     in_namespace(&client, |client, ns| async move {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        // An echo server: every connection gets its input back.
-        pods.create(
-            &PostParams::default(),
-            &pod("echo", BUSYBOX, &["sh", "-c", "while true; do nc -l -p 8080 -e cat; done"])?,
-        )
-        .await?;
-        wait_running(&pods, "echo").await?;
+        for (i, node) in WORKERS.iter().copied().chain([CONTROL_PLANE]).enumerate() {
+            // An echo server: every connection gets its input back.
+            let echo = pod(
+                &format!("echo-{i}"),
+                BUSYBOX,
+                &["sh", "-c", "while true; do nc -l -p 8080 -e cat; done"],
+            )?;
+            pods.create(&PostParams::default(), &on_node(echo, node)?).await?;
+        }
+        for i in 0..=WORKERS.len() {
+            echo_through_port_forward(&pods, &format!("echo-{i}")).await?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+async fn echo_through_port_forward(pods: &Api<Pod>, name: &str) -> Result<()> {
+    {
+        wait_running(pods, name).await?;
         let payload = b"ping through the API server's port-forward";
         let mut last = String::new();
         for _ in 0..50 {
-            let mut pf = pods.portforward("echo", &[8080]).await?;
+            let mut pf = pods.portforward(name, &[8080]).await?;
             let mut stream = pf.take_stream(8080).context("no stream")?;
             stream.write_all(payload).await?;
             let mut got = vec![0u8; payload.len()];
@@ -263,9 +326,8 @@ async fn port_forward_carries_bytes_both_ways() -> Result<()> {
             pf.abort();
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        bail!("no echo through port-forward; last attempt: {last}")
-    })
-    .await
+        bail!("no echo through port-forward from {name}; last attempt: {last}")
+    }
 }
 
 #[tokio::test]
@@ -273,9 +335,12 @@ async fn port_forward_carries_bytes_both_ways() -> Result<()> {
 async fn hostpathplugin_proxies_a_host_socket_to_a_pod_port() -> Result<()> {
     let client = client().await?;
     let dir = format!("/var/lib/kubelet/plugins/local-cluster-test-{}", std::process::id());
+    // The proxy runs on NODE; the test process reaches its socket through the node's directory.
+    let host_dir = node_path(NODE, &dir);
     let socket = format!("{dir}/proxy.sock");
+    let host_socket = format!("{}/proxy.sock", host_dir.display());
     let result = in_namespace(&client, |client, ns| {
-        let (dir, socket) = (dir.clone(), socket.clone());
+        let (dir, socket, host_socket) = (dir.clone(), socket.clone(), host_socket.clone());
         async move {
             let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
             let mut p = pod(
@@ -296,7 +361,7 @@ async fn hostpathplugin_proxies_a_host_socket_to_a_pod_port() -> Result<()> {
                 Some(serde_json::from_value(serde_json::json!([{"name": "dir", "mountPath": dir}]))?);
             spec.containers[0].security_context =
                 Some(serde_json::from_value(serde_json::json!({"privileged": true}))?);
-            pods.create(&PostParams::default(), &p).await?;
+            pods.create(&PostParams::default(), &on_node(p, NODE)?).await?;
             wait_running(&pods, "proxy").await?;
             // The TCP side first (it waits in the proxy's accept queue), then the Unix side, as
             // the tunnel and the kubelet do.
@@ -304,13 +369,13 @@ async fn hostpathplugin_proxies_a_host_socket_to_a_pod_port() -> Result<()> {
             let mut tcp = pf.take_stream(9000).context("no stream")?;
             let deadline = tokio::time::Instant::now() + WAIT;
             let mut unix = loop {
-                match tokio::net::UnixStream::connect(&socket).await {
+                match tokio::net::UnixStream::connect(&host_socket).await {
                     Ok(s) => break s,
                     Err(e) if tokio::time::Instant::now() < deadline => {
                         tracing_note(&e);
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                    Err(e) => bail!("cannot connect to {socket}: {e}"),
+                    Err(e) => bail!("cannot connect to {host_socket} ({socket} on {NODE}): {e}"),
                 }
             };
             unix.write_all(b"from the kubelet side").await?;
@@ -325,7 +390,7 @@ async fn hostpathplugin_proxies_a_host_socket_to_a_pod_port() -> Result<()> {
         }
     })
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&host_dir);
     result
 }
 
@@ -333,9 +398,10 @@ fn tracing_note(e: &std::io::Error) {
     eprintln!("waiting for the proxy socket: {e}");
 }
 
-/// The whole DRA data path on this node: the kubelet registers an in-process DRA plugin through
+/// The whole DRA data path on one worker: its kubelet registers an in-process DRA plugin through
 /// its plugin directory, calls NodePrepareResources for an allocated claim, the plugin writes a
-/// CDI spec to /var/run/cdi, and containerd injects its env var into the container.
+/// CDI spec to the node's /var/run/cdi, and containerd injects its env var into the container.
+/// The spec is the node's own: another node's /var/run/cdi does not have it.
 #[tokio::test]
 #[ignore = "needs the local cluster: run via cargo xtask test"]
 async fn cdi_spec_of_a_prepared_claim_reaches_the_container() -> Result<()> {
@@ -350,14 +416,19 @@ async fn cdi_spec_of_a_prepared_claim_reaches_the_container() -> Result<()> {
     let suffix = format!("{:x}", std::process::id());
     let driver = format!("cdi-{suffix}.dra-e2e.test");
     let class_name = format!("cdi-{suffix}");
-    let plugin_dir = PathBuf::from(format!("/var/lib/kubelet/plugins/{driver}"));
+    let plugin_dir = node_path(NODE, &format!("/var/lib/kubelet/plugins/{driver}"));
+    let cdi_dir = node_path(NODE, "/var/run/cdi");
     std::fs::create_dir_all(&plugin_dir)?;
-    std::fs::create_dir_all("/var/run/cdi")?;
-    let plugin = KubeletPlugin::builder(PluginConfig::new(&driver, NODE, "/var/run/cdi"))
+    std::fs::create_dir_all(&cdi_dir)?;
+    let registry = node_path(NODE, "/var/lib/kubelet/plugins_registry");
+    // The kubelet dials the socket at its own path; the test process listens on the host side.
+    let config = PluginConfig::new(&driver, NODE, cdi_dir.display().to_string())
+        .dra_endpoint(format!("/var/lib/kubelet/plugins/{driver}/dra.sock"));
+    let plugin = KubeletPlugin::builder(config)
         .claim_source(Arc::new(KubeClaims::new(client.clone())))
         .file_ops(Arc::new(LocalDirFiles))
         .start(PluginListeners {
-            registration: Listener::unix(format!("/var/lib/kubelet/plugins_registry/{driver}-reg.sock")),
+            registration: Listener::unix(registry.join(format!("{driver}-reg.sock"))),
             dra: Listener::unix(plugin_dir.join("dra.sock")),
         })
         .await?;
@@ -389,7 +460,8 @@ async fn cdi_spec_of_a_prepared_claim_reaches_the_container() -> Result<()> {
         )
         .await?;
     let result = in_namespace(&client, |client, ns| {
-        let (driver, class_name, plugin) = (driver.clone(), class_name.clone(), &plugin);
+        let (driver, class_name, plugin, cdi_dir) =
+            (driver.clone(), class_name.clone(), &plugin, cdi_dir.clone());
         async move {
             let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
             claims
@@ -414,10 +486,19 @@ async fn cdi_spec_of_a_prepared_claim_reaches_the_container() -> Result<()> {
                 Some(serde_json::from_value(serde_json::json!({"claims": [{"name": "my-claim"}]}))?);
             pods.create(&PostParams::default(), &p).await?;
             wait_running(&pods, "with-device").await?;
+            let scheduled = pods.get("with-device").await?.spec.and_then(|s| s.node_name);
+            assert_eq!(scheduled.as_deref(), Some(NODE), "the pod runs where the device is");
             assert_eq!(plugin.calls().count(Method::NodePrepareResources), 1, "{}", plugin.calls().log());
             let uid = claims.get("external-claim").await?.uid().context("claim uid")?;
-            let spec_file = PathBuf::from(format!("/var/run/cdi/{driver}-{uid}-my-request.json"));
+            let file_name = format!("{driver}-{uid}-my-request.json");
+            let spec_file = cdi_dir.join(&file_name);
             assert!(spec_file.is_file(), "no CDI spec at {}", spec_file.display());
+            let elsewhere = node_path(OTHER_NODE, "/var/run/cdi").join(&file_name);
+            assert!(
+                !elsewhere.exists(),
+                "{NODE}'s CDI spec is visible on {OTHER_NODE}: {}",
+                elsewhere.display()
+            );
 
             let env = exec(&pods, "with-device", &["env"]).await?;
             assert!(

@@ -74,7 +74,7 @@ use crate::{
     calls::{CallLog, Calls, CallsError, FaultGuard, Method},
     framework::{ArtifactSource, Ctx},
     manifests::{self, INSTANCE_LABEL, ManifestError},
-    plugin::{ClaimId, HealthState, KubeClaims, PluginConfig},
+    plugin::{ClaimId, HealthState, KubeClaims, PluginConfig, kubelet_needs_dra_authority_rewrite},
     proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec},
     wait::{self, Attempt, Verdict, WaitError},
 };

@@ -216,6 +216,35 @@ mod tests {
         assert_eq!(one.to_string(), "2 ready schedulable nodes required, the cluster has 1");
     }
 
+    /// kind's default cluster (and the local cluster's): the tainted control plane is never
+    /// chosen, specs asking for up to 4 nodes get the three workers.
+    #[test]
+    fn a_kind_cluster_gives_its_workers_not_the_control_plane() {
+        let mut control_plane = node("kind-control-plane", true);
+        control_plane.spec = Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: "node-role.kubernetes.io/control-plane".into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let all = [
+            control_plane,
+            node("kind-worker", true),
+            node("kind-worker2", true),
+            node("kind-worker3", true),
+        ];
+        let nodes = Nodes::choose(&all, 1, 4, 0).unwrap();
+        assert_eq!(nodes.names(), ["kind-worker", "kind-worker2", "kind-worker3"]);
+        let err = Nodes::choose(&all, 4, 4, 0).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("kind-control-plane has taint node-role.kubernetes.io/control-plane:NoSchedule"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn from_names_sorts() {
         let n = Nodes::from_names(vec!["b".into(), "a".into()], vec![]);

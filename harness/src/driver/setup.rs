@@ -10,6 +10,9 @@ impl Driver {
         for (node, state) in &inner.per_node {
             let Some(pod) = state.pod.clone() else { continue };
             let claims_client = state.client.clone().unwrap_or_else(|| inner.admin.clone());
+            // Kubelets before v1.36 may re-dial the DRA socket with an
+            // `:authority` h2 rejects; an unknown version counts as old.
+            let kubelet = ctx.cluster().nodes.iter().find(|n| n.name == *node).and_then(|n| n.kubelet());
             let mut plugin = PluginConfig::new(&inner.name, node, "/cdi")
                 .dra_endpoint(format!(
                     "{}/dra.sock",
@@ -18,7 +21,10 @@ impl Driver {
                 .dra_v1(inner.config.dra_v1)
                 .dra_v1beta1(inner.config.dra_v1beta1)
                 .health_v1(inner.config.health_v1)
-                .health_v1alpha1(inner.config.health_v1alpha1);
+                .health_v1alpha1(inner.config.health_v1alpha1)
+                .dra_authority_rewrite(kubelet_needs_dra_authority_rewrite(
+                    kubelet.map(|v| v.minor_version()),
+                ));
             if inner.config.rolling_update {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
                 if uid.is_empty() {

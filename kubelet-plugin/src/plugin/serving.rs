@@ -8,7 +8,9 @@
 //! long time before the kubelet uses it.
 //!
 //! Every served connection is wrapped so that stopping the plugin closes it
-//! (a hard stop after a short grace period, like upstream's `grpc.Server.Stop`).
+//! (a hard stop after a short grace period, like upstream's `grpc.Server.Stop`),
+//! and, on listeners that need it, so that an HTTP/2 `:authority` h2 would
+//! reject is replaced (see [`NormalizeAuthority`]).
 
 use std::{
     io,
@@ -120,17 +122,24 @@ impl ConnectionSender {
 }
 
 /// A served connection that fails all I/O once `kill` is cancelled, so the
-/// connection task ends even while the peer keeps the connection open. The
-/// client's HTTP/2 `:authority` is normalised on the way in (see
-/// [`NormalizeAuthority`]).
+/// connection task ends even while the peer keeps the connection open.
 pub(crate) struct ServedConnection {
-    io: NormalizeAuthority<BoxedConnection>,
+    io: BoxedConnection,
+    /// On listeners that need it.
+    authority: Option<NormalizeAuthority>,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl ServedConnection {
-    pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken) -> Self {
-        ServedConnection { io: NormalizeAuthority::new(io), killed: Box::pin(kill.clone().cancelled_owned()) }
+    /// Wraps `io`; with `rewrite_authority`, the client's HTTP/2 `:authority`
+    /// is normalised on the way in (see [`NormalizeAuthority`]), otherwise
+    /// every byte passes through untouched.
+    pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken, rewrite_authority: bool) -> Self {
+        ServedConnection {
+            io,
+            authority: rewrite_authority.then(NormalizeAuthority::new),
+            killed: Box::pin(kill.clone().cancelled_owned()),
+        }
     }
 
     fn check_killed(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
@@ -145,7 +154,10 @@ impl AsyncRead for ServedConnection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        Pin::new(&mut this.io).poll_read(cx, buf)
+        match &mut this.authority {
+            Some(authority) => authority.poll_read(Pin::new(&mut this.io), cx, buf),
+            None => Pin::new(&mut this.io).poll_read(cx, buf),
+        }
     }
 }
 
@@ -229,5 +241,41 @@ pub(crate) fn remove_socket(path: &Path) {
         Ok(()) => tracing::debug!(path = %path.display(), "removed socket"),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not remove socket"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// What grpc-go sends when it dials like the kubelet's plugin watcher
+    /// (see tests/data/README.md): `:authority` is the percent-encoded path.
+    const VECTOR: &[u8] = include_bytes!("../../tests/data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
+
+    /// What the server side reads from a served connection when the client
+    /// sends [`VECTOR`].
+    async fn served_bytes(rewrite_authority: bool) -> Vec<u8> {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let mut served =
+            ServedConnection::new(Box::new(server), &CancellationToken::new(), rewrite_authority);
+        client.write_all(VECTOR).await.unwrap();
+        drop(client);
+        let mut got = Vec::new();
+        served.read_to_end(&mut got).await.unwrap();
+        got
+    }
+
+    #[tokio::test]
+    async fn only_rewriting_connections_touch_the_client_bytes() {
+        assert_eq!(served_bytes(false).await, VECTOR);
+        let rewritten = served_bytes(true).await;
+        assert_ne!(rewritten, VECTOR);
+        let has = |bytes: &[u8], what: &[u8]| bytes.windows(what.len()).any(|w| w == what);
+        assert!(has(&rewritten, b"localhost"));
+        assert!(!has(VECTOR, b"localhost"));
     }
 }

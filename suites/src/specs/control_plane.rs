@@ -16,7 +16,7 @@
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
 
-mod multi_node;
+pub(crate) mod multi_node;
 mod network;
 mod permissions;
 mod pool_status;

@@ -16,6 +16,7 @@
 //! | `kubelet` with individual driver lifecycles | [`lifecycle`] | 5 (rolling, failed and sequential updates: two instances of one driver) |
 //! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (the extended-resources one `Serial`, with upstream's sample device plugin) |
 //! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
+//! | `kubelet ... on multiple nodes` (`multiNodeTests(true)`) | `control_plane::multi_node` | 2, need 2 to 8 nodes |
 //! | `kubelet [FeatureGate:DRAOptionalNodeOperations]`, `DriverResources(1)` with `skipNodeOperations` | [`optional_node_ops`] | 5 (3 without plugin, 2 with) |
 //! | `kubelet [FeatureGate:DRADeviceTaints]`, `NetworkResources(10)`, all devices tainted | [`device_taints`] | 5: `NoSchedule` (3), `NoExecute` (2); not the 3 PodGroup ones (GenericWorkload) |
 //!
@@ -32,7 +33,10 @@ mod optional_node_ops;
 
 use harness::framework::{Label, Registry};
 
-use super::{FEATURE_DRA, control_plane::single_node};
+use super::{
+    FEATURE_DRA,
+    control_plane::{multi_node, single_node},
+};
 
 /// Registers the kubelet specs under `[sig-node] [DRA]`, in upstream's order.
 pub fn register(registry: &mut Registry) {
@@ -45,6 +49,9 @@ pub fn register(registry: &mut Registry) {
         });
         r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             r.context("on single node with multiple claims allocation", multiple_claims::register);
+        });
+        r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
+            r.context("on multiple nodes", multi_node::register_kubelet);
         });
         let optional_ops =
             std::iter::once(Label::from(FEATURE_DRA)).chain(optional_node_ops::OPTIONAL_NODE_OPS_LABELS);
@@ -93,6 +100,10 @@ mod tests {
             format!(
                 "{k} on single node with multiple claims allocation requests an already allocated and a new claim for a pod"
             ),
+            format!(
+                "{k} on multiple nodes with different ResourceSlices keeps pod pending because of CEL runtime errors"
+            ),
+            format!("{k} on multiple nodes with node-local resources uses all resources"),
         ] {
             assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
         }
@@ -120,7 +131,7 @@ mod tests {
         ] {
             assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
         }
-        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 5 + 5);
+        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 2 + 5 + 5);
         let serial: Vec<_> =
             registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
         assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);

@@ -62,7 +62,7 @@ impl Host {
     pub(super) fn current() -> Host {
         Host {
             path: std::env::var_os("PATH"),
-            repo: crate::cli::repo_root(),
+            repo: crate::repo::repo_root(),
             kind_yaml: cluster_config::default_path(),
         }
     }

@@ -296,7 +296,7 @@ mod tests {
     fn host_with_path(path: &str) -> Host {
         Host {
             path: Some(path.into()),
-            repo: crate::cli::repo_root(),
+            repo: crate::repo::repo_root(),
             kind_yaml: cluster_config::default_path(),
         }
     }
@@ -402,7 +402,7 @@ mod tests {
         let host = host_with_path(""); // nothing on PATH
         let mut out = Vec::new();
         let kubeconfig = up_in(&host, &args("dra-e2e"), true, &mut out).await.unwrap();
-        let repo = crate::cli::repo_root();
+        let repo = crate::repo::repo_root();
         assert_eq!(kubeconfig, repo.join(".e2e").join("kind-dra-e2e.kubeconfig"));
         let printed = String::from_utf8(out).unwrap();
         let expected = up_lines("dra-e2e", &repo.join("kind.yaml"), None, &kubeconfig).join("\n") + "\n";
@@ -681,14 +681,14 @@ mod tests {
     const ACTIONLINT: &str = "github.com/rhysd/actionlint/cmd/actionlint@v1.7.12";
 
     fn workflow_path() -> PathBuf {
-        crate::cli::repo_root().join(".github/workflows/e2e-kind.yaml")
+        crate::repo::repo_root().join(".github/workflows/e2e-kind.yaml")
     }
 
     fn actionlint(file: &Path) -> std::process::Output {
         std::process::Command::new("go")
             .args(["run", ACTIONLINT, "-no-color"])
             .arg(file)
-            .current_dir(crate::cli::repo_root())
+            .current_dir(crate::repo::repo_root())
             .output()
             .unwrap_or_else(|err| {
                 panic!("cannot run `go` ({err}): the workflow test runs actionlint with `go run` and needs Go on PATH (https://go.dev/dl/)")

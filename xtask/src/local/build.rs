@@ -125,6 +125,42 @@ fn major_minor(version: &str) -> (String, String) {
 /// The main package of upstream's sample device plugin, inside the pinned k8s.io/kubernetes module.
 pub const SAMPLE_DEVICE_PLUGIN_PACKAGE: &str = "k8s.io/kubernetes/test/images/sample-device-plugin";
 
+/// Removes build directories of other cache keys under `bin_dir`, except the newest of them (so
+/// switching between two checkouts does not rebuild each time), and partial builds whose builder
+/// is gone. Best effort: a directory that cannot be removed is only logged.
+pub fn prune(bin_dir: &Path, current: &str) {
+    let Ok(entries) = fs::read_dir(bin_dir) else { return };
+    let mut others: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if name == current || !path.is_dir() {
+            continue;
+        }
+        if let Some((_, pid)) = name.rsplit_once(".partial-") {
+            let alive = pid.parse::<i32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+            if !alive {
+                remove_logged(&path);
+            }
+            continue;
+        }
+        let modified = entry.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+        others.push((modified, path));
+    }
+    others.sort();
+    others.pop(); // the newest other build stays
+    for (_, path) in others {
+        remove_logged(&path);
+    }
+}
+
+fn remove_logged(path: &Path) {
+    match fs::remove_dir_all(path) {
+        Ok(()) => eprintln!("    pruned the old build {}", path.display()),
+        Err(e) => tracing::warn!("could not prune {}: {e}", path.display()),
+    }
+}
+
 /// Builds whatever is missing from the cache and returns the binaries.
 pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
     let go_version = go_version()?;
@@ -132,6 +168,7 @@ pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
     let bins = Binaries { dir: layout.cache.join("bin").join(&key) };
     if bins.all().iter().all(|p| p.is_file()) {
         Step::start(format!("build Kubernetes {} components", versions.kubernetes)).finish("cached");
+        prune(&layout.cache.join("bin"), &key);
         return Ok(bins);
     }
     let tmp = layout.cache.join("bin").join(format!("{key}.partial-{}", std::process::id()));
@@ -222,6 +259,7 @@ pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
         fs::remove_dir_all(&bins.dir)?;
     }
     fs::rename(&tmp, &bins.dir)?;
+    prune(&layout.cache.join("bin"), &key);
     Ok(bins)
 }
 
@@ -357,8 +395,29 @@ mod tests {
     }
 
     #[test]
+    fn prune_keeps_the_current_and_the_newest_other_build() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, age) in [("old", 30), ("newer", 20), ("current", 40)] {
+            let path = dir.path().join(name);
+            fs::create_dir(&path).unwrap();
+            let time = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+            fs::File::open(&path).unwrap().set_modified(time).unwrap();
+        }
+        fs::create_dir(dir.path().join("x.partial-999999999")).unwrap();
+        let mine = dir.path().join(format!("y.partial-{}", std::process::id()));
+        fs::create_dir(&mine).unwrap();
+        prune(dir.path(), "current");
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["current", "newer", &format!("y.partial-{}", std::process::id())]);
+    }
+
+    #[test]
     fn cache_key_changes_with_inputs() {
-        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
         let v = Versions::read(&layout).unwrap();
         let a = cache_key(&layout, &v, "go version go1.26.8 linux/amd64").unwrap();
         let b = cache_key(&layout, &v, "go version go1.26.9 linux/amd64").unwrap();

@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 use super::{
     build::Binaries,
     images,
-    layout::{Layout, NODE_NAME, ports},
+    layout::{Layout, ports},
+    nodes::{self, NodeDirs, NodeSpec},
     pki::{self, Pki},
     process::ProcessSpec,
 };
@@ -18,15 +19,28 @@ use crate::cluster_config::ClusterConfig;
 
 /// The service CIDR; nothing routes it (no kube-proxy), it only gives Services their IPs.
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";
-/// The pod CIDR of the CNI bridge; chosen to clash with nothing on the machine.
-pub const POD_CIDR: &str = "10.88.0.0/16";
 /// The pods' DNS server: an address in the service range that nothing serves, so a lookup fails
 /// at once inside the machine instead of going out (pods have no default route either).
 pub const CLUSTER_DNS: &str = "10.0.0.10";
-/// The CNI bridge interface that containerd's bridge plugin creates.
+/// The CNI bridge interface that containerd's bridge plugin creates (inside each node's network
+/// namespace; older versions of this cluster created it in the host's).
 pub const BRIDGE: &str = "dra-e2e0";
 /// The Debian directory of the CNI plugins (package containernetworking-plugins).
 pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+/// Runs `program args` through nsenter with the namespace options `enter` (which ends in `--`).
+fn entered(
+    name: String,
+    enter: Vec<String>,
+    program: &Path,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+) -> ProcessSpec {
+    let mut all = enter;
+    all.push(p(program));
+    all.extend(args);
+    ProcessSpec { name, program: "nsenter".into(), args: all, env }
+}
 
 fn p(path: impl AsRef<Path>) -> String {
     path.as_ref().display().to_string()
@@ -42,13 +56,15 @@ fn extra_args(args: &[(String, String)]) -> Vec<String> {
 }
 
 /// etcd, data under the state directory, no fsync (a throw-away test cluster).
-pub fn etcd(bins: &Binaries, layout: &Layout) -> ProcessSpec {
+/// It runs in the control-plane node's network namespace, like every control-plane component.
+pub fn etcd(bins: &Binaries, layout: &Layout, cp: &NodeSpec) -> ProcessSpec {
     let client = format!("http://127.0.0.1:{}", ports::ETCD_CLIENT);
     let peer = format!("http://127.0.0.1:{}", ports::ETCD_PEER);
-    ProcessSpec {
-        name: "etcd",
-        program: bins.kube(),
-        args: vec![
+    entered(
+        "etcd".into(),
+        nodes::enter_net(cp),
+        &bins.kube(),
+        vec![
             "etcd".into(),
             arg("name", "dra-e2e"),
             arg("data-dir", p(layout.etcd_data())),
@@ -60,15 +76,17 @@ pub fn etcd(bins: &Binaries, layout: &Layout) -> ProcessSpec {
             arg("unsafe-no-fsync", true),
             arg("log-level", "warn"),
         ],
-        env: vec![],
-    }
+        vec![],
+    )
 }
 
-/// kube-apiserver.
-pub fn apiserver(bins: &Binaries, pki: &Pki, cluster: &ClusterConfig) -> ProcessSpec {
+/// kube-apiserver, serving on every address of the control-plane node's namespace (its loopback
+/// and the node IP, which it advertises).
+pub fn apiserver(bins: &Binaries, pki: &Pki, cluster: &ClusterConfig, cp: &NodeSpec) -> ProcessSpec {
     let mut args = vec![
         "kube-apiserver".into(),
-        arg("bind-address", "127.0.0.1"),
+        arg("bind-address", "0.0.0.0"),
+        arg("advertise-address", cp.ip),
         arg("secure-port", ports::APISERVER),
         arg("etcd-servers", format!("http://127.0.0.1:{}", ports::ETCD_CLIENT)),
         arg("storage-media-type", "application/vnd.kubernetes.protobuf"),
@@ -106,7 +124,7 @@ pub fn apiserver(bins: &Binaries, pki: &Pki, cluster: &ClusterConfig) -> Process
     if !runtime_config.is_empty() {
         args.push(arg("runtime-config", runtime_config));
     }
-    ProcessSpec { name: "kube-apiserver", program: bins.kube(), args, env: vec![] }
+    entered("kube-apiserver".into(), nodes::enter_net(cp), &bins.kube(), args, vec![])
 }
 
 /// kube-controller-manager with every controller (the resourceclaim controller among them).
@@ -115,6 +133,7 @@ pub fn controller_manager(
     layout: &Layout,
     pki: &Pki,
     cluster: &ClusterConfig,
+    cp: &NodeSpec,
 ) -> ProcessSpec {
     let kubeconfig = p(pki::kubeconfig_path(layout, pki::CONTROLLER_MANAGER));
     let mut args = vec![
@@ -138,11 +157,16 @@ pub fn controller_manager(
         args.push(arg("feature-gates", gates));
     }
     args.extend(extra_args(&cluster.controller_manager_args));
-    ProcessSpec { name: "kube-controller-manager", program: bins.kube(), args, env: vec![] }
+    entered("kube-controller-manager".into(), nodes::enter_net(cp), &bins.kube(), args, vec![])
 }
 
 /// kube-scheduler, configured by a KubeSchedulerConfiguration file.
-pub fn scheduler(bins: &Binaries, layout: &Layout, cluster: &ClusterConfig) -> Result<ProcessSpec> {
+pub fn scheduler(
+    bins: &Binaries,
+    layout: &Layout,
+    cluster: &ClusterConfig,
+    cp: &NodeSpec,
+) -> Result<ProcessSpec> {
     let kubeconfig = p(pki::kubeconfig_path(layout, pki::SCHEDULER));
     let config = layout.config().join("scheduler.yaml");
     write(
@@ -170,35 +194,63 @@ leaderElection:
         args.push(arg("feature-gates", gates));
     }
     args.extend(extra_args(&cluster.scheduler_args));
-    Ok(ProcessSpec { name: "kube-scheduler", program: bins.kube(), args, env: vec![] })
+    Ok(entered("kube-scheduler".into(), nodes::enter_net(cp), &bins.kube(), args, vec![]))
 }
 
-/// containerd with the CRI plugin: CDI on, our pause image pinned as the sandbox, the CNI bridge
-/// from the state directory, and every path of its own under the state and run directories (no
-/// /var/lib/containerd, /run/containerd, /opt/containerd or NRI socket of the machine is touched).
-pub fn containerd(bins: &Binaries, layout: &Layout) -> Result<ProcessSpec> {
-    fs::create_dir_all(layout.cni_conf_dir())?;
-    write(&layout.cni_conf_dir().join("10-dra-e2e.conflist"), &cni_conflist(layout))?;
-    let config = layout.config().join("containerd.toml");
-    write(&config, &containerd_config(layout, &bins.runc()))?;
-    // containerd finds its shim and runc on PATH: put the shim we built first.
-    let path = format!("{}:{}", p(&bins.dir), std::env::var("PATH").unwrap_or_default());
+/// The xtask binary copied into the state directory, which the forwarder runs from (so a
+/// rebuild of xtask never replaces the file of a running forwarder).
+pub fn forwarder(layout: &Layout, cp: &NodeSpec) -> Result<ProcessSpec> {
+    // /proc/self/exe, not current_exe(): cargo may have replaced (deleted) the file this
+    // process runs from since it started (`cargo xtask test` rebuilds xtask), and the open
+    // link still reads the running binary.
+    let exe = Path::new("/proc/self/exe");
+    let copy = layout.state.join("bin").join("xtask-netns-forward");
+    if let Some(dir) = copy.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::copy(exe, &copy)
+        .with_context(|| format!("copy the running xtask ({}) to {}", exe.display(), copy.display()))?;
+    let addr = format!("127.0.0.1:{}", ports::APISERVER);
     Ok(ProcessSpec {
-        name: "containerd",
-        program: bins.containerd(),
-        args: vec![arg("config", p(&config))],
-        env: vec![("PATH".into(), path)],
+        name: "apiserver-forward".into(),
+        program: copy,
+        args: vec![
+            "netns-forward".into(),
+            arg("netns", p(cp.netns_path())),
+            arg("listen", &addr),
+            arg("connect", &addr),
+        ],
+        env: vec![],
     })
 }
 
-fn containerd_config(layout: &Layout, runc: &Path) -> String {
+/// A node's containerd with the CRI plugin: CDI on, our pause image pinned as the sandbox, the
+/// node's CNI bridge, and every path of its own under the node's state and run directories. It
+/// runs inside the node (its mount and network namespaces).
+pub fn containerd(bins: &Binaries, layout: &Layout, node: &NodeSpec) -> Result<ProcessSpec> {
+    let dirs = NodeDirs::new(layout, node);
+    fs::create_dir_all(dirs.cni_conf_dir())?;
+    write(&dirs.cni_conf_dir().join("10-dra-e2e.conflist"), &cni_conflist(&dirs, node))?;
+    let config = dirs.config().join("containerd.toml");
+    write(&config, &containerd_config(&dirs, &bins.runc()))?;
+    // containerd finds its shim and runc on PATH: put the shim we built first.
+    let path = format!("{}:{}", p(&bins.dir), std::env::var("PATH").unwrap_or_default());
+    Ok(entered(
+        node.containerd(),
+        nodes::enter_node(layout, node),
+        &bins.containerd(),
+        vec![arg("config", p(&config))],
+        vec![("PATH".into(), path)],
+    ))
+}
+
+fn containerd_config(dirs: &NodeDirs, runc: &Path) -> String {
     let runc = p(runc);
-    let root = p(layout.containerd_root());
-    let state = p(layout.containerd_state());
-    let socket = p(layout.containerd_socket());
-    let runc_root = p(layout.runc_root());
-    let cni_conf = p(layout.cni_conf_dir());
-    let cdi = p(layout.cdi_dir());
+    let root = p(dirs.containerd_root());
+    let state = p(dirs.containerd_state());
+    let socket = p(dirs.containerd_socket());
+    let runc_root = p(dirs.runc_root());
+    let cni_conf = p(dirs.cni_conf_dir());
     let sandbox = images::PAUSE;
     format!(
         r#"# Written by `cargo xtask cluster up --provider local`.
@@ -228,7 +280,8 @@ state = "{state}"
   # Without CAP_SYS_RESOURCE (as on the CI VMs) no process may lower its OOM score below its
   # parent's; the kubelet asks -998 for pod sandboxes. Clamp to containerd's own score instead.
   restrict_oom_score_adj = true
-  cdi_spec_dirs = ["/etc/cdi", "{cdi}"]
+  # /var/run/cdi is the node's own directory (a bind mount in the node's mount namespace).
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{CNI_BIN_DIR}", "/opt/cni/bin"]
     conf_dir = "{cni_conf}"
@@ -246,11 +299,12 @@ state = "{state}"
     )
 }
 
-/// A bridge network without gateway or masquerading, and no routes: pods reach each other on the
-/// bridge and nothing else. (The kubelet never needs pod IPs: exec and port-forward go through the
-/// CRI inside the pod's network namespace.)
-fn cni_conflist(layout: &Layout) -> String {
-    let ipam_dir = p(layout.state.join("cni-ipam"));
+/// A bridge network in the node's namespace without gateway or masquerading, and no routes:
+/// pods of one node reach each other on the bridge and nothing else. (The kubelet never needs
+/// pod IPs: exec and port-forward go through the CRI inside the pod's network namespace.)
+fn cni_conflist(dirs: &NodeDirs, node: &NodeSpec) -> String {
+    let ipam_dir = p(dirs.cni_ipam_dir());
+    let subnet = node.pod_cidr();
     format!(
         r#"{{
   "cniVersion": "1.0.0",
@@ -266,7 +320,7 @@ fn cni_conflist(layout: &Layout) -> String {
       "ipam": {{
         "type": "host-local",
         "dataDir": "{ipam_dir}",
-        "ranges": [[{{ "subnet": "{POD_CIDR}" }}]]
+        "ranges": [[{{ "subnet": "{subnet}" }}]]
       }}
     }}
   ]
@@ -275,11 +329,21 @@ fn cni_conflist(layout: &Layout) -> String {
     )
 }
 
-/// The kubelet: cgroup v1 allowed (`failCgroupV1: false`), cgroupfs driver, loopback-only
-/// listeners, our serving certificate, low eviction thresholds (small CI disks), no image garbage
-/// collection of the imported images, and the feature gates of kind.yaml.
-pub fn kubelet(bins: &Binaries, layout: &Layout, pki: &Pki, cluster: &ClusterConfig) -> Result<ProcessSpec> {
-    let config = layout.config().join("kubelet.yaml");
+/// A node's kubelet: cgroup v1 allowed (`failCgroupV1: false`), cgroupfs driver under the node's
+/// own cgroup root, listeners on the node IP and the node's loopback only, its serving
+/// certificate, low eviction thresholds (small CI disks), no image garbage collection of the
+/// imported images, and the feature gates of kind.yaml. Runs inside the node; the control plane
+/// of a multi-node cluster is registered with kind's NoSchedule taint.
+pub fn kubelet(
+    bins: &Binaries,
+    layout: &Layout,
+    pki: &Pki,
+    cluster: &ClusterConfig,
+    node: &NodeSpec,
+    node_count: usize,
+) -> Result<ProcessSpec> {
+    let dirs = NodeDirs::new(layout, node);
+    let config = dirs.config().join("kubelet.yaml");
     let gates: String = cluster.feature_gates.iter().map(|(name, on)| format!("  {name}: {on}\n")).collect();
     let gates =
         if gates.is_empty() { "featureGates: {}\n".to_string() } else { format!("featureGates:\n{gates}") };
@@ -288,13 +352,14 @@ pub fn kubelet(bins: &Binaries, layout: &Layout, pki: &Pki, cluster: &ClusterCon
         &format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz}
 containerRuntimeEndpoint: unix://{socket}
 cgroupDriver: cgroupfs
+cgroupRoot: {cgroup_root}
 cgroupsPerQOS: true
 failCgroupV1: false
 failSwapOn: false
@@ -325,24 +390,36 @@ evictionHard:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 {gates}",
+            address = node.ip,
             port = ports::KUBELET,
             healthz = ports::KUBELET_HEALTHZ,
-            socket = p(layout.containerd_socket()),
-            tls_cert = p(pki.file("kubelet-serving.crt")),
-            tls_key = p(pki.file("kubelet-serving.key")),
+            socket = p(dirs.containerd_socket()),
+            cgroup_root = node.cgroup_root(),
+            tls_cert = p(pki.kubelet_serving_cert(&node.name)),
+            tls_key = p(pki.kubelet_serving_key(&node.name)),
             client_ca = p(pki.client_ca()),
         ),
     )?;
     let mut args = vec![
         "kubelet".into(),
         arg("config", p(&config)),
-        arg("kubeconfig", p(pki::kubeconfig_path(layout, pki::KUBELET))),
-        arg("hostname-override", NODE_NAME),
-        arg("root-dir", p(layout.kubelet_root())),
+        arg("kubeconfig", p(pki::node_kubeconfig_path(layout, &node.name))),
+        arg("hostname-override", &node.name),
+        arg("node-ip", node.ip),
+        arg("root-dir", "/var/lib/kubelet"),
     ];
+    if node.control_plane && node_count > 1 {
+        args.push(arg("register-with-taints", CONTROL_PLANE_TAINT));
+    }
     args.extend(extra_args(&cluster.kubelet_args));
-    Ok(ProcessSpec { name: "kubelet", program: bins.kube(), args, env: vec![] })
+    Ok(entered(node.kubelet(), nodes::enter_node(layout, node), &bins.kube(), args, vec![]))
 }
+
+/// kind's control-plane label (set by xtask after registration: the kubelet may not set
+/// `kubernetes.io` labels on itself).
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// kind's control-plane taint, which single-node clusters do not get.
+pub const CONTROL_PLANE_TAINT: &str = "node-role.kubernetes.io/control-plane:NoSchedule";
 
 fn write(path: &Path, contents: &str) -> Result<()> {
     if let Some(dir) = path.parent() {
@@ -357,8 +434,11 @@ mod tests {
 
     #[test]
     fn cni_config_has_no_route_gateway_or_masquerade() {
-        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
-        let conf: serde_json::Value = serde_json::from_str(&cni_conflist(&layout)).unwrap();
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
+        let node = &nodes::cluster_nodes(2)[1];
+        let conf: serde_json::Value =
+            serde_json::from_str(&cni_conflist(&NodeDirs::new(&layout, node), node)).unwrap();
+        assert_eq!(conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
         let bridge = &conf["plugins"][0];
         assert_eq!(bridge["isGateway"], false);
         assert_eq!(bridge["ipMasq"], false);
@@ -367,8 +447,9 @@ mod tests {
 
     #[test]
     fn containerd_config_keeps_to_our_paths() {
-        let layout = Layout::from_env(crate::cli::repo_root()).unwrap();
-        let config = containerd_config(&layout, Path::new("/cache/bin/runc"));
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
+        let dirs = NodeDirs::new(&layout, &nodes::cluster_nodes(1)[0]);
+        let config = containerd_config(&dirs, Path::new("/cache/bin/runc"));
         assert!(config.contains("enable_cdi = true"));
         assert!(config.contains("restrict_oom_score_adj = true"));
         assert!(config.contains("BinaryName = \"/cache/bin/runc\""));

@@ -24,7 +24,7 @@ struct Package {
     present: fn() -> bool,
 }
 
-const PACKAGES: [Package; 3] = [
+const PACKAGES: [Package; 5] = [
     // runc itself is built from source; its seccomp support links libseccomp.
     Package { name: "libseccomp-dev", present: || Path::new("/usr/include/seccomp.h").is_file() },
     Package {
@@ -34,6 +34,10 @@ const PACKAGES: [Package; 3] = [
         },
     },
     Package { name: "busybox-static", present: || is_static_elf(Path::new(BUSYBOX_BINARY)) },
+    // The nodes' network namespaces, veths and bridge.
+    Package { name: "iproute2", present: || on_path("ip") },
+    // The nodes' mount namespaces (unshare), entering them (nsenter), bind mounts (mount).
+    Package { name: "util-linux", present: || ["unshare", "nsenter", "mount"].iter().all(|p| on_path(p)) },
 ];
 
 /// Makes sure the Debian packages are installed; as root on Debian it installs missing ones itself

@@ -49,8 +49,9 @@ struct ImageSpec {
     cmd: Vec<&'static str>,
 }
 
-/// Builds the four archives and imports them into containerd.
-pub fn build_and_import(bins: &Binaries, layout: &Layout) -> Result<()> {
+/// Builds the four archives and imports them into every node's containerd (`sockets`), the nodes
+/// in parallel.
+pub fn build_and_import(bins: &Binaries, layout: &Layout, sockets: &[PathBuf]) -> Result<()> {
     let dir = layout.images();
     fs::create_dir_all(&dir)?;
     let busybox_entries = busybox_entries()?;
@@ -76,12 +77,30 @@ pub fn build_and_import(bins: &Binaries, layout: &Layout) -> Result<()> {
         },
         sample_device_plugin_image(bins),
     ];
+    let mut archives = Vec::new();
     for spec in specs {
         let archive = dir.join(format!("{}.tar", file_stem(spec.name)));
         write_archive(&spec, &archive).with_context(|| format!("build image {}", spec.name))?;
-        import(bins, layout, &archive, spec.name)?;
+        archives.push((archive, spec.name));
     }
-    Ok(())
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = sockets
+            .iter()
+            .map(|socket| {
+                let archives = &archives;
+                scope.spawn(move || -> Result<()> {
+                    for (archive, name) in archives {
+                        import(bins, socket, archive, name)
+                            .with_context(|| format!("into the containerd at {}", socket.display()))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("an import thread panicked"))?)
+    })
 }
 
 /// The sample device plugin on the base directories (with `/tmp`), with upstream's entrypoint. The
@@ -238,11 +257,10 @@ fn write_archive(spec: &ImageSpec, path: &Path) -> Result<()> {
 }
 
 /// `ctr -n k8s.io images import` then the CRI pinned label.
-fn import(bins: &Binaries, layout: &Layout, archive: &Path, name: &str) -> Result<()> {
-    let socket = layout.containerd_socket();
-    ctr(bins, &socket, &["images", "import", "--local", &archive.display().to_string()])
+fn import(bins: &Binaries, socket: &Path, archive: &Path, name: &str) -> Result<()> {
+    ctr(bins, socket, &["images", "import", "--local", &archive.display().to_string()])
         .with_context(|| format!("import {name}"))?;
-    ctr(bins, &socket, &["images", "label", name, "io.cri-containerd.pinned=pinned"])
+    ctr(bins, socket, &["images", "label", name, "io.cri-containerd.pinned=pinned"])
         .with_context(|| format!("pin {name}"))?;
     Ok(())
 }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-/// Loopback ports of the cluster's components (all bound to 127.0.0.1).
+/// Ports of the cluster's components. Only the apiserver's forwarder listens in the host's
+/// network namespace (on 127.0.0.1); the others listen inside the nodes' namespaces.
 pub mod ports {
     /// etcd client port.
     pub const ETCD_CLIENT: u16 = 2379;
@@ -22,21 +23,9 @@ pub mod ports {
     pub const KUBELET: u16 = 10250;
     /// kubelet healthz port.
     pub const KUBELET_HEALTHZ: u16 = 10248;
-    /// Every port above with the component that owns it.
-    pub const ALL: [(u16, &str); 7] = [
-        (ETCD_CLIENT, "etcd"),
-        (ETCD_PEER, "etcd"),
-        (APISERVER, "kube-apiserver"),
-        (CONTROLLER_MANAGER, "kube-controller-manager"),
-        (SCHEDULER, "kube-scheduler"),
-        (KUBELET, "kubelet"),
-        (KUBELET_HEALTHZ, "kubelet"),
-    ];
+    /// The ports the cluster uses on the host's 127.0.0.1, with their owners.
+    pub const ALL: [(u16, &str); 1] = [(APISERVER, "the kube-apiserver forwarder")];
 }
-
-/// The node name: like hack/local-up-cluster.sh, the kubelet's hostname override is its loopback
-/// address, which also becomes the node's InternalIP.
-pub const NODE_NAME: &str = "127.0.0.1";
 
 /// The directories and files of one local cluster.
 #[derive(Debug, Clone)]
@@ -106,39 +95,9 @@ impl Layout {
     pub fn saved_sysctls(&self) -> PathBuf {
         self.state.join("sysctls.json")
     }
-    /// CNI network configuration read by containerd.
-    pub fn cni_conf_dir(&self) -> PathBuf {
-        self.state.join("cni")
-    }
-    /// containerd's persistent root (images, snapshots).
-    pub fn containerd_root(&self) -> PathBuf {
-        self.state.join("containerd")
-    }
-    /// containerd's runtime state (task bundles, shim sockets).
-    pub fn containerd_state(&self) -> PathBuf {
-        self.run.join("containerd")
-    }
-    /// containerd's gRPC socket.
-    pub fn containerd_socket(&self) -> PathBuf {
-        self.containerd_state().join("containerd.sock")
-    }
-    /// runc's state directory for the containers of this cluster's containerd.
-    pub fn runc_root(&self) -> PathBuf {
-        self.run.join("runc")
-    }
-    /// The kubelet's root: fixed, because DRA drivers use `<root>/plugins` and
-    /// `<root>/plugins_registry` at these exact paths.
-    pub fn kubelet_root(&self) -> PathBuf {
-        PathBuf::from("/var/lib/kubelet")
-    }
-    /// The host paths the sample device plugin's Allocate gives the kubelet as mount sources
-    /// (`/tmp/<device ID>`, fixed in upstream's plugin); containerd creates them as directories.
-    pub fn device_plugin_mount_sources(&self) -> [PathBuf; 2] {
-        [PathBuf::from("/tmp/Dev-1"), PathBuf::from("/tmp/Dev-2")]
-    }
-    /// Where DRA drivers write CDI specs and containerd reads them.
-    pub fn cdi_dir(&self) -> PathBuf {
-        PathBuf::from("/var/run/cdi")
+    /// The node count of the running cluster, written before anything is created.
+    pub fn node_count_file(&self) -> PathBuf {
+        self.state.join("node-count")
     }
 }
 
@@ -173,7 +132,7 @@ mod tests {
 
     #[test]
     fn the_repository_pins_kubernetes_and_containerd() {
-        let go_dir = crate::cli::repo_root().join("xtask/local-cluster");
+        let go_dir = crate::repo::repo_root().join("xtask/local-cluster");
         let k8s = go_mod_version(&go_dir.join("go.mod"), "k8s.io/kubernetes").unwrap();
         assert!(k8s.starts_with("v1."), "{k8s}");
         let containerd =

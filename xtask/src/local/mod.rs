@@ -1,62 +1,89 @@
-//! The local provider: a real single-node Kubernetes built from official Go modules and run as
-//! child processes of xtask (no Docker, no registry): etcd → kube-apiserver → RBAC →
-//! kube-controller-manager → kube-scheduler → containerd (CDI on) → images → kubelet, all on
-//! 127.0.0.1, pods without a default route, no kube-proxy and no DNS.
+//! The local provider: a real multi-node Kubernetes built from official Go modules and run as
+//! child processes of xtask (no Docker, no registry, no image). By default it has the nodes
+//! kind.yaml lists (one control plane and three workers, named as kind names them); `--nodes N`
+//! overrides. Each node is a real kubelet with its own containerd, in its own network namespace
+//! (a veth on the cluster bridge, a node IP that exists only inside the cluster's namespaces), its
+//! own mount namespace (every node-local path bind-mounted from the node's state) and its own
+//! cgroup root. etcd, kube-apiserver, kube-controller-manager and kube-scheduler run once, in the
+//! control-plane node's network namespace; the host reaches the apiserver on 127.0.0.1:6443
+//! through a forwarder. Pods have no default route; there is no kube-proxy and no DNS.
 
 mod build;
 mod components;
 mod host;
 mod images;
 mod layout;
+mod netns;
+mod nodes;
 mod pki;
+mod probes;
 mod process;
+mod status;
 mod teardown;
 mod wait;
 
-use std::{fs, path::PathBuf, time::Duration};
+use std::{fs, net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::{
-    core::v1::{Node, Pod},
-    rbac::v1::ClusterRoleBinding,
-    resource::v1::ResourceClaimTemplate,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
     api::{Patch, PatchParams},
 };
 
 pub use layout::Layout;
+pub use netns::forward_command;
 
 use self::{
     build::{Binaries, Versions},
-    layout::{NODE_NAME, ports},
+    layout::ports,
+    nodes::{NodeDirs, NodeSpec},
     process::Supervisor,
 };
 use crate::{
-    cli::repo_root,
     cluster_config::ClusterConfig,
     kube_api::{client_for, node_is_ready},
     progress::Step,
+    repo::repo_root,
 };
 
-/// Component names in start order.
-const START_ORDER: [&str; 6] =
-    ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet"];
+/// The control-plane components in start order (all in the control-plane node's network
+/// namespace, except the forwarder, which listens on the host's 127.0.0.1:6443).
+const CONTROL_PLANE: [&str; 5] =
+    ["etcd", "kube-apiserver", "apiserver-forward", "kube-controller-manager", "kube-scheduler"];
 
 /// The local cluster of this repository.
 #[derive(Debug, Clone)]
 pub struct LocalCluster {
     layout: Layout,
     sup: Supervisor,
+    nodes: Vec<NodeSpec>,
+}
+
+/// The node count kind.yaml lists.
+pub fn default_node_count() -> Result<usize> {
+    let config =
+        ClusterConfig::load(&repo_root().join("kind.yaml")).context("read the node list from kind.yaml")?;
+    Ok(config.node_roles.len())
 }
 
 impl LocalCluster {
-    /// The local cluster with the default layout.
-    pub fn new() -> Result<Self> {
+    /// The local cluster with the default layout and `node_count` nodes (default: the recorded
+    /// count of a running cluster, else kind.yaml's node list).
+    pub fn new(node_count: Option<usize>) -> Result<Self> {
         let layout = Layout::from_env(repo_root())?;
         let sup = Supervisor::new(layout.pids(), layout.logs());
-        Ok(Self { layout, sup })
+        let count = match node_count {
+            Some(n) if n == 0 || n > nodes::MAX_NODES => {
+                bail!("--nodes must be between 1 and {}, not {n}", nodes::MAX_NODES)
+            }
+            Some(n) => n,
+            None => match recorded_node_count(&layout) {
+                Some(n) => n,
+                None => default_node_count()?,
+            },
+        };
+        Ok(Self { layout, sup, nodes: nodes::cluster_nodes(count) })
     }
 
     /// The admin kubeconfig of the cluster.
@@ -64,28 +91,46 @@ impl LocalCluster {
         self.layout.kubeconfig()
     }
 
+    /// The control-plane node.
+    fn control_plane(&self) -> &NodeSpec {
+        &self.nodes[0]
+    }
+
+    /// Every component's supervisor name: the control plane, then each node's containerd and
+    /// kubelet.
+    fn components(&self) -> Vec<String> {
+        let mut names: Vec<String> = CONTROL_PLANE.iter().map(|s| s.to_string()).collect();
+        for node in &self.nodes {
+            names.push(node.containerd());
+            names.push(node.kubelet());
+        }
+        names
+    }
+
     /// Whether every component runs.
     fn all_running(&self) -> bool {
-        START_ORDER.iter().all(|name| self.sup.is_running(name))
+        self.components().iter().all(|name| self.sup.is_running(name))
     }
 
     /// Whether the cluster runs and its apiserver is ready.
     pub async fn is_up(&self) -> bool {
-        self.all_running() && readyz(self.kubeconfig()).await.unwrap_or(false)
+        self.all_running() && probes::readyz(self.kubeconfig()).await.unwrap_or(false)
     }
 
     /// What a stopped cluster would have left behind: running processes of its binaries, mounts
-    /// below its paths, listening ports, its bridge and the kubelet's cgroups. Empty when clean.
+    /// below its paths, host listeners, network namespaces (with their veths and bridges), its
+    /// cgroups and state. Empty when clean.
     pub fn leftovers(&self) -> Vec<String> {
         let mut left = Vec::new();
-        for name in START_ORDER {
-            if self.sup.is_running(name) {
+        for name in self.sup.recorded() {
+            if self.sup.is_running(&name) {
                 left.push(format!("{name} still runs"));
             }
         }
-        let builds = self.layout.cache.join("bin");
-        for pid in teardown::processes_running_from(&builds) {
-            left.push(format!("process {pid} runs a binary built under {}", builds.display()));
+        for dir in [self.layout.cache.join("bin"), self.layout.state.join("bin")] {
+            for pid in teardown::processes_running_from(&dir) {
+                left.push(format!("process {pid} runs a binary from {}", dir.display()));
+            }
         }
         for mount in teardown::mounts_below(&teardown::cluster_mount_roots(&self.layout)) {
             left.push(format!("mount {}", mount.display()));
@@ -95,9 +140,18 @@ impl LocalCluster {
                 left.push(format!("port {port} ({owner}) is still in use"));
             }
         }
-        if std::path::Path::new("/sys/class/net").join(components::BRIDGE).exists() {
-            left.push(format!("network bridge {}", components::BRIDGE));
+        for name in netns::existing() {
+            left.push(format!("network namespace {name}"));
         }
+        if let Ok(links) = fs::read_dir("/sys/class/net") {
+            for link in links.filter_map(|e| e.ok()) {
+                let name = link.file_name().to_string_lossy().into_owned();
+                if name.starts_with("dra-e2e") {
+                    left.push(format!("network link {name} in the host's namespace"));
+                }
+            }
+        }
+        left.extend(nodes::leftover_cgroups());
         if let Ok(hierarchies) = fs::read_dir("/sys/fs/cgroup") {
             for h in hierarchies.filter_map(|e| e.ok()) {
                 if h.path().join("kubepods").exists() {
@@ -105,7 +159,11 @@ impl LocalCluster {
                 }
             }
         }
-        for dir in [self.layout.kubelet_root(), self.layout.run.clone(), self.layout.containerd_root()] {
+        for dir in [
+            PathBuf::from(teardown::HOST_KUBELET_ROOT),
+            self.layout.run.clone(),
+            nodes::nodes_state_dir(&self.layout),
+        ] {
             if dir.exists() {
                 left.push(format!("directory {}", dir.display()));
             }
@@ -113,30 +171,50 @@ impl LocalCluster {
         left
     }
 
-    /// Brings the cluster up; does nothing but report when it already runs.
+    /// Brings the cluster up; does nothing but report when it already runs with the same node
+    /// count. A running cluster with another node count is stopped and recreated (and says so).
     pub async fn up(&self) -> Result<PathBuf> {
         let total = std::time::Instant::now();
         host::require_root()?;
-        if self.all_running() && self.admin_client().await.is_ok() {
-            eprintln!("the local cluster already runs");
-            self.print_kubeconfig();
-            return Ok(self.kubeconfig());
+        let recorded = recorded_node_count(&self.layout);
+        let running = recorded.is_some_and(|n| {
+            let same = Self { nodes: nodes::cluster_nodes(n), ..self.clone() };
+            same.all_running()
+        });
+        if running && self.admin_client().await.is_ok() {
+            if recorded == Some(self.nodes.len()) {
+                eprintln!("the local cluster already runs ({} nodes)", self.nodes.len());
+                self.print_kubeconfig();
+                return Ok(self.kubeconfig());
+            }
+            eprintln!(
+                "==> the local cluster runs with {} nodes, {} were asked for: stopping it and starting it again with {}",
+                recorded.unwrap_or_default(),
+                self.nodes.len(),
+                self.nodes.len()
+            );
         }
-        if !self.sup.recorded().is_empty() || self.layout.state.join("config").exists() {
+        if !self.sup.recorded().is_empty()
+            || self.layout.state.join("config").exists()
+            || !netns::existing().is_empty()
+        {
             eprintln!("==> found state of an earlier local cluster: cleaning it up first");
-            self.down().await?;
+            let old = Self::new(recorded)?;
+            old.down().await?;
         }
         let step =
             Step::start("check host prerequisites (root, go, libseccomp-dev, CNI plugins, busybox-static)");
         host::ensure_packages()?;
-        check_ports_free()?;
-        check_kubelet_root_free(&self.layout)?;
+        check_ports(&ports::ALL)?;
+        check_host_kubelet_root_free()?;
         step.done();
 
         let versions = Versions::read(&self.layout)?;
         let bins = build::ensure(&self.layout, &versions)?;
         fs::create_dir_all(&self.layout.state)?;
         fs::write(self.layout.state.join("bin-dir"), bins.dir.display().to_string())?;
+        // Recorded before anything is created, so `down` always knows which nodes to clean up.
+        fs::write(self.layout.node_count_file(), self.nodes.len().to_string())?;
         // Logs of the previous run stay until now, for debugging.
         if let Some(problem) = teardown::remove_dir(&self.layout.logs()) {
             bail!("{problem}");
@@ -145,8 +223,10 @@ impl LocalCluster {
         match self.start(&bins, &versions).await {
             Ok(()) => {
                 eprintln!(
-                    "==> local cluster up: Kubernetes {} on node {NODE_NAME} ({} in all)",
+                    "==> local cluster up: Kubernetes {} on {} nodes ({}) in {}",
                     versions.kubernetes,
+                    self.nodes.len(),
+                    self.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(", "),
                     crate::progress::human(total.elapsed())
                 );
                 self.print_kubeconfig();
@@ -174,81 +254,126 @@ impl LocalCluster {
         let cluster = ClusterConfig::load(&repo_root().join("kind.yaml"))
             .context("read feature gates and runtime-config from kind.yaml")?;
         let step = Step::start("generate certificates and kubeconfigs");
-        let pki = pki::ensure(&self.layout)?;
+        let pki = pki::ensure(&self.layout, &self.nodes)?;
         step.done();
-        for dir in [self.layout.kubelet_root(), self.layout.cdi_dir(), self.layout.run.clone()] {
-            fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+
+        let step = Step::start(format!(
+            "create the cluster network and {} nodes (network and mount namespaces, cgroup roots)",
+            self.nodes.len()
+        ));
+        netns::create(&self.nodes)?;
+        nodes::prepare_nodes_dir(&self.layout)?;
+        for node in &self.nodes {
+            nodes::create_mount_namespace(&self.layout, node)?;
+            nodes::create_cgroup_root(node)?;
         }
+        step.done();
+        let cp = self.control_plane();
+        let in_cp = netns::Connector::new(&cp.netns_path())?;
+        let local = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
 
         let step = Step::start(format!("start etcd {}", versions.etcd));
-        self.sup.start(&components::etcd(bins, &self.layout))?;
-        wait::until("healthy", Duration::from_secs(60), Some((&self.sup, "etcd")), etcd_healthy).await?;
+        self.sup.start(&components::etcd(bins, &self.layout, cp))?;
+        wait::until("healthy", Duration::from_secs(60), Some((&self.sup, "etcd")), || {
+            probes::etcd_healthy(&in_cp)
+        })
+        .await?;
         step.done();
 
-        let step = Step::start("start kube-apiserver");
-        self.sup.start(&components::apiserver(bins, &pki, &cluster))?;
+        let step = Step::start(format!(
+            "start kube-apiserver on {} (127.0.0.1:{} on the host)",
+            cp.ip,
+            ports::APISERVER
+        ));
+        self.sup.start(&components::apiserver(bins, &pki, &cluster, cp))?;
+        self.sup.start(&components::forwarder(&self.layout, cp)?)?;
         let kubeconfig = self.kubeconfig();
         wait::until("ready (/readyz)", Duration::from_secs(120), Some((&self.sup, "kube-apiserver")), || {
-            readyz(kubeconfig.clone())
+            probes::readyz(kubeconfig.clone())
         })
         .await?;
         let client = self.admin_client().await?;
-        grant_apiserver_kubelet_access(&client).await?;
+        probes::grant_apiserver_kubelet_access(&client).await?;
         step.done();
 
         let step = Step::start("start kube-controller-manager");
-        self.sup.start(&components::controller_manager(bins, &self.layout, &pki, &cluster))?;
+        self.sup.start(&components::controller_manager(bins, &self.layout, &pki, &cluster, cp))?;
+        let forward = netns::LocalForward::start(&cp.netns_path(), local(ports::CONTROLLER_MANAGER)).await?;
         wait::until("healthy", Duration::from_secs(90), Some((&self.sup, "kube-controller-manager")), || {
-            component_healthz(ports::CONTROLLER_MANAGER)
+            probes::component_healthz(&forward)
         })
         .await?;
         step.done();
 
         let step = Step::start("start kube-scheduler");
-        self.sup.start(&components::scheduler(bins, &self.layout, &cluster)?)?;
+        self.sup.start(&components::scheduler(bins, &self.layout, &cluster, cp)?)?;
+        let forward = netns::LocalForward::start(&cp.netns_path(), local(ports::SCHEDULER)).await?;
         wait::until("healthy", Duration::from_secs(90), Some((&self.sup, "kube-scheduler")), || {
-            component_healthz(ports::SCHEDULER)
+            probes::component_healthz(&forward)
         })
         .await?;
+        drop(forward);
         step.done();
 
-        let step = Step::start(format!("start containerd {} (CDI on)", versions.containerd));
-        self.sup.start(&components::containerd(bins, &self.layout)?)?;
-        let socket = self.layout.containerd_socket();
-        let ctr_bins = bins.clone();
-        wait::until(
-            "serving on its socket",
-            Duration::from_secs(60),
-            Some((&self.sup, "containerd")),
-            || {
-                let (bins, socket) = (ctr_bins.clone(), socket.clone());
-                async move { Ok(images::ctr(&bins, &socket, &["version"]).is_ok()) }
-            },
-        )
-        .await?;
+        let step = Step::start(format!("start containerd {} on every node (CDI on)", versions.containerd));
+        for node in &self.nodes {
+            self.sup.start(&components::containerd(bins, &self.layout, node)?)?;
+        }
+        for node in &self.nodes {
+            let socket = NodeDirs::new(&self.layout, node).containerd_socket();
+            let ctr_bins = bins.clone();
+            wait::until(
+                &format!("serving on {}", socket.display()),
+                Duration::from_secs(60),
+                Some((&self.sup, &node.containerd())),
+                || {
+                    let (bins, socket) = (ctr_bins.clone(), socket.clone());
+                    async move { Ok(images::ctr(&bins, &socket, &["version"]).is_ok()) }
+                },
+            )
+            .await?;
+        }
         step.done();
 
         let step = Step::start(
-            "build and import the pause, busybox, hostpathplugin and sample device plugin images",
+            "build the pause, busybox, hostpathplugin and sample device plugin images and import them into every node",
         );
-        images::build_and_import(bins, &self.layout)?;
+        let sockets: Vec<PathBuf> =
+            self.nodes.iter().map(|n| NodeDirs::new(&self.layout, n).containerd_socket()).collect();
+        images::build_and_import(bins, &self.layout, &sockets)?;
         step.done();
 
-        let step = Step::start(format!("start kubelet {} (cgroup v1 allowed)", versions.kubernetes));
+        let step =
+            Step::start(format!("start kubelet {} on every node (cgroup v1 allowed)", versions.kubernetes));
         host::save_sysctls(&self.layout)?;
-        self.sup.start(&components::kubelet(bins, &self.layout, &pki, &cluster)?)?;
-        let nodes: Api<Node> = Api::all(client.clone());
-        wait::until(
-            &format!("node {NODE_NAME} Ready"),
-            Duration::from_secs(180),
-            Some((&self.sup, "kubelet")),
-            || node_ready(nodes.clone()),
-        )
-        .await?;
+        for node in &self.nodes {
+            self.sup.start(&components::kubelet(
+                bins,
+                &self.layout,
+                &pki,
+                &cluster,
+                node,
+                self.nodes.len(),
+            )?)?;
+        }
+        let api: Api<Node> = Api::all(client.clone());
+        for node in &self.nodes {
+            wait::until(
+                &format!("node {} Ready", node.name),
+                Duration::from_secs(180),
+                Some((&self.sup, &node.kubelet())),
+                || node_ready(api.clone(), node.name.clone()),
+            )
+            .await?;
+        }
+        let label = serde_json::json!({"metadata": {"labels": {components::CONTROL_PLANE_LABEL: ""}}});
+        api.patch(&cp.name, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .with_context(|| format!("label node {} as the control plane", cp.name))?;
         step.done();
 
         let step = Step::start("check that the resourceclaim controller generates claims");
-        let probe = ClaimControllerProbe::new(client.clone());
+        let probe = probes::ClaimControllerProbe::new(client.clone());
         let result = wait::until(
             "a ResourceClaim generated for a probe pod",
             Duration::from_secs(90),
@@ -268,46 +393,38 @@ impl LocalCluster {
     }
 
     /// Stops every process the cluster started (by recorded PID) and removes its containers,
-    /// mounts, cgroups, bridge, sockets and state. Safe to run at any point, also twice.
+    /// mounts, namespaces, links, cgroups and state. Safe to run at any point, also twice.
     pub async fn down(&self) -> Result<()> {
         host::require_root()?;
-        let step = Step::start("stop the local cluster");
+        let step = Step::start(format!("stop the local cluster ({} nodes)", self.nodes.len()));
         let mut problems: Vec<String> = Vec::new();
         let bin_dir = fs::read_to_string(self.layout.state.join("bin-dir")).ok().map(PathBuf::from);
         let grace = Duration::from_secs(15);
 
-        if let Err(e) = self.sup.stop("kubelet", grace) {
-            problems.push(format!("{e:#}"));
-        }
-        if let Some(dir) = &bin_dir
-            && self.sup.is_running("containerd")
-        {
-            let endpoint = format!("unix://{}", self.layout.containerd_socket().display());
-            let out = std::process::Command::new(dir.join("kube"))
-                .args(["cri-reset", "--endpoint", &endpoint, "--timeout", "2m"])
-                .output();
-            match out {
-                Ok(o) if o.status.success() => {}
-                Ok(o) => problems.push(format!(
-                    "removing pods through the CRI failed: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )),
-                Err(e) => problems.push(format!("cannot run kube cri-reset: {e}")),
-            }
-        }
-        for name in ["containerd", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"] {
-            if let Err(e) = self.sup.stop(name, grace) {
+        for node in &self.nodes {
+            if let Err(e) = self.sup.stop(&node.kubelet(), grace) {
                 problems.push(format!("{e:#}"));
             }
         }
-        // Anything else recorded (none today) goes too.
-        for name in self.sup.recorded() {
+        if let Some(dir) = &bin_dir {
+            for node in self.nodes.iter().filter(|n| self.sup.is_running(&n.containerd())) {
+                problems.extend(cri_reset(dir, &NodeDirs::new(&self.layout, node)));
+            }
+        }
+        let mut names: Vec<String> = self.nodes.iter().map(NodeSpec::containerd).collect();
+        names.extend(CONTROL_PLANE.iter().rev().map(|s| s.to_string()));
+        // Anything else recorded (an earlier layout's components) goes too.
+        names.extend(self.sup.recorded());
+        for name in names {
             if let Err(e) = self.sup.stop(&name, grace) {
                 problems.push(format!("{e:#}"));
             }
         }
         if let Some(dir) = &bin_dir {
-            problems.extend(teardown::delete_leftover_containers(&self.layout, &dir.join("runc")));
+            // Every node's runc root on disk, also of nodes an interrupted run did not record.
+            for runc_root in nodes::runc_roots_on_disk(&self.layout) {
+                problems.extend(teardown::delete_leftover_containers(&runc_root, &dir.join("runc")));
+            }
             for pid in teardown::processes_running_from(dir) {
                 if let Ok(start_time) = process::read_start_time(pid)
                     && let Err(e) = process::stop_process(
@@ -320,15 +437,15 @@ impl LocalCluster {
             }
         }
         problems.extend(teardown::unmount_all(&self.layout));
+        problems.extend(netns::delete_all());
+        problems.extend(remove_cgroups_when_empty().await);
         problems.extend(teardown::remove_kubepods_cgroups());
         problems.extend(teardown::remove_bridge());
         if let Err(e) = host::restore_sysctls(&self.layout) {
             problems.push(format!("{e:#}"));
         }
-        for dir in [self.layout.kubelet_root(), self.layout.cdi_dir(), self.layout.run.clone()] {
-            problems.extend(teardown::remove_dir(&dir));
-        }
-        problems.extend(teardown::remove_device_mount_sources(&self.layout));
+        problems.extend(nodes::remove_created_mountpoints(&self.layout));
+        problems.extend(teardown::remove_dir(&self.layout.run));
         problems.extend(teardown::remove_state_except_logs(&self.layout)?);
         problems.extend(self.leftovers());
         if problems.is_empty() {
@@ -340,32 +457,45 @@ impl LocalCluster {
         }
     }
 
-    /// Prints which components run, with their PIDs, and whether the node is Ready.
+    /// Prints which components run on which node, with their PIDs, the pods of each node, and the
+    /// log tail of every component that died. True when everything runs and every node is Ready.
     pub async fn status(&self) -> Result<bool> {
-        let mut all = true;
-        for name in START_ORDER {
-            match self.sup.record(name).filter(|r| process::is_alive(*r)) {
-                Some(r) => println!("{name:<24} running (pid {})", r.pid),
-                None => {
-                    all = false;
-                    println!("{name:<24} not running");
-                }
-            }
-        }
-        if self.sup.is_running("kube-apiserver")
-            && let Ok(client) = self.admin_client().await
-        {
-            let ready = node_ready(Api::all(client)).await.unwrap_or(false);
-            println!("node {NODE_NAME:<19} {}", if ready { "Ready" } else { "not Ready" });
-            all &= ready;
-        }
-        println!("kubeconfig               {}", self.kubeconfig().display());
-        Ok(all)
+        status::print(self).await
     }
 }
 
-fn check_ports_free() -> Result<()> {
-    check_ports(&ports::ALL)
+/// The node count a cluster recorded when it was started.
+fn recorded_node_count(layout: &Layout) -> Option<usize> {
+    fs::read_to_string(layout.node_count_file()).ok()?.trim().parse().ok()
+}
+
+/// Removes every pod's containers through the CRI of one node's containerd.
+fn cri_reset(bin_dir: &std::path::Path, dirs: &NodeDirs) -> Option<String> {
+    let endpoint = format!("unix://{}", dirs.containerd_socket().display());
+    let out = std::process::Command::new(bin_dir.join("kube"))
+        .args(["cri-reset", "--endpoint", &endpoint, "--timeout", "2m"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "removing pods through the CRI at {endpoint} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("cannot run kube cri-reset: {e}")),
+    }
+}
+
+/// Removes the cluster's cgroups; the kernel frees a cgroup a moment after its last process
+/// exits, so busy ones are retried for a few seconds.
+async fn remove_cgroups_when_empty() -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let problems = nodes::remove_cgroups();
+        if problems.is_empty() || std::time::Instant::now() >= deadline {
+            return problems;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 fn check_ports(ports: &[(u16, &str)]) -> Result<()> {
@@ -379,136 +509,41 @@ fn check_ports(ports: &[(u16, &str)]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses to share /var/lib/kubelet with another kubelet.
-fn check_kubelet_root_free(layout: &Layout) -> Result<()> {
-    let root = layout.kubelet_root();
-    let busy = fs::read_dir(&root).map(|mut d| d.next().is_some()).unwrap_or(false);
+/// Refuses to start while another kubelet uses the host's /var/lib/kubelet (the cluster's nodes
+/// only use it as an empty mount point).
+fn check_host_kubelet_root_free() -> Result<()> {
+    let root = std::path::Path::new(teardown::HOST_KUBELET_ROOT);
+    let busy = fs::read_dir(root).map(|mut d| d.next().is_some()).unwrap_or(false);
     if busy {
         bail!(
-            "{} is not empty: another kubelet may use this machine; the local cluster needs that directory for itself (remove it if it is a leftover)",
+            "{} is not empty: another kubelet may use this machine (an earlier single-node version of this cluster? then run its `cluster down`); the nodes of the local cluster mount their own directory there",
             root.display()
         );
     }
     Ok(())
 }
 
-async fn etcd_healthy() -> Result<bool> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", ports::ETCD_CLIENT)).await?;
-    stream.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body.contains("\"health\":\"true\""))
+async fn node_ready(nodes: Api<Node>, name: String) -> Result<bool> {
+    Ok(nodes.get_opt(&name).await?.is_some_and(|node| node_is_ready(&node)))
 }
 
-async fn readyz(kubeconfig: PathBuf) -> Result<bool> {
-    let client = client_for(&kubeconfig).await?;
-    let text = client.request_text(http::Request::get("/readyz").body(Vec::new())?).await?;
-    Ok(text.trim() == "ok")
-}
-
-/// `/healthz` of a component's secure port (its serving certificate is self-signed; /healthz is
-/// always allowed without credentials).
-async fn component_healthz(port: u16) -> Result<bool> {
-    let mut config = kube::Config::new(format!("https://127.0.0.1:{port}").parse()?);
-    config.accept_invalid_certs = true;
-    let client = Client::try_from(config)?;
-    let text = client.request_text(http::Request::get("/healthz").body(Vec::new())?).await?;
-    Ok(text.trim() == "ok")
-}
-
-async fn node_ready(nodes: Api<Node>) -> Result<bool> {
-    Ok(nodes.get_opt(NODE_NAME).await?.is_some_and(|node| node_is_ready(&node)))
-}
-
-/// The apiserver talks to the kubelet (exec, port-forward, logs) as user `kube-apiserver`.
-async fn grant_apiserver_kubelet_access(client: &Client) -> Result<()> {
-    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "kube-apiserver-kubelet-admin"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:kubelet-api-admin"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "kube-apiserver"}],
-    }))?;
-    let api: Api<ClusterRoleBinding> = Api::all(client.clone());
-    api.patch(
-        "kube-apiserver-kubelet-admin",
-        &PatchParams::apply("dra-e2e-xtask").force(),
-        &Patch::Apply(&binding),
-    )
-    .await
-    .context("create the kube-apiserver-kubelet-admin ClusterRoleBinding")?;
-    Ok(())
-}
-
-/// Proves the resourceclaim controller works: a pod that no scheduler picks up (unknown
-/// schedulerName) references a ResourceClaimTemplate, and the controller must generate its claim.
-struct ClaimControllerProbe {
-    templates: Api<ResourceClaimTemplate>,
-    pods: Api<Pod>,
-}
-
-impl ClaimControllerProbe {
-    const NAME: &str = "dra-e2e-claim-controller-probe";
-    const NAMESPACE: &str = "default";
-
-    fn new(client: Client) -> Self {
-        Self {
-            templates: Api::namespaced(client.clone(), Self::NAMESPACE),
-            pods: Api::namespaced(client, Self::NAMESPACE),
-        }
-    }
-
-    /// Creates the template and pod (idempotent) and says whether the claim was generated.
-    async fn claim_generated(&self) -> Result<bool> {
-        let template: ResourceClaimTemplate = serde_json::from_value(serde_json::json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": Self::NAME},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "probe", "exactly": {"deviceClassName": Self::NAME}}
-            ]}}},
-        }))?;
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": Self::NAME},
-            "spec": {
-                "schedulerName": "dra-e2e-no-scheduler",
-                "resourceClaims": [{"name": "probe", "resourceClaimTemplateName": Self::NAME}],
-                "containers": [{"name": "probe", "image": images::PAUSE, "resources": {"claims": [{"name": "probe"}]}}],
-            },
-        }))?;
-        let params = PatchParams::apply("dra-e2e-xtask").force();
-        self.templates.patch(Self::NAME, &params, &Patch::Apply(&template)).await?;
-        let pod = self.pods.patch(Self::NAME, &params, &Patch::Apply(&pod)).await?;
-        Ok(pod
-            .status
-            .and_then(|s| s.resource_claim_statuses)
-            .is_some_and(|statuses| statuses.iter().any(|s| s.resource_claim_name.is_some())))
-    }
-
-    /// Deletes the probe's objects (the generated claim goes with the pod, its owner).
-    async fn clean_up(&self) {
-        let params = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-        let _ = self.pods.delete(Self::NAME, &params).await;
-        let _ = self.templates.delete(Self::NAME, &Default::default()).await;
-    }
-}
-
-/// `cluster up --provider local`.
-pub async fn up() -> Result<PathBuf> {
-    LocalCluster::new()?.up().await
+/// `cluster up --provider local [--nodes N]`.
+pub async fn up(nodes: Option<usize>) -> Result<PathBuf> {
+    let count = match nodes {
+        Some(n) => n,
+        None => default_node_count()?,
+    };
+    LocalCluster::new(Some(count))?.up().await
 }
 
 /// `cluster down --provider local`.
 pub async fn down() -> Result<()> {
-    LocalCluster::new()?.down().await
+    LocalCluster::new(None)?.down().await
 }
 
 /// `cluster status --provider local`.
 pub async fn status() -> Result<bool> {
-    LocalCluster::new()?.status().await
+    LocalCluster::new(None)?.status().await
 }
 
 #[cfg(test)]
@@ -524,5 +559,10 @@ mod tests {
         assert!(err.contains("kube-apiserver"), "{err}");
         drop(taken);
         check_ports(&[(port, "kube-apiserver")]).unwrap();
+    }
+
+    #[test]
+    fn the_default_node_count_is_kind_yaml_s() {
+        assert_eq!(default_node_count().unwrap(), 4);
     }
 }

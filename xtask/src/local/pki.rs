@@ -15,7 +15,10 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
-use super::layout::{Layout, NODE_NAME, ports};
+use super::{
+    layout::{Layout, ports},
+    nodes::{self, NodeSpec},
+};
 
 /// A client identity: the file stem of its certificate and kubeconfig, its user name (CN) and groups (O).
 #[derive(Debug, Clone, Copy)]
@@ -35,9 +38,6 @@ pub const CONTROLLER_MANAGER: Identity =
     Identity { file: "controller-manager", user: "system:kube-controller-manager", groups: &[] };
 /// kube-scheduler.
 pub const SCHEDULER: Identity = Identity { file: "scheduler", user: "system:kube-scheduler", groups: &[] };
-/// The kubelet of the one node.
-pub const KUBELET: Identity =
-    Identity { file: "kubelet", user: "system:node:127.0.0.1", groups: &["system:nodes"] };
 /// The apiserver's identity towards kubelets (exec, port-forward, logs).
 pub const APISERVER_KUBELET_CLIENT: Identity =
     Identity { file: "apiserver-kubelet-client", user: "kube-apiserver", groups: &[] };
@@ -73,11 +73,21 @@ impl Pki {
     pub fn key(&self, id: Identity) -> PathBuf {
         self.file(&format!("{}.key", id.file))
     }
+    /// The serving certificate of a node's kubelet (SANs: node name and IP).
+    pub fn kubelet_serving_cert(&self, node: &str) -> PathBuf {
+        self.file(&format!("kubelet-serving-{node}.crt"))
+    }
+    /// The key of [`Pki::kubelet_serving_cert`].
+    pub fn kubelet_serving_key(&self, node: &str) -> PathBuf {
+        self.file(&format!("kubelet-serving-{node}.key"))
+    }
 }
 
 /// Generates the whole PKI and the kubeconfigs unless they exist already (so a running cluster keeps
-/// its certificates when `up` runs again).
-pub fn ensure(layout: &Layout) -> Result<Pki> {
+/// its certificates when `up` runs again): one client and one serving certificate per node, each
+/// node's kubelet as `system:node:<name>` (the Node authorizer's identity), reaching the apiserver
+/// on the control-plane node IP.
+pub fn ensure(layout: &Layout, nodes: &[NodeSpec]) -> Result<Pki> {
     let pki = Pki::new(layout);
     if pki.server_ca().is_file() && layout.kubeconfig().is_file() {
         return Ok(pki);
@@ -101,10 +111,21 @@ pub fn ensure(layout: &Layout) -> Result<Pki> {
         "127.0.0.1",
         "10.0.0.1",
     ];
+    let cp_ip = nodes::control_plane_ip().to_string();
+    let apiserver_sans: Vec<&str> = apiserver_sans.into_iter().chain([cp_ip.as_str()]).collect();
     server_ca.issue_serving("kube-apiserver", &apiserver_sans)?.write(&pki, "apiserver")?;
-    server_ca.issue_serving("kubelet", &["localhost", NODE_NAME])?.write(&pki, "kubelet-serving")?;
-    for id in [ADMIN, CONTROLLER_MANAGER, SCHEDULER, KUBELET, APISERVER_KUBELET_CLIENT] {
+    for id in [ADMIN, CONTROLLER_MANAGER, SCHEDULER, APISERVER_KUBELET_CLIENT] {
         client_ca.issue_client(id.user, id.groups)?.write(&pki, id.file)?;
+    }
+    let ca_pem = fs::read_to_string(pki.server_ca())?;
+    let node_server = format!("https://{cp_ip}:{}", ports::APISERVER);
+    for node in nodes {
+        let ip = node.ip.to_string();
+        let serving = server_ca.issue_serving(&node.name, &[node.name.as_str(), ip.as_str()])?;
+        serving.write(&pki, &format!("kubelet-serving-{}", node.name))?;
+        let client = client_ca.issue_client(&format!("system:node:{}", node.name), &["system:nodes"])?;
+        let text = kubeconfig(&node_server, &ca_pem, &client.cert_pem, &client.key_pem, "kubelet");
+        write_private(&node_kubeconfig_path(layout, &node.name), &text)?;
     }
     proxy_ca.issue_client("system:auth-proxy", &[])?.write(&pki, "auth-proxy")?;
 
@@ -112,9 +133,10 @@ pub fn ensure(layout: &Layout) -> Result<Pki> {
     write_private(&pki.file("sa.key"), &sa.serialize_pem())?;
     fs::write(pki.file("sa.pub"), sa.public_key_pem())?;
 
+    // The controller manager and scheduler run in the control-plane node's network namespace and
+    // the admin reaches the apiserver through the host's forwarder: both on 127.0.0.1.
     let server = format!("https://127.0.0.1:{}", ports::APISERVER);
-    let ca_pem = fs::read_to_string(pki.server_ca())?;
-    for id in [ADMIN, CONTROLLER_MANAGER, SCHEDULER, KUBELET] {
+    for id in [ADMIN, CONTROLLER_MANAGER, SCHEDULER] {
         let text = kubeconfig(
             &server,
             &ca_pem,
@@ -127,6 +149,11 @@ pub fn ensure(layout: &Layout) -> Result<Pki> {
     // The admin kubeconfig is the one users get: keep a copy at the well-known path.
     fs::copy(kubeconfig_path(layout, ADMIN), layout.kubeconfig())?;
     Ok(pki)
+}
+
+/// The kubeconfig of a node's kubelet.
+pub fn node_kubeconfig_path(layout: &Layout, node: &str) -> PathBuf {
+    layout.config().join(format!("kubelet-{node}.kubeconfig"))
 }
 
 /// The kubeconfig of a component identity.
@@ -246,18 +273,18 @@ mod tests {
     fn generates_a_complete_pki_once() {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout {
-            repo: crate::cli::repo_root(),
+            repo: crate::repo::repo_root(),
             cache: dir.path().join("cache"),
             state: dir.path().join("state"),
             run: dir.path().join("run"),
         };
-        let pki = ensure(&layout).unwrap();
+        let pki = ensure(&layout, &nodes::cluster_nodes(2)).unwrap();
         for f in [
             "server-ca.crt",
             "client-ca.crt",
             "apiserver.crt",
             "apiserver.key",
-            "kubelet-serving.crt",
+            "kubelet-serving-kind-worker.crt",
             "sa.key",
             "sa.pub",
             "auth-proxy.crt",
@@ -269,7 +296,9 @@ mod tests {
         let admin = fs::read_to_string(layout.kubeconfig()).unwrap();
         assert!(admin.contains("server: https://127.0.0.1:6443"));
         let ca_before = fs::read(pki.server_ca()).unwrap();
-        ensure(&layout).unwrap();
+        let kubelet = fs::read_to_string(node_kubeconfig_path(&layout, "kind-worker")).unwrap();
+        assert!(kubelet.contains("server: https://10.89.0.2:6443"), "{kubelet}");
+        ensure(&layout, &nodes::cluster_nodes(2)).unwrap();
         assert_eq!(ca_before, fs::read(pki.server_ca()).unwrap(), "a second ensure keeps the PKI");
     }
 }

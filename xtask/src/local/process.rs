@@ -18,7 +18,7 @@ use rustix::process::{Pid, Signal, WaitOptions, kill_process, waitpid};
 #[derive(Debug, Clone)]
 pub struct ProcessSpec {
     /// Short name: the key of its PID record and log file (`etcd`, `kubelet`, ...).
-    pub name: &'static str,
+    pub name: String,
     /// The program to run.
     pub program: PathBuf,
     /// Its arguments.
@@ -64,7 +64,7 @@ impl Supervisor {
     pub fn start(&self, spec: &ProcessSpec) -> Result<ProcessRecord> {
         fs::create_dir_all(&self.pid_dir)?;
         fs::create_dir_all(&self.log_dir)?;
-        let log_path = self.log_path(spec.name);
+        let log_path = self.log_path(&spec.name);
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -85,8 +85,8 @@ impl Supervisor {
         let start_time = read_start_time(pid)
             .with_context(|| format!("{} exited at once; see {}", spec.name, log_path.display()))?;
         let record = ProcessRecord { pid, start_time };
-        fs::write(self.record_path(spec.name), format!("{pid} {start_time}\n"))?;
-        tracing::debug!(name = spec.name, pid, "started");
+        fs::write(self.record_path(&spec.name), format!("{pid} {start_time}\n"))?;
+        tracing::debug!(name = %spec.name, pid, "started");
         Ok(record)
     }
 
@@ -252,7 +252,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sup = Supervisor::new(dir.path().join("pids"), dir.path().join("logs"));
         let spec = ProcessSpec {
-            name: "sleeper",
+            name: "sleeper".into(),
             program: "sh".into(),
             args: vec!["-c".into(), "echo hello; exec sleep 600".into()],
             env: vec![],

@@ -12,6 +12,10 @@ use anyhow::Result;
 
 use super::{components::BRIDGE, layout::Layout};
 
+/// The kubelet root of the single-node layout of earlier versions (a host directory then); now only
+/// an empty mount point, inside each node's mount namespace a bind mount of the node's own.
+pub const HOST_KUBELET_ROOT: &str = "/var/lib/kubelet";
+
 /// Mount points below any of `roots`, deepest first (parsed from /proc/self/mountinfo).
 pub fn mounts_below(roots: &[PathBuf]) -> Vec<PathBuf> {
     let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
@@ -57,17 +61,17 @@ pub fn unmount_all(layout: &Layout) -> Vec<String> {
     problems
 }
 
-/// Where the cluster's mounts live: pod volumes under the kubelet root, containerd's task bundles
-/// and snapshots, and the state directory.
+/// Where the cluster's mounts in the host's mount namespace live: the state directory (the node
+/// mount namespaces' pins) and the run directory; the kubelet root of earlier versions.
 pub fn cluster_mount_roots(layout: &Layout) -> Vec<PathBuf> {
-    vec![layout.kubelet_root(), layout.run.clone(), layout.state.clone(), layout.containerd_root()]
+    vec![PathBuf::from(HOST_KUBELET_ROOT), layout.run.clone(), layout.state.clone()]
 }
 
-/// Force-deletes every container left in this cluster's runc root (containers whose shim died
-/// with containerd), so none of their processes survive.
-pub fn delete_leftover_containers(layout: &Layout, runc: &Path) -> Vec<String> {
+/// Force-deletes every container left in a runc root (containers whose shim died with
+/// containerd), so none of their processes survive.
+pub fn delete_leftover_containers(runc_root: &Path, runc: &Path) -> Vec<String> {
     let mut problems = Vec::new();
-    let Ok(namespaces) = fs::read_dir(layout.runc_root()) else { return problems };
+    let Ok(namespaces) = fs::read_dir(runc_root) else { return problems };
     for ns in namespaces.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()) {
         let Ok(out) = Command::new(runc).arg("--root").arg(&ns).args(["list", "-q"]).output() else {
             problems.push(format!("cannot run {}; cannot delete leftover containers", runc.display()));
@@ -75,7 +79,7 @@ pub fn delete_leftover_containers(layout: &Layout, runc: &Path) -> Vec<String> {
         };
         for id in String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()) {
             let status =
-                Command::new("runc").arg("--root").arg(&ns).args(["delete", "--force", id.trim()]).status();
+                Command::new(runc).arg("--root").arg(&ns).args(["delete", "--force", id.trim()]).status();
             if !status.is_ok_and(|s| s.success()) {
                 problems.push(format!("runc delete --force {id} failed"));
             }
@@ -110,7 +114,7 @@ pub fn remove_kubepods_cgroups() -> Vec<String> {
     problems
 }
 
-fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
+pub fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         if entry.file_type()?.is_dir() {
@@ -121,7 +125,7 @@ fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
     fs::remove_dir(dir)
 }
 
-/// Deletes the CNI bridge if it exists.
+/// Deletes the CNI bridge in the host's namespace, which earlier single-node versions created.
 pub fn remove_bridge() -> Option<String> {
     if !Path::new("/sys/class/net").join(BRIDGE).exists() {
         return None;
@@ -139,33 +143,6 @@ pub fn remove_dir(path: &Path) -> Option<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => Some(format!("remove {}: {e}", path.display())),
     }
-}
-
-/// Removes the host directories that containerd created as mount sources for the sample device
-/// plugin's devices (`/tmp/Dev-1`, `/tmp/Dev-2`: its Allocate names them as host paths, and the
-/// CRI plugin creates a missing host path as a directory). Only empty directories are removed:
-/// anything else at those paths is not the cluster's.
-pub fn remove_device_mount_sources(layout: &Layout) -> Vec<String> {
-    remove_empty_dirs(&layout.device_plugin_mount_sources())
-}
-
-/// Removes each path that is an empty directory; leaves anything else alone.
-fn remove_empty_dirs(paths: &[PathBuf]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for path in paths {
-        if !fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
-        match fs::remove_dir(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
-                tracing::debug!("leaving {}: it is not empty, so not the cluster's", path.display());
-            }
-            Err(e) => problems.push(format!("remove {}: {e}", path.display())),
-        }
-    }
-    problems
 }
 
 /// Removes every entry of the state directory except the logs, which stay for debugging until
@@ -203,24 +180,6 @@ mod tests {
         assert!(found.contains(&PathBuf::from("/proc")));
         let depths: Vec<usize> = found.iter().map(|p| p.components().count()).collect();
         assert!(depths.windows(2).all(|w| w[0] >= w[1]), "{found:?}");
-    }
-
-    #[test]
-    fn removes_only_empty_directories() {
-        let dir = tempfile::tempdir().unwrap();
-        let empty = dir.path().join("Dev-1");
-        let full = dir.path().join("Dev-2");
-        let file = dir.path().join("Dev-3");
-        fs::create_dir(&empty).unwrap();
-        fs::create_dir(&full).unwrap();
-        fs::write(full.join("x"), b"x").unwrap();
-        fs::write(&file, b"x").unwrap();
-        let missing = dir.path().join("Dev-4");
-        let problems = remove_empty_dirs(&[empty.clone(), full.clone(), file.clone(), missing]);
-        assert!(problems.is_empty(), "{problems:?}");
-        assert!(!empty.exists());
-        assert!(full.join("x").exists());
-        assert!(file.exists());
     }
 
     #[test]

@@ -84,7 +84,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sup = Supervisor::new(dir.path().join("pids"), dir.path().join("logs"));
         let spec = super::super::process::ProcessSpec {
-            name: "quitter",
+            name: "quitter".into(),
             program: "sh".into(),
             args: vec!["-c".into(), "echo 'fatal: bad flag'; exit 3".into()],
             env: vec![],

@@ -1,5 +1,8 @@
-//! Upstream's `multiNodeTests(withKubelet=false)`: 2 to 8 nodes; skipped with the reason on
-//! smaller clusters.
+//! Upstream's `multiNodeTests(withKubelet)`: 2 to 8 nodes; skipped with the reason on smaller
+//! clusters. Without kubelet ([`register`], inside `control plane`) the pods only get scheduled;
+//! with kubelet ([`register_kubelet`], inside `kubelet ... on multiple nodes`) the driver's
+//! plugins register with every chosen node's kubelet through proxy pods, which publish the
+//! ResourceSlices, and the pods run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,14 +19,28 @@ use serde_json::json;
 const FIRST_DEVICE: &str = "pre-defined-device-01";
 const SECOND_DEVICE: &str = "pre-defined-device-02";
 
-/// Registers the specs (inside the `control plane` context).
+/// Registers the specs without kubelet (inside the `control plane` context).
 pub fn register(r: &mut Registry) {
-    r.context("with different ResourceSlices", |r| {
-        r.it("keeps pod pending because of CEL runtime errors", cel_runtime_errors);
+    register_with(r, false);
+}
+
+/// Registers the specs with kubelet (inside the `kubelet ... on multiple nodes` context).
+pub fn register_kubelet(r: &mut Registry) {
+    register_with(r, true);
+}
+
+fn register_with(r: &mut Registry, kubelet: bool) {
+    r.context("with different ResourceSlices", move |r| {
+        r.it("keeps pod pending because of CEL runtime errors", move |ctx| cel_runtime_errors(ctx, kubelet));
     });
-    r.context("with node-local resources", |r| {
-        r.it("uses all resources", uses_all_resources);
+    r.context("with node-local resources", move |r| {
+        r.it("uses all resources", move |ctx| uses_all_resources(ctx, kubelet));
     });
+}
+
+/// The driver config: with kubelet (proxy pods, plugins) or control plane only.
+fn config(kubelet: bool, resources: harness::driver::ResourcesFn) -> DriverConfig {
+    if kubelet { DriverConfig::kubelet(resources) } else { DriverConfig::control_plane(resources) }
 }
 
 fn bool_attribute(value: bool) -> DeviceAttribute {
@@ -48,15 +65,12 @@ fn devices_per_node() -> Vec<BTreeMap<String, BTreeMap<String, DeviceAttribute>>
     ]
 }
 
-async fn cel_runtime_errors(ctx: Ctx) -> SpecResult {
+async fn cel_runtime_errors(ctx: Ctx, kubelet: bool) -> SpecResult {
     let nodes = Nodes::select(&ctx, 2, 8).await?;
     let per_node = devices_per_node();
-    let driver = Driver::start(
-        &ctx,
-        &nodes,
-        DriverConfig::control_plane(resources::node_local_devices(None, per_node.clone())),
-    )
-    .await?;
+    let driver =
+        Driver::start(&ctx, &nodes, config(kubelet, resources::node_local_devices(None, per_node.clone())))
+            .await?;
     let b = Builder::start(&ctx, &driver, None).await?;
 
     // Exactly the two slices, with the devices as defined.
@@ -106,9 +120,9 @@ async fn cel_runtime_errors(ctx: Ctx) -> SpecResult {
     Ok(())
 }
 
-async fn uses_all_resources(ctx: Ctx) -> SpecResult {
+async fn uses_all_resources(ctx: Ctx, kubelet: bool) -> SpecResult {
     let nodes = Nodes::select(&ctx, 2, 8).await?;
-    let driver = Driver::start(&ctx, &nodes, DriverConfig::control_plane(resources::node_local(1))).await?;
+    let driver = Driver::start(&ctx, &nodes, config(kubelet, resources::node_local(1))).await?;
     let b = Builder::start(&ctx, &driver, None).await?;
     let mut pods = Vec::new();
     for _ in nodes.names() {

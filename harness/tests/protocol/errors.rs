@@ -1,11 +1,9 @@
 //! Bad input and failure paths: the errors upstream returns, never a panic.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-
 use std::sync::{Arc, atomic::Ordering};
 
-use common::*;
+use crate::common::*;
 use harness::{
     calls::Method,
     grpc::{dra_v1, registration},

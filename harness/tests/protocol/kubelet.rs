@@ -2,11 +2,9 @@
 //! v1beta1, CDI output, the call log, fault injection, blocking, health streams.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-
 use std::{sync::Arc, sync::atomic::Ordering, time::Duration};
 
-use common::*;
+use crate::common::*;
 use harness::{
     calls::Method,
     grpc::{health_v1, health_v1alpha1, registration},

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
-//!     cargo test -p harness --test framework_cluster -- --ignored
+//!     cargo test -p harness --test cluster -- --ignored framework::
 //! ```
 //!
 //! Every test fails (never passes silently) when `DRA_E2E_KUBECONFIG` is unset.

@@ -2,14 +2,12 @@
 //! `tokio::io::DuplexStream`s) instead of a Unix socket.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 use harness::{
     calls::Method,
     grpc::registration,

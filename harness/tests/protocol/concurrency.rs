@@ -1,10 +1,8 @@
 //! Prepares for different claims run in parallel: none waits for another.
 
-mod common;
-
 use std::sync::{Arc, atomic::Ordering};
 
-use common::*;
+use crate::common::*;
 use harness::{calls::Method, plugin::MemoryClaims};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

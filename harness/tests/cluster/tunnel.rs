@@ -2,18 +2,16 @@
 //!
 //! ```text
 //! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
-//!     cargo test -p harness --test tunnel_cluster -- --ignored
+//!     cargo test -p harness --test cluster -- --ignored tunnel::
 //! ```
 //!
 //! Every test fails (never passes silently) when `DRA_E2E_KUBECONFIG` is unset. Each test
 //! creates its own namespace (deleted at the end, also after a failure) with a privileged pod
 //! running the `hostpathplugin` image, mounted like the driver's proxy pods; the tests must run
-//! on the cluster's node (the kubelet-like client dials the sockets under /var/lib/kubelet, and
-//! CDI files are checked under /var/run/cdi).
+//! on the machine of the pod's node (the kubelet-like client dials the sockets under the node's
+//! /var/lib/kubelet, and CDI files are checked under its /var/run/cdi). On the local cluster a
+//! node's directories are in its state directory ([`on_host`]).
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
-
-mod common;
-mod tunnel_support;
 
 use std::{
     path::{Path, PathBuf},
@@ -21,7 +19,8 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
+use crate::tunnel_support::wait_tasks;
 use harness::{
     calls::{Calls, Method},
     plugin::{ClaimState, HealthState, KubeletPlugin, Listener, MemoryClaims, PluginConfig, PluginListeners},
@@ -35,7 +34,6 @@ use kube::{
     api::{DeleteParams, PostParams},
     runtime::{conditions, wait::await_condition},
 };
-use tunnel_support::wait_tasks;
 
 const IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -131,6 +129,26 @@ async fn within_cluster<F: std::future::Future>(what: &str, fut: F) -> F::Output
         Ok(out) => out,
         Err(_) => panic!("timed out after {CLUSTER_TIMEOUT:?} waiting for {what}"),
     }
+}
+
+/// Where a node's `path` (under /var/lib/kubelet or /var/run/cdi) is on this machine: on the
+/// local cluster, in the node's state directory (`$DRA_E2E_LOCAL_STATE/nodes/<node>`, which the
+/// node's mount namespace bind-mounts at those paths); elsewhere the path itself.
+fn on_host(node: &str, path: &Path) -> PathBuf {
+    let state = std::env::var_os("DRA_E2E_LOCAL_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/dra-e2e/local"))
+        .join("nodes")
+        .join(node);
+    if !state.is_dir() {
+        return path.to_path_buf();
+    }
+    for (inside, dir) in [("/var/lib/kubelet", "kubelet"), ("/var/run/cdi", "cdi")] {
+        if let Ok(rest) = path.strip_prefix(inside) {
+            return state.join(dir).join(rest);
+        }
+    }
+    path.to_path_buf()
 }
 
 /// A running proxy pod like the driver's: privileged, sleeping, with the plugin directory of
@@ -243,9 +261,10 @@ async fn tunnel_through_port_forward_and_exec() {
     let ns = TestNamespace::create(&admin, "dra-tunnel").await;
     let driver = ns.driver();
     let pod = proxy_pod(&admin, &ns, &driver).await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
     let pod_ref = PodRef::from_pod(&pod).unwrap();
     let exec = Arc::new(PodExec::new(client.clone(), pod_ref.clone()));
-    let baseline = tunnel_support::alive_tasks();
+    let baseline = crate::tunnel_support::alive_tasks();
 
     // Both sockets in the driver's plugin directory (not the registry: the real kubelet must not
     // pick this plugin up), served by the common test driver's plugin.
@@ -284,10 +303,11 @@ async fn tunnel_through_port_forward_and_exec() {
     }
 
     // Registration and round trips like the kubelet, through port-forward.
-    let registered = register_like_kubelet(&reg_socket).await;
+    let registered = register_like_kubelet(&on_host(&node, &reg_socket)).await;
     assert_eq!(registered.info.endpoint, dra_socket.display().to_string());
-    let dra = DraClient::connect(&dra_socket, &registered.chosen).await;
-    let host_cdi = |uid: &str| PathBuf::from("/var/run/cdi").join(format!("{DRIVER}-{uid}-req.json"));
+    let dra = DraClient::connect(&on_host(&node, &dra_socket), &registered.chosen).await;
+    let cdi_dir = on_host(&node, Path::new("/var/run/cdi"));
+    let host_cdi = |uid: &str| cdi_dir.join(format!("{DRIVER}-{uid}-req.json"));
     let started = std::time::Instant::now();
     for (name, uid) in &refs {
         let claim = [claim_ref(name, uid)];
@@ -302,7 +322,7 @@ async fn tunnel_through_port_forward_and_exec() {
     println!("200 prepare+unprepare round trips with CDI files through exec: {:?}", started.elapsed());
     assert_eq!(plugin.calls().log().succeeded(Method::NodePrepareResources), 200);
     assert!(
-        std::fs::read_dir("/var/run/cdi")
+        std::fs::read_dir(&cdi_dir)
             .unwrap()
             .flatten()
             .all(|e| !e.file_name().to_string_lossy().contains(&ns.name))
@@ -381,7 +401,8 @@ async fn exec_stream_close_leaves_the_remote_process_running() {
     assert!(!left.trim().is_empty(), "the process ended with its exec stream");
     sh(&exec, &format!("kill {}", left.trim())).await;
     println!("closing the exec stream left `sleep 3601` running as PID {}", left.trim());
-    let _ = std::fs::remove_dir(format!("{}/{}", proxied::PLUGINS_DIR, ns.driver()));
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let _ = std::fs::remove_dir(on_host(&node, &Path::new(proxied::PLUGINS_DIR).join(ns.driver())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,8 +415,8 @@ async fn real_kubelet_registers_a_proxied_plugin() {
     let pod = proxy_pod(&admin, &ns, &driver).await;
     let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
     let exec = PodExec::new(client.clone(), PodRef::from_pod(&pod).unwrap());
-    let reg_socket = PathBuf::from(proxied::registration_socket(&driver));
-    let dra_socket = PathBuf::from(proxied::dra_socket(&driver));
+    let reg_socket = on_host(&node, Path::new(&proxied::registration_socket(&driver)));
+    let dra_socket = on_host(&node, Path::new(&proxied::dra_socket(&driver)));
     let spec = || ProxiedPluginSpec {
         client: client.clone(),
         pod: pod.clone(),
@@ -436,5 +457,5 @@ async fn real_kubelet_registers_a_proxied_plugin() {
     for socket in [&reg_socket, &dra_socket] {
         let _ = std::fs::remove_file(socket);
     }
-    let _ = std::fs::remove_dir(format!("{}/{driver}", proxied::PLUGINS_DIR));
+    let _ = std::fs::remove_dir(on_host(&node, &Path::new(proxied::PLUGINS_DIR).join(&driver)));
 }

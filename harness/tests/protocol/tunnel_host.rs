@@ -3,19 +3,16 @@
 //! `ProxyProcess`) ↔ a TCP tunnel ↔ the in-process plugin.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-mod tunnel_support;
-
 use std::{sync::Arc, time::Duration};
 
-use common::*;
+use crate::common::*;
+use crate::tunnel_support::*;
 use harness::{
     calls::Method,
     grpc::registration,
     plugin::{LocalDirFiles, MemoryClaims},
     tunnel::{TcpDialer, Tunnel, TunnelConfig},
 };
-use tunnel_support::*;
 
 /// Claims `claim-0` … `claim-{n-1}` (uid `uid-i`), each with one device.
 fn claims(n: usize) -> MemoryClaims {

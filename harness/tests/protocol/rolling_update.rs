@@ -4,14 +4,12 @@
 //! other, and the two never work on the same claim at once.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, atomic::Ordering},
 };
 
-use common::*;
+use crate::common::*;
 use harness::{
     plugin::{
         ClaimSource, ClaimState, FileOps, KubeletPlugin, Listener, MemoryClaims, PluginConfig,

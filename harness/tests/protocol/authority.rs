@@ -1,7 +1,8 @@
 //! What the kubelet's grpc-go client really sends: it dials the registration
 //! socket with a passthrough target, so its `:authority` is the
 //! percent-encoded socket path, which h2's server alone resets with
-//! PROTOCOL_ERROR. The plugin must answer it on every kind of listener.
+//! PROTOCOL_ERROR. The plugin must answer it on every kind of registration
+//! listener, and on the DRA listener when `dra_authority_rewrite` is set.
 //!
 //! - The captured bytes of a kubelet-like registration (GetInfo +
 //!   NotifyRegistrationStatus on one connection, see `data/README.md`) are
@@ -10,11 +11,9 @@
 //!   test needs `go` on PATH.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-mod common;
-
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
-use common::*;
+use crate::common::*;
 use futures::StreamExt as _;
 use harness::{
     calls::Method,
@@ -31,7 +30,7 @@ use tokio::{
 
 /// Client→server bytes of grpc-go 1.82.1 registering like the kubelet.
 const VECTOR: &[u8] =
-    include_bytes!("../../kubelet-plugin/tests/data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
+    include_bytes!("../../../kubelet-plugin/tests/data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
 
 /// What the server sent on one stream.
 #[derive(Debug, Default)]
@@ -197,6 +196,43 @@ async fn replayed_kubelet_registration_is_answered(#[case] via: Via) {
     };
     assert_registered(&replies, &plugin, &endpoint).await;
     plugin.stop().await;
+}
+
+/// The DRA listener passes the client's bytes through unless
+/// `dra_authority_rewrite` is set (for kubelets before v1.36): then the
+/// percent-encoded `:authority` is reset by h2, with it the calls are answered
+/// (UNIMPLEMENTED: the DRA server has no registration service).
+#[rstest]
+#[case::without_the_option(false)]
+#[case::with_the_option(true)]
+#[tokio::test]
+async fn dra_listener_rewrites_only_with_the_option(#[case] rewrite: bool) {
+    let p = paths();
+    let (sender, dra) = Listener::channel(1);
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    sender.send(server).await.unwrap();
+    let plugin = KubeletPlugin::builder(
+        PluginConfig::new(DRIVER, NODE, &p.cdi_dir).dra_endpoint("/dra.sock").dra_authority_rewrite(rewrite),
+    )
+    .claim_source(Arc::new(MemoryClaims::new()))
+    .start(PluginListeners { registration: Listener::unix(&p.reg_socket), dra })
+    .await
+    .unwrap();
+
+    let replies = replay(client).await;
+    for stream in [1, 3] {
+        let reply = &replies[&stream];
+        if rewrite {
+            assert_eq!(reply.reset, None, "stream {stream}: {reply:?}");
+            assert_eq!(reply.field(":status"), Some("200"), "stream {stream}: {reply:?}");
+            assert_eq!(reply.field("grpc-status"), Some("12"), "stream {stream}: {reply:?}");
+        } else {
+            // RST_STREAM(PROTOCOL_ERROR).
+            assert_eq!(reply.reset, Some(1), "stream {stream}: {reply:?}");
+        }
+    }
+    plugin.stop().await;
+    drop(sender);
 }
 
 /// Builds `tests/go-client` (Go's build cache makes later runs quick).

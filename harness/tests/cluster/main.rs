@@ -1,0 +1,12 @@
+//! Cluster tests of the harness (`#[ignore]`d; `cargo xtask test` runs them against the local
+//! cluster with `DRA_E2E_KUBECONFIG`): the runner against a real API server, the tunnel through
+//! real proxy pods and port-forwards, the Driver end to end.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../tunnel_support/mod.rs"]
+mod tunnel_support;
+
+mod driver;
+mod framework;
+mod tunnel;

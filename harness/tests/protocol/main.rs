@@ -1,0 +1,16 @@
+//! Protocol tests of the in-process plugin and the tunnel against real peers (real Unix sockets,
+//! a real grpc-go client, the real hostpathplugin proxy), in one test binary: linking one binary
+//! instead of seven saves minutes on two cores.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../tunnel_support/mod.rs"]
+mod tunnel_support;
+
+mod authority;
+mod concurrency;
+mod errors;
+mod kubelet;
+mod plugin_tunnel;
+mod rolling_update;
+mod tunnel_host;

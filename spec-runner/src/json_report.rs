@@ -1,0 +1,309 @@
+//! `--json-report FILE`: the run in the schema of ginkgo's JSON report (`[]types.Report` of
+//! github.com/onsi/ginkgo/v2 v2.32, as `ginkgo --json-report` writes it), so tools that read
+//! ginkgo reports read ours. Fields are ginkgo's names; what dra-e2e does not know (code
+//! locations, progress reports, report entries) is left out, which ginkgo's own decoder accepts.
+//! A spec's whole full text is its `LeafNodeText` (ginkgo's `FullText()` joins the container
+//! texts and the leaf text, so it is the same string), its labels are `LeafNodeLabels`.
+
+use std::{
+    path::Path,
+    time::{Duration, SystemTime},
+};
+
+use serde::Serialize;
+
+use super::{
+    SUITE_NAME,
+    outcome::{FailureKind, Outcome, RunReport, SpecReport},
+};
+
+/// What the run was configured with, for ginkgo's `SuiteConfig`.
+#[derive(Debug, Clone, Default)]
+pub struct JsonConfig {
+    /// `--procs`.
+    pub procs: usize,
+    /// `--randomize-all`.
+    pub randomize_all: bool,
+    /// `--fail-fast`.
+    pub fail_fast: bool,
+    /// `--flake-attempts`.
+    pub flake_attempts: u32,
+    /// `--timeout` (the default spec timeout).
+    pub timeout: Duration,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Report<'a> {
+    suite_path: String,
+    suite_description: &'a str,
+    suite_labels: Vec<String>,
+    suite_succeeded: bool,
+    suite_has_programmatic_focus: bool,
+    special_suite_failure_reasons: Vec<String>,
+    pre_run_stats: PreRunStats,
+    start_time: String,
+    end_time: String,
+    run_time: u128,
+    suite_config: SuiteConfig,
+    spec_reports: Vec<Spec<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct PreRunStats {
+    total_specs: usize,
+    specs_that_will_run: usize,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct SuiteConfig {
+    random_seed: u64,
+    randomize_all_specs: bool,
+    fail_fast: bool,
+    flake_attempts: u32,
+    must_pass_repeatedly: u32,
+    timeout: u128,
+    parallel_process: u32,
+    parallel_total: usize,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Spec<'a> {
+    container_hierarchy_texts: Vec<String>,
+    container_hierarchy_labels: Vec<Vec<String>>,
+    leaf_node_type: &'static str,
+    leaf_node_labels: &'a [String],
+    leaf_node_text: &'a str,
+    state: &'static str,
+    start_time: String,
+    end_time: String,
+    run_time: u128,
+    parallel_process: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failure: Option<Failure<'a>>,
+    num_attempts: u32,
+    max_flake_attempts: u32,
+    max_must_pass_repeatedly: u32,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    captured_ginkgo_writer_output: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Failure<'a> {
+    message: &'a str,
+    failure_node_type: &'static str,
+}
+
+/// RFC 3339 with nanoseconds, as Go's `time.Time` marshals.
+fn rfc3339(t: SystemTime) -> String {
+    time::OffsetDateTime::from(t)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned())
+}
+
+/// ginkgo's state names (`types.SpecState`).
+fn state(spec: &SpecReport) -> &'static str {
+    match &spec.outcome {
+        Outcome::Passed => "passed",
+        Outcome::Skipped { .. } => "skipped",
+        Outcome::Failed { kind: FailureKind::Timeout, .. } => "timedout",
+        Outcome::Failed { kind: FailureKind::Interrupted, .. } => "interrupted",
+        Outcome::Failed { kind: FailureKind::Panic, .. } => "panicked",
+        Outcome::Failed { .. } => "failed",
+    }
+}
+
+fn spec<'a>(report: &'a SpecReport, config: &JsonConfig) -> Spec<'a> {
+    let failure = match &report.outcome {
+        Outcome::Passed => None,
+        // ginkgo keeps a skip's reason in the failure message.
+        Outcome::Skipped { reason } => Some(Failure { message: reason, failure_node_type: "It" }),
+        Outcome::Failed { message, .. } => Some(Failure { message, failure_node_type: "It" }),
+    };
+    Spec {
+        container_hierarchy_texts: Vec::new(),
+        container_hierarchy_labels: Vec::new(),
+        leaf_node_type: "It",
+        leaf_node_labels: &report.labels,
+        leaf_node_text: &report.full_text,
+        state: state(report),
+        start_time: rfc3339(report.started),
+        end_time: rfc3339(report.started + report.duration),
+        run_time: report.duration.as_nanos(),
+        parallel_process: 1,
+        failure,
+        num_attempts: report.tries,
+        max_flake_attempts: config.flake_attempts,
+        max_must_pass_repeatedly: 1,
+        captured_ginkgo_writer_output: &report.log,
+    }
+}
+
+/// The report as ginkgo's JSON: an array with one `types.Report`.
+pub fn render(run: &RunReport, total_specs: usize, config: &JsonConfig) -> serde_json::Result<String> {
+    let started = run.started.unwrap_or(SystemTime::UNIX_EPOCH);
+    let report = Report {
+        suite_path: std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
+        suite_description: SUITE_NAME,
+        suite_labels: Vec::new(),
+        suite_succeeded: run.exit_code() == 0,
+        suite_has_programmatic_focus: false,
+        special_suite_failure_reasons: run.error.iter().cloned().collect(),
+        pre_run_stats: PreRunStats {
+            total_specs,
+            specs_that_will_run: run.specs.iter().filter(|s| s.tries > 0).count(),
+        },
+        start_time: rfc3339(started),
+        end_time: rfc3339(started + run.wall_time),
+        run_time: run.wall_time.as_nanos(),
+        suite_config: SuiteConfig {
+            random_seed: run.seed,
+            randomize_all_specs: config.randomize_all,
+            fail_fast: config.fail_fast,
+            flake_attempts: config.flake_attempts,
+            must_pass_repeatedly: 1,
+            timeout: config.timeout.as_nanos(),
+            parallel_process: 1,
+            parallel_total: config.procs,
+        },
+        spec_reports: run.specs.iter().map(|s| spec(s, config)).collect(),
+    };
+    serde_json::to_string_pretty(&[report])
+}
+
+/// Writes the report atomically (a temporary file next to it, then rename).
+pub fn write(run: &RunReport, total_specs: usize, config: &JsonConfig, path: &Path) -> Result<(), String> {
+    let json =
+        render(run, total_specs, config).map_err(|e| format!("cannot serialize the JSON report: {e}"))?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, json)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("cannot write the JSON report {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        path::PathBuf,
+        process::Command,
+        sync::OnceLock,
+        time::{Duration, SystemTime},
+    };
+
+    use super::*;
+
+    /// Builds spec-runner/ginkgo-json-check (ginkgo's own types) once per test process.
+    fn checker() -> &'static Path {
+        static BINARY: OnceLock<PathBuf> = OnceLock::new();
+        BINARY.get_or_init(|| {
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("ginkgo-json-check");
+            let out_dir = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+            let binary = out_dir.join("ginkgo-json-check");
+            let partial = out_dir.join(format!("ginkgo-json-check.{}.partial", std::process::id()));
+            let status = Command::new("go")
+                .args(["build", "-buildvcs=false", "-o"])
+                .arg(&partial)
+                .arg(".")
+                .current_dir(&source)
+                .status()
+                .unwrap_or_else(|err| panic!("cannot run `go` ({err}): this test needs Go 1.26 on PATH"));
+            assert!(status.success(), "`go build` of {} failed: {status}", source.display());
+            std::fs::rename(&partial, &binary).unwrap();
+            binary
+        })
+    }
+
+    fn spec(text: &str, labels: &[&str], outcome: Outcome, tries: u32) -> SpecReport {
+        SpecReport {
+            full_text: text.into(),
+            labels: labels.iter().map(|l| (*l).to_owned()).collect(),
+            index: 0,
+            attempt: 1,
+            outcome,
+            started: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            duration: Duration::from_millis(1500),
+            log: "captured".into(),
+            artifacts: None,
+            tries,
+            earlier_failures: vec![],
+        }
+    }
+
+    #[test]
+    fn ginkgos_own_types_decode_the_report_strictly() {
+        let run = RunReport {
+            specs: vec![
+                spec("[sig-node] [DRA] kubelet passes", &["sig-node", "DRA"], Outcome::Passed, 1),
+                spec("[sig-node] [DRA] flakes", &["DRA"], Outcome::Passed, 2),
+                spec("[sig-node] [DRA] skips", &[], Outcome::Skipped { reason: "needs 2 nodes".into() }, 1),
+                spec(
+                    "[sig-node] [DRA] fails",
+                    &[],
+                    Outcome::Failed {
+                        kind: FailureKind::Error,
+                        message: "boom".into(),
+                        details: "boom\nmore".into(),
+                    },
+                    2,
+                ),
+                spec(
+                    "[sig-node] [DRA] times out",
+                    &[],
+                    Outcome::Failed {
+                        kind: FailureKind::Timeout,
+                        message: "timed out".into(),
+                        details: String::new(),
+                    },
+                    1,
+                ),
+            ],
+            wall_time: Duration::from_secs(12),
+            repeat: 1,
+            seed: 4242,
+            started: Some(SystemTime::now()),
+            ..RunReport::default()
+        };
+        let config = JsonConfig {
+            procs: 4,
+            flake_attempts: 2,
+            timeout: Duration::from_secs(600),
+            ..JsonConfig::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("report.json");
+        write(&run, 9, &config, &file).unwrap();
+        let output = Command::new(checker()).arg(&file).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let got: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(got["Suite"], "dra-e2e");
+        assert_eq!(got["Succeeded"], false);
+        assert_eq!(got["Seed"], 4242);
+        assert_eq!((got["FlakeAttempts"].as_u64(), got["ParallelTotal"].as_u64()), (Some(2), Some(4)));
+        assert_eq!((got["TotalSpecs"].as_u64(), got["SpecsWillRun"].as_u64()), (Some(9), Some(5)));
+        assert_eq!(got["RunTimeNs"], 12_000_000_000u64);
+        assert_eq!(
+            (got["PassedCount"].as_u64(), got["FailedCount"].as_u64(), got["SkippedCount"].as_u64()),
+            (Some(2), Some(2), Some(1))
+        );
+        assert_eq!(got["FlakedCount"], 1);
+        let specs = got["Specs"].as_array().unwrap();
+        assert_eq!(specs[0]["FullText"], "[sig-node] [DRA] kubelet passes");
+        assert_eq!(specs[0]["Labels"], serde_json::json!(["sig-node", "DRA"]));
+        assert_eq!(specs[0]["RunTimeNs"], 1_500_000_000u64);
+        assert!(specs.iter().all(|s| s["StartBefore"] == true));
+        assert_eq!(specs[1]["Flaky"], true);
+        assert_eq!(
+            (specs[2]["State"].as_str(), specs[2]["Failure"].as_str()),
+            (Some("skipped"), Some("needs 2 nodes"))
+        );
+        assert_eq!(
+            (specs[3]["State"].as_str(), specs[3]["Failure"].as_str()),
+            (Some("failed"), Some("boom"))
+        );
+        assert_eq!(specs[4]["State"], "timedout");
+    }
+}

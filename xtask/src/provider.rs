@@ -1,0 +1,51 @@
+//! The cluster providers behind one type: `cluster up`, `down` and `status` and `e2e` ask a
+//! [`Provider`], not a `match` of their own.
+
+use std::path::PathBuf;
+
+use clap::ValueEnum;
+
+use crate::{kind, local};
+
+/// Which kind of cluster to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Provider {
+    /// The embedded cluster built from official Kubernetes Go modules (no Docker): the nodes
+    /// kind.yaml lists, each a real kubelet in its own namespaces.
+    #[default]
+    Local,
+    /// A kind cluster created from the repository's kind.yaml (needs docker and kind).
+    Kind,
+}
+
+impl Provider {
+    /// Brings the cluster up (idempotent) and returns its kubeconfig path. `nodes` is the local
+    /// cluster's node count (default: kind.yaml's); `dry_run` prints kind's commands instead.
+    pub async fn up(
+        self,
+        kind: &kind::KindArgs,
+        nodes: Option<usize>,
+        dry_run: bool,
+    ) -> anyhow::Result<PathBuf> {
+        match self {
+            Provider::Local => local::up(nodes).await,
+            Provider::Kind => kind::up(kind, dry_run).await,
+        }
+    }
+
+    /// Stops the cluster and removes everything it created.
+    pub async fn down(self, kind: &kind::KindArgs, dry_run: bool) -> anyhow::Result<()> {
+        match self {
+            Provider::Local => local::down().await,
+            Provider::Kind => kind::down(kind, dry_run).await,
+        }
+    }
+
+    /// Prints what runs; whether everything does.
+    pub async fn status(self, kind: &kind::KindArgs) -> anyhow::Result<bool> {
+        match self {
+            Provider::Local => local::status().await,
+            Provider::Kind => kind::status(kind).await,
+        }
+    }
+}
