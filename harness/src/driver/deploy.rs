@@ -38,6 +38,7 @@ pub(super) fn same_slice_content(stored: &ResourceSlice, desired: &ResourceSlice
         && a.pool.resource_slice_count == b.pool.resource_slice_count
         && serde_json::to_value(&a.devices).ok() == serde_json::to_value(&b.devices).ok()
         && serde_json::to_value(&a.shared_counters).ok() == serde_json::to_value(&b.shared_counters).ok()
+        && a.skip_node_operations == b.skip_node_operations
         && desired
             .metadata
             .generate_name

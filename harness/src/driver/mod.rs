@@ -51,7 +51,7 @@ use k8s_openapi::api::{
     apps::v1::ReplicaSet,
     core::v1::{Node, Pod, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
-    resource::v1::ResourceSlice,
+    resource::v1::{ResourceClaim, ResourceSlice},
 };
 use kube::{
     Api, Resource,
@@ -471,6 +471,26 @@ impl Driver {
             .get(node)
             .and_then(|s| lock(&s.plugin).as_ref().map(|p| p.plugin.plugin().prepared_claims()))
             .unwrap_or_default()
+    }
+
+    /// Unprepares `claim` in a node's running plugin directly, without a gRPC call (upstream's
+    /// `plugin.UnprepareClaim`): for a claim the kubelet was told not to unprepare
+    /// (`skipNodeOperations`), so that the plugin does not hold it at teardown. Nothing goes into
+    /// the node's call log. Fails without a running plugin on the node.
+    pub async fn unprepare_claim(&self, node: &str, claim: &ResourceClaim) -> anyhow::Result<()> {
+        let state = self.state(node)?;
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        // The future owns what it needs: the lock is released before it runs.
+        let unprepare =
+            lock(&state.plugin).as_ref().map(|p| p.plugin.plugin().unprepare_claim(&namespace, &name, &uid));
+        let unprepare = unprepare.ok_or_else(|| {
+            anyhow::anyhow!("driver {} has no running plugin on node {node}", self.inner.name)
+        })?;
+        unprepare.await.map_err(|e| {
+            anyhow::anyhow!("unprepare claim {namespace}/{name} ({uid}) in the plugin on node {node}: {e}")
+        })
     }
 
     /// The DRA and registration socket paths of a node's running plugin, as the kubelet sees

@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 use k8s_openapi::{
     api::{
         core::v1::{Node, NodeSelector},
-        resource::v1::{CounterSet, Device, DeviceAttribute, ResourceSlice},
+        resource::v1::{CounterSet, Device, DeviceAttribute, DeviceTaint, ResourceSlice},
     },
     apimachinery::pkg::apis::meta::v1::OwnerReference,
 };
@@ -37,6 +37,10 @@ pub struct Slice {
     /// The device attribute that names each device's partition type
     /// (`spec.partitionTypeAttribute`, DRAPartitionableDevicesType).
     pub partition_type_attribute: Option<String>,
+    /// The kubelet gRPC calls the devices of this slice skip (`spec.skipNodeOperations`,
+    /// DRAOptionalNodeOperations: `NodePrepareResources`, `NodeUnprepareResources`, `*`);
+    /// empty: none.
+    pub skip_node_operations: Vec<String>,
 }
 
 /// A pool: one or more slices.
@@ -252,6 +256,50 @@ pub fn shareable(count: usize) -> ResourcesFn {
     })
 }
 
+/// Upstream's `TaintAllDevices(taints...)`: `inner`, with `taints` added to every device of
+/// every slice it publishes (node-local and [`MULTI_HOST`] pools alike).
+pub fn taint_all_devices(inner: ResourcesFn, taints: Vec<DeviceTaint>) -> ResourcesFn {
+    ResourcesFn::new(move |nodes| {
+        let mut resources = inner.generate(nodes);
+        let devices = resources
+            .values_mut()
+            .flat_map(|r| r.pools.values_mut())
+            .flat_map(|p| p.slices.iter_mut())
+            .flat_map(|s| s.devices.iter_mut());
+        for device in devices {
+            device.taints.get_or_insert_default().extend(taints.iter().cloned());
+        }
+        resources
+    })
+}
+
+/// A device taint `key=value:effect` without `timeAdded` (the API server sets it).
+pub fn device_taint(key: &str, value: &str, effect: &str) -> DeviceTaint {
+    DeviceTaint {
+        key: key.to_owned(),
+        value: Some(value.to_owned()),
+        effect: effect.to_owned(),
+        time_added: None,
+    }
+}
+
+/// Upstream's `SkipNodeOperations(ops...)` mutator: `inner`, with every slice it publishes
+/// declaring `spec.skipNodeOperations: ops` (DRAOptionalNodeOperations). Upstream's
+/// `DriverResourcesWithSkipNodeOperationsNow(nodes, n, ops...)` is
+/// `skip_node_operations(node_local(n), ops)`.
+pub fn skip_node_operations(inner: ResourcesFn, ops: &[&str]) -> ResourcesFn {
+    let ops: Vec<String> = ops.iter().map(|o| (*o).to_owned()).collect();
+    ResourcesFn::new(move |nodes| {
+        let mut resources = inner.generate(nodes);
+        let slices =
+            resources.values_mut().flat_map(|r| r.pools.values_mut()).flat_map(|p| p.slices.iter_mut());
+        for slice in slices {
+            slice.skip_node_operations.clone_from(&ops);
+        }
+        resources
+    })
+}
+
 fn single_pool(name: &str, slice: Slice, node_selector: Option<NodeSelector>) -> DriverResources {
     DriverResources {
         pools: BTreeMap::from([(
@@ -298,6 +346,9 @@ fn slice_spec(driver: &str, pool_name: &str, pool: &Pool, slice: &Slice) -> serd
     }
     if let Some(attribute) = &slice.partition_type_attribute {
         spec["partitionTypeAttribute"] = json!(attribute);
+    }
+    if !slice.skip_node_operations.is_empty() {
+        spec["skipNodeOperations"] = json!(slice.skip_node_operations);
     }
     spec
 }
@@ -469,6 +520,42 @@ mod tests {
         assert_eq!(devices[1].name, "shared-1");
         assert_eq!(devices[0].allow_multiple_allocations, Some(true));
         assert_eq!(devices[0].capacity.as_ref().unwrap()["memory"].value.0, "16");
+    }
+
+    #[test]
+    fn taint_all_devices_adds_the_taints_everywhere() {
+        let taint = device_taint("example.com/taint", "tainted", "NoExecute");
+        let r = taint_all_devices(network(2, true), vec![taint.clone()]).generate(&nodes(&["a"]));
+        for d in &r[MULTI_HOST].pools["network"].slices[0].devices {
+            let taints = d.taints.as_ref().unwrap();
+            // The NoSchedule taint of `network(_, true)` stays; the new one comes after it.
+            assert_eq!(taints.len(), 2);
+            assert_eq!(taints[0].effect, "NoSchedule");
+            assert_eq!(taints[1], taint);
+        }
+        let r = taint_all_devices(node_local(1), vec![taint.clone()]).generate(&nodes(&["a", "b"]));
+        assert_eq!(r["b"].pools["b"].slices[0].devices[0].taints.as_deref(), Some(&[taint][..]));
+        let slices = multi_host_slices(
+            "d.k8s.io",
+            &taint_all_devices(network(1, false), vec![device_taint("k", "v", "NoSchedule")])
+                .generate(&nodes(&["a"]))[MULTI_HOST],
+        );
+        let published = serde_json::to_value(&slices[0].spec.devices.as_ref().unwrap()[0]).unwrap();
+        assert_eq!(published["taints"], json!([{ "key": "k", "value": "v", "effect": "NoSchedule" }]));
+    }
+
+    #[test]
+    fn skip_node_operations_go_into_every_slice_spec() {
+        let r = skip_node_operations(node_local(1), &["*"]).generate(&nodes(&["a", "b"]));
+        assert_eq!(r["a"].pools["a"].slices[0].skip_node_operations, ["*"]);
+        let slices = node_slices("d.k8s.io", &node("b", "uid-b"), &r["b"]);
+        assert_eq!(slices[0].spec.skip_node_operations.as_deref(), Some(&["*".to_owned()][..]));
+        // Without the mutator the field is absent, not empty.
+        let plain =
+            node_slices("d.k8s.io", &node("a", "uid-a"), &node_local(1).generate(&nodes(&["a"]))["a"]);
+        assert!(plain[0].spec.skip_node_operations.is_none());
+        let value = serde_json::to_value(&plain[0].spec).unwrap();
+        assert!(value.get("skipNodeOperations").is_none());
     }
 
     #[test]

@@ -131,6 +131,35 @@ async fn kubelet_registers_prepares_and_unprepares(
     assert!(!t.dra_socket.exists(), "DRA socket must be removed on stop");
 }
 
+/// `unprepare_claim` does what an unprepare call would, without a call in the log.
+#[tokio::test]
+async fn direct_unprepare_removes_the_claim_without_a_recorded_call() {
+    let claims = MemoryClaims::new();
+    claims.insert(allocated_claim("my-claim", "uid-1", &[("my-request", "device-00")]));
+    let files = Arc::new(CountingFiles::default());
+    let t = TestPlugin::start(Arc::new(claims), files, |c| c.health_resend_interval(None)).await;
+    let registered = register_like_kubelet(&t.reg_socket).await;
+    let dra = DraClient::connect(&t.dra_socket, &registered.chosen).await;
+    within("prepare", dra.prepare(&[claim_ref("my-claim", "uid-1")]))
+        .await
+        .unwrap()
+        .remove("uid-1")
+        .unwrap()
+        .unwrap();
+    let cdi_file = t.cdi_file("uid-1", "my-request");
+    assert!(cdi_file.exists());
+    let before = t.plugin.calls().log().records.len();
+
+    t.plugin.unprepare_claim(NS, "my-claim", "uid-1").await.unwrap();
+    assert!(t.plugin.prepared_claims().is_empty());
+    assert!(!cdi_file.exists());
+    // Unknown claims are fine, as in NodeUnprepareResources.
+    t.plugin.unprepare_claim(NS, "other", "uid-x").await.unwrap();
+    assert_eq!(t.plugin.calls().log().records.len(), before, "{}", t.plugin.calls().log());
+    assert_eq!(t.plugin.calls().count(Method::NodeUnprepareResources), 0);
+    t.plugin.stop().await;
+}
+
 #[tokio::test]
 async fn injected_failures_are_returned_and_counted() {
     let claims = MemoryClaims::new();

@@ -406,6 +406,24 @@ impl KubeletPlugin {
         self.shared.dra.state()
     }
 
+    /// Unprepares a claim as a `NodeUnprepareResources` call naming only it would (removes its
+    /// CDI files, forgets it; an unknown claim is fine), but directly, not through gRPC: nothing
+    /// goes into the call log, which stays the record of what the kubelet did (upstream's
+    /// `ExamplePlugin.UnprepareClaim`, for claims the kubelet was told not to unprepare).
+    /// The future owns what it needs, so the plugin need not outlive it (nor a lock around it).
+    pub fn unprepare_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> impl std::future::Future<Output = Result<(), String>> + Send + 'static {
+        let dra = self.shared.dra.clone();
+        let uid = uid.to_owned();
+        let request =
+            dra::ClaimRequest { namespace: namespace.to_owned(), name: name.to_owned(), uid: uid.clone() };
+        async move { dra.unprepare(&[request]).await.remove(&uid).unwrap_or(Ok(())) }
+    }
+
     /// Stops both servers: stops accepting, ends health streams, gives
     /// in-flight calls [`PluginConfig::stop_grace`] to finish, then closes all
     /// connections and removes the socket files this plugin created.

@@ -17,17 +17,21 @@
 //! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (the extended-resources one `Serial`, with upstream's sample device plugin) |
 //! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
 //! | `kubelet ... on multiple nodes` (`multiNodeTests(true)`) | `control_plane::multi_node` | 2, need 2 to 8 nodes |
+//! | `kubelet [FeatureGate:DRAOptionalNodeOperations]`, `DriverResources(1)` with `skipNodeOperations` | [`optional_node_ops`] | 5 (3 without plugin, 2 with) |
+//! | `kubelet [FeatureGate:DRADeviceTaints]`, `NetworkResources(10)`, all devices tainted | [`device_taints`] | 5: `NoSchedule` (3), `NoExecute` (2); not the 3 PodGroup ones (GenericWorkload) |
 //!
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
 
 pub(crate) mod checks;
+mod device_taints;
 mod lifecycle;
 mod multiple_claims;
 mod network;
 mod node_local;
+mod optional_node_ops;
 
-use harness::framework::Registry;
+use harness::framework::{Label, Registry};
 
 use super::{
     FEATURE_DRA,
@@ -49,6 +53,12 @@ pub fn register(registry: &mut Registry) {
         r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             r.context("on multiple nodes", multi_node::register_kubelet);
         });
+        let optional_ops =
+            std::iter::once(Label::from(FEATURE_DRA)).chain(optional_node_ops::OPTIONAL_NODE_OPS_LABELS);
+        r.context_with_labels("kubelet", optional_ops, optional_node_ops::register);
+        let taints = || std::iter::once(Label::from(FEATURE_DRA)).chain(device_taints::DEVICE_TAINTS_LABELS);
+        r.context_with_labels("kubelet", taints(), device_taints::register_no_schedule);
+        r.context_with_labels("kubelet", taints(), device_taints::register_no_execute);
     });
 }
 
@@ -97,7 +107,31 @@ mod tests {
         ] {
             assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
         }
-        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 2);
+        let (gate, taints) = ("[FeatureGate:DRAOptionalNodeOperations]", "[FeatureGate:DRADeviceTaints]");
+        let ops = "[Alpha] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation] [FeatureGate:NodeDeclaredFeatures]";
+        let (cp, std) =
+            ("with control-plane only driver (no node plugin)", "with standard driver (node plugin running)");
+        for expected in [
+            format!("{k} {gate} {cp} bypasses node preparation when SkipNodeOperations is All {ops}"),
+            format!("{k} {gate} {cp} fails node preparation when SkipNodeOperations is not set {ops}"),
+            format!("{k} {gate} {cp} fails node preparation when SkipNodeOperations is UnprepareOnly {ops}"),
+            format!(
+                "{k} {gate} {std} bypasses node preparation and unprepare when SkipNodeOperations is All {ops}"
+            ),
+            format!(
+                "{k} {gate} {std} bypasses node unprepare when SkipNodeOperations is UnprepareOnly {ops}"
+            ),
+            format!("{k} {taints} NoSchedule keeps pod pending [FeatureGate:DynamicResourceAllocation]"),
+            format!("{k} {taints} NoSchedule can be tolerated [FeatureGate:DynamicResourceAllocation]"),
+            format!(
+                "{k} {taints} DeviceTaintRule evicts pod [FeatureGate:DRADeviceTaintRules] [FeatureGate:DynamicResourceAllocation]"
+            ),
+            format!("{k} {taints} NoExecute keeps pod pending [FeatureGate:DynamicResourceAllocation]"),
+            format!("{k} {taints} NoExecute can be tolerated [FeatureGate:DynamicResourceAllocation]"),
+        ] {
+            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
+        }
+        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 2 + 5 + 5);
         let serial: Vec<_> =
             registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
         assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);

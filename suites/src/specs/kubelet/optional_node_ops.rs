@@ -1,0 +1,328 @@
+//! Upstream's `kubelet [FeatureGate:DRAOptionalNodeOperations]` context (dra.go,
+//! `optionalNodeOperationsTests`): one node with one device (`DriverResources(1)`) whose slice
+//! declares `spec.skipNodeOperations` (`*` = all, or `NodeUnprepareResources` only), copied into
+//! the allocation; the kubelet then leaves out the `NodePrepareResources` /
+//! `NodeUnprepareResources` calls the allocated devices skip.
+//!
+//! - `with control-plane only driver (no node plugin)`: no plugin exists, so the kubelet does not
+//!   know the driver: a pod runs only when its allocation skips every node operation, otherwise
+//!   the kubelet reports `FailedPrepareDynamicResources`.
+//! - `with standard driver (node plugin running)`: the plugin is registered; its recorded calls
+//!   show what the kubelet called and what it skipped.
+//!
+//! Beyond upstream, every spec checks that the API server kept `skipNodeOperations` in the slice
+//! and copied it into the allocation, and that the node declares `DRAOptionalNodeOperations` in
+//! `status.declaredFeatures` (without it the scheduler does not place such pods there: the spec
+//! is skipped then, the kubelet runs with the gate off). Where the kubelet's `/metrics` is
+//! reachable through the API server's node proxy, its counters `dra_node_prepare_skips_total` /
+//! `dra_node_unprepare_skips_total` for the driver must show the skips (or none, where nothing
+//! may be skipped). With the plugin: a skipped prepare leaves the containers without the driver's
+//! variables and the plugin without the claim; a skipped unprepare leaves the claim prepared in
+//! the plugin until the spec unprepares it directly (as upstream does), after the claim was
+//! deallocated, so that the kubelet had every chance to call.
+
+use anyhow::Context as _;
+use harness::{
+    builder::{Builder, allocation_results, node_name, phase},
+    calls::Method,
+    driver::{Driver, DriverConfig, Nodes, resources},
+    framework::{Ctx, Label, Registry, SpecResult},
+    plugin::ClaimId,
+};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::{Api, ResourceExt as _, api::GetParams, api::ListParams, core::Request};
+
+use super::{
+    super::kubelet_drivers::gates,
+    checks::{self, POD_START_TIMEOUT, only_node, wait_event},
+};
+
+/// Upstream's `f.WithFeatureGate(features.DRAOptionalNodeOperations)` (alpha, off by default;
+/// depends on `DynamicResourceAllocation` and `NodeDeclaredFeatures`).
+pub const OPTIONAL_NODE_OPS_LABELS: [Label; 5] = [
+    Label::new("FeatureGate:DRAOptionalNodeOperations"),
+    Label::trailing("Alpha"),
+    Label::trailing("Feature:OffByDefault"),
+    Label::trailing("FeatureGate:DynamicResourceAllocation"),
+    Label::trailing("FeatureGate:NodeDeclaredFeatures"),
+];
+/// The gate, and the feature a node declares when its kubelet has it.
+const GATE: &str = "DRAOptionalNodeOperations";
+/// `skipNodeOperations: ["*"]` (upstream's `SkipNodeOperationAll`).
+const SKIP_ALL: &[&str] = &["*"];
+/// `skipNodeOperations: ["NodeUnprepareResources"]`.
+const SKIP_UNPREPARE: &[&str] = &["NodeUnprepareResources"];
+/// The kubelet's event reason when preparing a pod's claims fails.
+const FAILED_PREPARE: &str = "FailedPrepareDynamicResources";
+/// The kubelet's counters of skipped calls, per driver.
+const PREPARE_SKIPS: &str = "dra_node_prepare_skips_total";
+const UNPREPARE_SKIPS: &str = "dra_node_unprepare_skips_total";
+
+/// Registers the specs (inside `kubelet` with [`OPTIONAL_NODE_OPS_LABELS`]).
+pub fn register(r: &mut Registry) {
+    r.context("with control-plane only driver (no node plugin)", |r| {
+        r.it("bypasses node preparation when SkipNodeOperations is All", control_plane_skip_all);
+        r.it("fails node preparation when SkipNodeOperations is not set", |ctx| {
+            control_plane_fails(ctx, &[])
+        });
+        r.it("fails node preparation when SkipNodeOperations is UnprepareOnly", |ctx| {
+            control_plane_fails(ctx, SKIP_UNPREPARE)
+        });
+    });
+    r.context("with standard driver (node plugin running)", |r| {
+        r.it("bypasses node preparation and unprepare when SkipNodeOperations is All", standard_skip_all);
+        r.it("bypasses node unprepare when SkipNodeOperations is UnprepareOnly", standard_skip_unprepare);
+    });
+}
+
+/// One node that declares the feature, a driver with one device on it whose slice skips `skip`
+/// (with or without plugin), a builder. Checks that the stored slice kept `skip`.
+async fn setup(ctx: &Ctx, skip: &[&str], kubelet: bool) -> SpecResult<(Driver, Builder, String)> {
+    gates::require_api_server(ctx, GATE, "without it the API server drops skipNodeOperations").await?;
+    let nodes = Nodes::select(ctx, 1, 1).await?;
+    let node = nodes.names().first().cloned().context("no node selected")?;
+    let declared = Api::<Node>::all(ctx.client().clone())
+        .get(&node)
+        .await?
+        .status
+        .and_then(|s| s.declared_features)
+        .unwrap_or_default();
+    if !declared.iter().any(|f| f == GATE) {
+        return Err(ctx.skip(format!(
+            "node {node} does not declare {GATE} in status.declaredFeatures (declared: {declared:?}): its kubelet runs with the feature gate off, and the scheduler places no pod whose allocation skips node operations there; turn it on in kind.yaml's featureGates"
+        )));
+    }
+    let published = if skip.is_empty() {
+        resources::node_local(1)
+    } else {
+        resources::skip_node_operations(resources::node_local(1), skip)
+    };
+    let config =
+        if kubelet { DriverConfig::kubelet(published) } else { DriverConfig::control_plane(published) };
+    let driver = Driver::start(ctx, &nodes, config).await?;
+    let b = Builder::start(ctx, &driver, None).await?;
+    let node = only_node(&driver)?;
+    let stored: Vec<Vec<String>> =
+        driver.slices().await?.into_iter().map(|s| s.spec.skip_node_operations.unwrap_or_default()).collect();
+    expect!(
+        !stored.is_empty() && stored.iter().all(|s| s.iter().map(String::as_str).eq(skip.iter().copied())),
+        "expected the driver's slices to skip {skip:?}, the API server stored {stored:?}"
+    );
+    Ok((driver, b, node))
+}
+
+/// Creates an external claim and a pod using it; returns the pod.
+async fn claim_and_pod(b: &Builder) -> anyhow::Result<(k8s_openapi::api::core::v1::Pod, String)> {
+    let claim = b.external_claim();
+    let pod = b.pod_external(&claim.name_any());
+    b.create_claim(&claim).await?;
+    b.create_pod(&pod).await?;
+    Ok((pod, claim.name_any()))
+}
+
+/// Checks that the claim's allocation copied `skip` from the slice, and that the pod is on `node`.
+async fn expect_allocation(
+    b: &Builder,
+    claim: &str,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    node: &str,
+    skip: &[&str],
+) -> anyhow::Result<k8s_openapi::api::resource::v1::ResourceClaim> {
+    expect!(
+        node_name(pod) == Some(node),
+        "pod scheduled to {:?}, the driver's device is on {node}",
+        node_name(pod)
+    );
+    let claim = b.wait_allocated(claim).await?;
+    let results = allocation_results(&claim);
+    expect!(!results.is_empty(), "claim {} has no allocated device", claim.name_any());
+    for r in results {
+        let copied = r.skip_node_operations.as_deref().unwrap_or_default();
+        expect!(
+            copied.iter().map(String::as_str).eq(skip.iter().copied()),
+            "the allocation of device {} skips {copied:?}, the slice {skip:?}",
+            r.device
+        );
+    }
+    Ok(claim)
+}
+
+/// The kubelet's counter `metric` for `driver` on `node`: `Err` when its `/metrics` cannot be
+/// read, `Ok(0)` when the series does not exist (yet).
+async fn kubelet_counter(ctx: &Ctx, node: &str, metric: &str, driver: &str) -> Result<f64, String> {
+    let path = format!("/api/v1/nodes/{node}/proxy");
+    let request = Request::new(&path).get("metrics", &GetParams::default()).map_err(|e| e.to_string())?;
+    let text = ctx.client().request_text(request).await.map_err(|e| format!("GET {path}/metrics: {e}"))?;
+    Ok(counter_value(&text, metric, driver))
+}
+
+/// The value of `metric{driver_name="<driver>"}` in Prometheus text (0 when absent).
+fn counter_value(text: &str, metric: &str, driver: &str) -> f64 {
+    let label = format!("driver_name=\"{driver}\"");
+    text.lines()
+        .filter(|l| l.strip_prefix(metric).is_some_and(|rest| rest.starts_with('{')))
+        .filter(|l| l.split_once('}').is_some_and(|(labels, _)| labels.split([',', '{']).any(|x| x == label)))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.trim().parse::<f64>().ok()))
+        // Not `sum()`: the empty sum of floats is -0.0, which reads oddly in the log.
+        .fold(0.0, |sum, v| sum + v)
+}
+
+/// Checks the kubelet's skip counter against `check` when the kubelet's metrics can be read.
+async fn expect_counter(
+    ctx: &Ctx,
+    driver: &Driver,
+    node: &str,
+    metric: &str,
+    check: impl Fn(f64) -> bool,
+    want: &str,
+) -> anyhow::Result<()> {
+    match kubelet_counter(ctx, node, metric, driver.name()).await {
+        Ok(value) => {
+            expect!(
+                check(value),
+                "the kubelet of node {node}: {metric} of driver {} is {value}, expected {want}",
+                driver.name()
+            );
+            tracing::info!(%node, metric, value, "kubelet skip counter");
+        }
+        Err(e) => {
+            tracing::warn!(%node, metric, error = %e, "cannot read the kubelet's metrics; not checking the skip counter")
+        }
+    }
+    Ok(())
+}
+
+/// The pod's events with reason `reason`.
+async fn pod_events(ctx: &Ctx, pod: &str, reason: &str) -> anyhow::Result<Vec<Event>> {
+    let api: Api<Event> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+    let selector = format!("involvedObject.kind=Pod,involvedObject.name={pod},reason={reason}");
+    Ok(api.list(&ListParams::default().fields(&selector)).await?.items)
+}
+
+async fn control_plane_skip_all(ctx: Ctx) -> SpecResult {
+    let (driver, b, node) = setup(&ctx, SKIP_ALL, false).await?;
+    let (pod, claim) = claim_and_pod(&b).await?;
+    // Runs although no plugin of the driver exists on the node.
+    let running = b.wait_running(&pod).await?;
+    let claim = expect_allocation(&b, &claim, &running, &node, SKIP_ALL).await?;
+    expect!(!driver.is_registered(&node), "no plugin runs, yet the driver is registered");
+    let failed = pod_events(&ctx, &pod.name_any(), FAILED_PREPARE).await?;
+    expect!(
+        failed.is_empty(),
+        "unexpected {FAILED_PREPARE} events: {:?}",
+        failed.iter().map(|e| &e.message).collect::<Vec<_>>()
+    );
+    expect_counter(&ctx, &driver, &node, PREPARE_SKIPS, |v| v >= 1.0, "at least 1").await?;
+    // The kubelet tears the pod down without the driver too.
+    b.delete_pod_and_wait(&pod).await?;
+    b.wait_deallocated(&claim.name_any()).await?;
+    expect_counter(&ctx, &driver, &node, UNPREPARE_SKIPS, |v| v >= 1.0, "at least 1").await?;
+    Ok(())
+}
+
+async fn control_plane_fails(ctx: Ctx, skip: &'static [&'static str]) -> SpecResult {
+    let (driver, b, node) = setup(&ctx, skip, false).await?;
+    let (pod, claim) = claim_and_pod(&b).await?;
+    let scheduled = b.wait_scheduled(&pod).await?;
+    expect_allocation(&b, &claim, &scheduled, &node, skip).await?;
+    expect!(!driver.is_registered(&node), "no plugin runs, yet the driver is registered");
+    // The kubelet needs the driver for NodePrepareResources and does not know it.
+    let message = format!("DRA driver {} is not registered", driver.name());
+    wait_event(&ctx, &pod.name_any(), FAILED_PREPARE, &message, POD_START_TIMEOUT).await?;
+    let now = checks::pods(&ctx).get(&pod.name_any()).await?;
+    expect!(phase(&now) == "Pending", "the pod has phase {}, expected Pending", phase(&now));
+    expect_counter(&ctx, &driver, &node, PREPARE_SKIPS, |v| v == 0.0, "0").await?;
+    Ok(())
+}
+
+async fn standard_skip_all(ctx: Ctx) -> SpecResult {
+    let (driver, b, node) = setup(&ctx, SKIP_ALL, true).await?;
+    let calls = driver.calls(&node);
+    let (pod, claim) = claim_and_pod(&b).await?;
+    // Not `test_pod`: without NodePrepareResources the containers get no driver variables.
+    let running = b.wait_running(&pod).await?;
+    let claim = expect_allocation(&b, &claim, &running, &node, SKIP_ALL).await?;
+    calls.expect_none(Method::NodePrepareResources).context("NodePrepareResources should not be called")?;
+    for c in running.spec.as_ref().map(|s| s.containers.clone()).unwrap_or_default() {
+        b.expect_env_exact(&running, &c.name, &[]).await?;
+    }
+    let prepared = driver.prepared_claims(&node);
+    expect!(prepared.is_empty(), "the plugin holds claims as prepared: {prepared:?}");
+    expect_counter(&ctx, &driver, &node, PREPARE_SKIPS, |v| v >= 1.0, "at least 1").await?;
+
+    b.delete_pod_and_wait(&pod).await?;
+    calls
+        .expect_none(Method::NodeUnprepareResources)
+        .context("NodeUnprepareResources should not be called")?;
+    // Still none once the claim is deallocated.
+    b.wait_deallocated(&claim.name_any()).await?;
+    calls
+        .expect_none(Method::NodeUnprepareResources)
+        .context("NodeUnprepareResources should not be called")?;
+    calls.expect_none(Method::NodePrepareResources).context("NodePrepareResources should not be called")?;
+    expect_counter(&ctx, &driver, &node, UNPREPARE_SKIPS, |v| v >= 1.0, "at least 1").await?;
+    Ok(())
+}
+
+async fn standard_skip_unprepare(ctx: Ctx) -> SpecResult {
+    let (driver, b, node) = setup(&ctx, SKIP_UNPREPARE, true).await?;
+    let calls = driver.calls(&node);
+    let (pod, claim) = claim_and_pod(&b).await?;
+    // Prepared as usual: runs with the claim's env, prepared per the call log.
+    let running = b.test_pod(&pod, &[]).await?;
+    let claim = expect_allocation(&b, &claim, &running, &node, SKIP_UNPREPARE).await?;
+    calls.expect_at_least(Method::NodePrepareResources, 1)?;
+    let uid = claim.uid().unwrap_or_default();
+    {
+        // Should the spec fail before it unprepares the claim itself, the plugin must not hold
+        // it at the builder's teardown (this runs before it; an unknown claim is fine).
+        let (driver, node, claim) = (driver.clone(), node.clone(), claim.clone());
+        ctx.defer(format!("unprepare claim {} in the plugin", claim.name_any()), async move {
+            driver.unprepare_claim(&node, &claim).await
+        });
+    }
+    let history = calls.claim(&uid);
+    expect!(history.prepared() >= 1, "expected a successful prepare of the claim: {history}");
+    expect_counter(&ctx, &driver, &node, PREPARE_SKIPS, |v| v == 0.0, "0").await?;
+
+    b.delete_pod_and_wait(&pod).await?;
+    calls
+        .expect_none(Method::NodeUnprepareResources)
+        .context("NodeUnprepareResources should not be called")?;
+    let stored = b.wait_deallocated(&claim.name_any()).await?;
+    calls
+        .expect_none(Method::NodeUnprepareResources)
+        .context("NodeUnprepareResources should not be called")?;
+    let id = ClaimId { name: claim.name_any(), uid: uid.clone() };
+    let prepared = driver.prepared_claims(&node);
+    expect!(prepared.contains(&id), "the plugin should still hold the claim as prepared: {prepared:?}");
+    expect_counter(&ctx, &driver, &node, UNPREPARE_SKIPS, |v| v >= 1.0, "at least 1").await?;
+
+    // The plugin unprepares it itself (upstream: plugin.UnprepareClaim), with the stored UID.
+    expect!(stored.uid() == Some(uid), "the claim was replaced");
+    driver.unprepare_claim(&node, &stored).await?;
+    let prepared = driver.prepared_claims(&node);
+    expect!(prepared.is_empty(), "the plugin still holds claims as prepared: {prepared:?}");
+    calls.expect_none(Method::NodeUnprepareResources).context("the direct unprepare is no gRPC call")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_counter_of_one_driver() {
+        let text = "\
+# TYPE dra_node_prepare_skips_total counter
+dra_node_prepare_skips_total{driver_name=\"a.k8s.io\"} 2
+dra_node_prepare_skips_total{driver_name=\"b.k8s.io\"} 5
+dra_node_prepare_skips_total_other{driver_name=\"a.k8s.io\"} 7
+dra_node_unprepare_skips_total{driver_name=\"a.k8s.io\"} 1
+";
+        assert_eq!(counter_value(text, PREPARE_SKIPS, "a.k8s.io"), 2.0);
+        assert_eq!(counter_value(text, UNPREPARE_SKIPS, "a.k8s.io"), 1.0);
+        assert_eq!(counter_value(text, PREPARE_SKIPS, "c.k8s.io"), 0.0);
+        assert_eq!(counter_value("", PREPARE_SKIPS, "a.k8s.io").to_string(), "0");
+    }
+}
