@@ -251,6 +251,7 @@ fn containerd_config(dirs: &NodeDirs, runc: &Path) -> String {
     let socket = p(dirs.containerd_socket());
     let runc_root = p(dirs.runc_root());
     let cni_conf = p(dirs.cni_conf_dir());
+    let registry_hosts = p(dirs.config().join("certs.d"));
     let sandbox = images::PAUSE;
     format!(
         r#"# Written by `cargo xtask cluster up --provider local`.
@@ -274,6 +275,10 @@ state = "{state}"
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{sandbox}"
+  # Registry hosts (<registry>/hosts.toml), read at every pull: `cluster up --registry` adds
+  # localhost:5000 here without restarting containerd.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{registry_hosts}"
 
 [plugins.'io.containerd.cri.v1.runtime']
   enable_cdi = true
