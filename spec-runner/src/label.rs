@@ -52,12 +52,20 @@ pub(crate) const ALWAYS_TRAILING: &[&str] = &[
 pub struct Label {
     name: Cow<'static, str>,
     trailing: bool,
+    hidden: bool,
 }
 
 impl Label {
     /// A label rendered `[name]` right after the text of the container or spec declaring it.
     pub const fn new(name: &'static str) -> Self {
-        Self { name: Cow::Borrowed(name), trailing: false }
+        Self { name: Cow::Borrowed(name), trailing: false, hidden: false }
+    }
+
+    /// A label that selects (`--label-filter`) but is not shown in the text (upstream's plain
+    /// `ginkgo.Label`, e.g. the `BetaOffByDefault` that `framework.WithFeatureGate` adds for a
+    /// beta gate that is off by default).
+    pub const fn hidden(name: &'static str) -> Self {
+        Self { name: Cow::Borrowed(name), trailing: false, hidden: true }
     }
 
     /// A label rendered `[name]` at the end of the text of every spec it applies to, sorted with
@@ -65,7 +73,7 @@ impl Label {
     /// `[name]` (upstream: stability levels, `Feature:OffByDefault`, `Serial`, `Slow`,
     /// `Conformance`, and the feature gates a gate depends on).
     pub const fn trailing(name: &'static str) -> Self {
-        Self { name: Cow::Borrowed(name), trailing: true }
+        Self { name: Cow::Borrowed(name), trailing: true, hidden: false }
     }
 
     /// The label itself, without brackets.
@@ -78,22 +86,32 @@ impl Label {
         self.trailing
     }
 
+    /// Whether the label is shown in the spec text at all.
+    pub fn is_shown(&self) -> bool {
+        !self.hidden
+    }
+
+    /// Whether the label is rendered right after the text of its container or spec.
+    pub(crate) fn is_in_place(&self) -> bool {
+        !self.trailing && !self.hidden
+    }
+
     /// The same label, validated and trimmed.
     pub(crate) fn validated(self) -> Result<Self, String> {
         let name = validate(&self.name)?;
-        Ok(Self { name: Cow::Owned(name), trailing: self.trailing })
+        Ok(Self { name: Cow::Owned(name), ..self })
     }
 }
 
 impl From<&str> for Label {
     fn from(name: &str) -> Self {
-        Self { name: Cow::Owned(name.to_owned()), trailing: false }
+        Self { name: Cow::Owned(name.to_owned()), trailing: false, hidden: false }
     }
 }
 
 impl From<String> for Label {
     fn from(name: String) -> Self {
-        Self { name: Cow::Owned(name), trailing: false }
+        Self { name: Cow::Owned(name), trailing: false, hidden: false }
     }
 }
 

@@ -156,7 +156,7 @@ impl SpecInfo {
         }
         trailing.sort_unstable();
         let mut leaf = vec![self.name.clone()];
-        leaf.extend(self.own_labels.iter().filter(|l| !l.is_trailing()).map(|l| format!("[{}]", l.name())));
+        leaf.extend(self.own_labels.iter().filter(|l| l.is_in_place()).map(|l| format!("[{}]", l.name())));
         for l in trailing {
             let text = format!("[{l}]");
             // Upstream never repeats at the end what the text before already shows.
@@ -172,7 +172,7 @@ impl SpecInfo {
 /// `text [l1] [l2]` with the in-place labels only.
 fn render(text: &str, labels: &[Label]) -> String {
     let mut out = text.trim().to_owned();
-    for l in labels.iter().filter(|l| !l.is_trailing()) {
+    for l in labels.iter().filter(|l| l.is_in_place()) {
         if !out.is_empty() {
             out.push(' ');
         }
@@ -250,7 +250,7 @@ impl Registry {
             labels.insert(0, Label::from(sig));
             text.clear();
         }
-        for l in labels.iter().filter(|l| !l.is_trailing() && ALWAYS_TRAILING.contains(&l.name())) {
+        for l in labels.iter().filter(|l| l.is_in_place() && ALWAYS_TRAILING.contains(&l.name())) {
             self.problems.push(format!(
                 "label {:?} of container {text:?} would follow the container text; upstream's framework renders it at the end of each spec's text, declare it as Label::trailing",
                 l.name()
@@ -523,6 +523,27 @@ mod tests {
             "[sig-node] [DRA] control plane views [FeatureGate:DRAResourcePoolStatus] partitionable typed view [FeatureGate:DRAPartitionableDevices] [FeatureGate:DRAPartitionableDevicesType] should report partitionSummary [KubeletMinVersion:1.36] [Alpha] [Beta] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation] [Serial]"
         );
         assert!(specs[1].is_serial());
+        assert!(reg.validate().is_ok());
+    }
+
+    #[test]
+    fn hidden_labels_select_but_are_not_shown() {
+        let mut reg = Registry::new();
+        let gate = [
+            Label::new("FeatureGate:GenericWorkload"),
+            Label::trailing("Beta"),
+            Label::trailing("Feature:OffByDefault"),
+            Label::hidden("BetaOffByDefault"),
+        ];
+        reg.context_with_labels("kubelet", gate, |r| {
+            r.it("allocates devices for PodGroups", async |_| Ok(()));
+        });
+        let spec = reg.specs().next().unwrap();
+        assert_eq!(
+            spec.full_text(),
+            "kubelet [FeatureGate:GenericWorkload] allocates devices for PodGroups [Beta] [Feature:OffByDefault]"
+        );
+        assert!(spec.labels().iter().any(|l| l == "BetaOffByDefault"), "{:?}", spec.labels());
         assert!(reg.validate().is_ok());
     }
 

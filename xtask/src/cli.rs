@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{e2e, kind, local, provider::Provider, test};
+use crate::{e2e, kind, local, overrides::OverrideArgs, provider::Provider, test};
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
 #[derive(Debug, Parser)]
@@ -77,6 +77,9 @@ pub struct ClusterArgs {
     /// the nodes kind.yaml lists.
     #[arg(long)]
     pub nodes: Option<usize>,
+    /// Gates and API versions on top of kind.yaml's (`up`), as upstream's CI lanes add them.
+    #[command(flatten)]
+    pub overrides: OverrideArgs,
 }
 
 /// Runs the parsed command line.
@@ -84,7 +87,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Cluster { action } => match action {
             ClusterAction::Up(args) => {
-                args.provider.up(&args.kind, args.nodes, args.dry_run).await.map(|_| ExitCode::SUCCESS)
+                let overrides = args.overrides.parse()?;
+                args.provider
+                    .up(&args.kind, args.nodes, overrides, args.dry_run)
+                    .await
+                    .map(|_| ExitCode::SUCCESS)
             }
             ClusterAction::Down(args) => {
                 args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)

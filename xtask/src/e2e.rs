@@ -136,7 +136,7 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
             (path, teardown)
         }
         (None, Provider::Kind) => {
-            let path = Provider::Kind.up(&kind_args(&args), None, false).await?;
+            let path = Provider::Kind.up(&kind_args(&args), None, None, false).await?;
             (path, (!args.keep_cluster).then_some(Provider::Kind))
         }
     };

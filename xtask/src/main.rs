@@ -9,6 +9,7 @@ mod e2e;
 mod kind;
 mod kube_api;
 mod local;
+mod overrides;
 mod progress;
 mod provider;
 mod repo;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
-use crate::{kind, local};
+use crate::{kind, local, overrides::Overrides};
 
 /// Which kind of cluster to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -20,16 +20,18 @@ pub enum Provider {
 
 impl Provider {
     /// Brings the cluster up (idempotent) and returns its kubeconfig path. `nodes` is the local
-    /// cluster's node count (default: kind.yaml's); `dry_run` prints kind's commands instead.
+    /// cluster's node count (default: kind.yaml's); `overrides` are gates and API versions on top
+    /// of kind.yaml's; `dry_run` prints kind's commands instead.
     pub async fn up(
         self,
         kind: &kind::KindArgs,
         nodes: Option<usize>,
+        overrides: Option<Overrides>,
         dry_run: bool,
     ) -> anyhow::Result<PathBuf> {
         match self {
-            Provider::Local => local::up(nodes).await,
-            Provider::Kind => kind::up(kind, dry_run).await,
+            Provider::Local => local::up(nodes, overrides).await,
+            Provider::Kind => kind::up(kind, overrides.unwrap_or_default(), dry_run).await,
         }
     }
 

@@ -12,7 +12,26 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use crate::{e2e, local, progress::human};
+use crate::{e2e, local, overrides::OverrideArgs, progress::human};
+
+/// The workload lane: the cluster restarted with what PodGroups need (beta gates off by default
+/// and a beta API, which kind.yaml leaves off because they change how every pod is scheduled),
+/// running the specs that need them. The skip message of those specs names the same flags
+/// (suites/src/specs/kubelet/pod_groups.rs, `LANE_FLAGS`; a unit test keeps them equal).
+/// `--feature-gates` of the workload lane.
+const WORKLOAD_GATES: &str = "GenericWorkload=true,DRAWorkloadResourceClaims=true";
+/// `--runtime-config` of the workload lane.
+const WORKLOAD_APIS: &str = "scheduling.k8s.io/v1beta1=true";
+/// What the workload lane runs (and the other kubelet lane skips).
+const WORKLOAD_FOCUS: &str = "GenericWorkload";
+
+fn workload_lane() -> Result<crate::overrides::Overrides> {
+    let args = OverrideArgs {
+        feature_gates: Some(WORKLOAD_GATES.to_owned()),
+        runtime_config: Some(WORKLOAD_APIS.to_owned()),
+    };
+    Ok(args.parse()?.unwrap_or_default())
+}
 
 /// Options of `cargo xtask test`.
 #[derive(Debug, Args)]
@@ -61,6 +80,22 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
             }
             for (name, suite_args) in suite_runs(&repo) {
                 let t = Instant::now();
+                step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
+            }
+            let t = Instant::now();
+            let lane = match workload_lane() {
+                Ok(overrides) => Ok(cluster.clone().with_overrides(Some(overrides))),
+                Err(e) => Err(e),
+            };
+            let up = match &lane {
+                Ok(lane) => lane.up().await.map(|_| ()),
+                Err(e) => Err(anyhow::anyhow!("{e:#}")),
+            };
+            let up_ok = up.is_ok();
+            step("local cluster restarted for the workload lane (GenericWorkload)", up, t);
+            if up_ok {
+                let t = Instant::now();
+                let (name, suite_args) = workload_run(&repo);
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
         }
@@ -115,25 +150,36 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
 
 /// The e2e suite runs against the local cluster, each with its JUnit report: the control-plane
 /// specs (API server, scheduler and controllers only), then the kubelet specs (pods run, the
-/// kubelet talks to the in-process plugin through the proxy pods).
+/// kubelet talks to the in-process plugin through the proxy pods) but those of the workload lane.
 fn suite_runs(repo: &Path) -> Vec<(&'static str, Vec<String>)> {
-    let out = e2e::target_dir(repo).join("e2e");
-    let artifacts = out.join("artifacts").display().to_string();
-    let run = |selection: [&str; 2], junit: &str| -> Vec<String> {
-        let junit = out.join(format!("{junit}.xml")).display().to_string();
-        let mut args = selection.map(String::from).to_vec();
-        args.extend(["-p", "4", "--junit", &junit, "--artifacts", &artifacts].map(String::from));
-        args
-    };
-    // Every registered spec runs in one of the two: the kubelet contexts, and everything else
-    // (control plane, CRUD, ResourceSlice Controller, device compatibility groups, ...).
+    // Every registered spec runs in one of the three: everything outside the kubelet contexts
+    // (control plane, CRUD, ResourceSlice Controller, device compatibility groups, ...), the
+    // kubelet contexts, and (after a restart) the workload lane.
     vec![
         (
             "e2e: control plane, CRUD and the other non-kubelet suites",
-            run(["--skip", "kubelet"], "control-plane"),
+            suite_args(repo, &["--skip", "kubelet"], "control-plane"),
         ),
-        ("e2e: kubelet suites", run(["--focus", "kubelet"], "kubelet")),
+        (
+            "e2e: kubelet suites",
+            suite_args(repo, &["--focus", "kubelet", "--skip", WORKLOAD_FOCUS], "kubelet"),
+        ),
     ]
+}
+
+/// The workload lane's run: the specs that need PodGroups.
+fn workload_run(repo: &Path) -> (&'static str, Vec<String>) {
+    ("e2e: workload lane (PodGroup specs)", suite_args(repo, &["--focus", WORKLOAD_FOCUS], "workload"))
+}
+
+/// dra-e2e's arguments for one lane: the selection, -p 4, its JUnit report and the artifacts.
+fn suite_args(repo: &Path, selection: &[&str], junit: &str) -> Vec<String> {
+    let out = e2e::target_dir(repo).join("e2e");
+    let artifacts = out.join("artifacts").display().to_string();
+    let junit = out.join(format!("{junit}.xml")).display().to_string();
+    let mut args: Vec<String> = selection.iter().map(|s| s.to_string()).collect();
+    args.extend(["-p", "4", "--junit", &junit, "--artifacts", &artifacts].map(String::from));
+    args
 }
 
 async fn run_suite(repo: &Path, kubeconfig: &Path, args: &[String]) -> Result<()> {
@@ -158,4 +204,20 @@ fn cargo(repo: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<()> {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workload_lane_is_what_the_pod_group_specs_ask_for() {
+        let lane = workload_lane().unwrap();
+        let specs =
+            std::fs::read_to_string(crate::repo::repo_root().join("suites/src/specs/kubelet/pod_groups.rs"))
+                .unwrap();
+        let flags = format!("{lane}");
+        assert!(specs.contains(&format!("\"{flags}\"")), "pod_groups.rs must name {flags:?} as LANE_FLAGS");
+        assert!(lane.feature_gates["GenericWorkload"] && lane.feature_gates["DRAWorkloadResourceClaims"]);
+    }
 }

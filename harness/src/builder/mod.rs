@@ -52,6 +52,7 @@ mod checks;
 mod env;
 mod objects;
 mod pods;
+mod workloads;
 
 pub use env::{ExecOutput, allocation_env, check_env, driver_env_lines, exec, parse_env};
 pub use objects::Objects;
@@ -59,6 +60,7 @@ pub use pods::{
     allocation_results, condition, env_checking_init_container, is_allocated, node_name, phase,
     pod_claim_names, prepared_results,
 };
+pub use workloads::POD_GROUP_TEMPLATE;
 
 use crate::{
     driver::Driver,
@@ -170,6 +172,8 @@ struct Inner {
     ctx: Ctx,
     driver: Driver,
     objects: Objects,
+    /// Whether the spec created PodGroups (the teardown deletes them before the claims).
+    pod_groups: std::sync::atomic::AtomicBool,
 }
 
 /// Makes, creates and checks the objects of a spec for one [`Driver`]. Cheap to clone; clones
@@ -271,6 +275,7 @@ impl Builder {
                     &driver.config().name_suffix,
                     class_parameters,
                 ),
+                pod_groups: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -511,6 +516,7 @@ impl Builder {
             |p| Verdict::done_if(p.is_empty()),
         )
         .await?;
+        self.delete_pod_groups().await?;
 
         let claims = self.claims();
         let list = claims.list(&ListParams::default()).await.map_err(api_error("list ResourceClaims"))?;

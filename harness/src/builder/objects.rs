@@ -26,10 +26,12 @@ pub(super) fn restricted_container_security() -> serde_json::Value {
 pub struct Objects {
     namespace: String,
     driver_name: String,
-    name_suffix: String,
+    pub(super) name_suffix: String,
     class_parameters: Option<serde_json::Value>,
     pod_counter: AtomicUsize,
     claim_counter: AtomicUsize,
+    pub(super) workload_counter: AtomicUsize,
+    pub(super) pod_group_counter: AtomicUsize,
 }
 
 impl Objects {
@@ -47,6 +49,8 @@ impl Objects {
             class_parameters,
             pod_counter: AtomicUsize::new(0),
             claim_counter: AtomicUsize::new(0),
+            workload_counter: AtomicUsize::new(0),
+            pod_group_counter: AtomicUsize::new(0),
         }
     }
 

@@ -17,8 +17,9 @@
 //! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (the extended-resources one `Serial`, with upstream's sample device plugin) |
 //! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
 //! | `kubelet ... on multiple nodes` (`multiNodeTests(true)`) | `control_plane::multi_node` | 2, need 2 to 8 nodes |
+//! | `kubelet [FeatureGate:GenericWorkload] [FeatureGate:DRAWorkloadResourceClaims]`, `DriverResources(1)` | [`pod_groups`] | 2 (workload lane) |
 //! | `kubelet [FeatureGate:DRAOptionalNodeOperations]`, `DriverResources(1)` with `skipNodeOperations` | [`optional_node_ops`] | 5 (3 without plugin, 2 with) |
-//! | `kubelet [FeatureGate:DRADeviceTaints]`, `NetworkResources(10)`, all devices tainted | [`device_taints`] | 5: `NoSchedule` (3), `NoExecute` (2); not the 3 PodGroup ones (GenericWorkload) |
+//! | `kubelet [FeatureGate:DRADeviceTaints]`, `NetworkResources(10)`, all devices tainted | [`device_taints`] | 8: `NoSchedule` (3), `NoExecute` (2), the 3 PodGroup ones (workload lane) |
 //!
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
@@ -30,6 +31,7 @@ mod multiple_claims;
 mod network;
 mod node_local;
 mod optional_node_ops;
+mod pod_groups;
 
 use harness::framework::{Label, Registry};
 
@@ -55,6 +57,7 @@ pub fn register(registry: &mut Registry) {
         });
         let optional_ops =
             std::iter::once(Label::from(FEATURE_DRA)).chain(optional_node_ops::OPTIONAL_NODE_OPS_LABELS);
+        r.context_with_labels("kubelet", pod_groups::POD_GROUP_LABELS, pod_groups::register);
         r.context_with_labels("kubelet", optional_ops, optional_node_ops::register);
         let taints = || std::iter::once(Label::from(FEATURE_DRA)).chain(device_taints::DEVICE_TAINTS_LABELS);
         r.context_with_labels("kubelet", taints(), device_taints::register_no_schedule);
@@ -131,7 +134,24 @@ mod tests {
         ] {
             assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
         }
-        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 2 + 5 + 5);
+        let (groups, tail) = (
+            "[FeatureGate:DRAWorkloadResourceClaims] [FeatureGate:GenericWorkload] [KubeletMinVersion:1.36]",
+            "[Beta] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation]",
+        );
+        let workload =
+            "[FeatureGate:GenericWorkload] [FeatureGate:DRAWorkloadResourceClaims] [KubeletMinVersion:1.36]";
+        for expected in [
+            format!("{k} {workload} allocates devices for PodGroups {tail}"),
+            format!("{k} {workload} generates claims from templates for PodGroups {tail}"),
+            format!("{k} {taints} {groups} NoSchedule keeps pod with PodGroup claim pending {tail}"),
+            format!("{k} {taints} {groups} NoSchedule can be tolerated for PodGroup claims {tail}"),
+            format!(
+                "{k} {taints} {groups} DeviceTaintRule evicts pod with PodGroup claim [FeatureGate:DRADeviceTaintRules] {tail}"
+            ),
+        ] {
+            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
+        }
+        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 2 + 2 + 5 + 8);
         let serial: Vec<_> =
             registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
         assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);

@@ -35,6 +35,7 @@ pub use host::{readiness, wait_nodes_ready};
 use crate::{
     cluster_config::{self, ClusterConfig},
     kube_api::{client_for, node_is_ready},
+    overrides::Overrides,
     wait::{Probe, poll_until},
 };
 
@@ -97,8 +98,8 @@ pub struct BuildNodeImageArgs {
 ///
 /// With `dry_run`, prints the commands that change anything instead (pulls, create, loads; the
 /// read-only checks and the wait for Ready nodes are not printed) and needs neither docker nor kind.
-pub async fn up(args: &KindArgs, dry_run: bool) -> anyhow::Result<PathBuf> {
-    up_in(&Host::current(), args, dry_run, &mut std::io::stdout()).await
+pub async fn up(args: &KindArgs, overrides: Overrides, dry_run: bool) -> anyhow::Result<PathBuf> {
+    up_in(&Host::current(), args, &overrides, dry_run, &mut std::io::stdout()).await
 }
 
 /// Deletes the kind cluster and its kubeconfig file; with `dry_run`, prints the commands instead.
@@ -124,9 +125,25 @@ fn write_lines(out: &mut dyn Write, lines: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn up_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<PathBuf> {
+async fn up_in(
+    host: &Host,
+    args: &KindArgs,
+    overrides: &Overrides,
+    dry_run: bool,
+    out: &mut dyn Write,
+) -> anyhow::Result<PathBuf> {
     validate_name(&args.name)?;
-    let config_path = &host.kind_yaml;
+    let derived;
+    let config_path = if overrides.is_empty() {
+        &host.kind_yaml
+    } else {
+        // kind.yaml with the lane's gates, as upstream's CI lanes append them.
+        derived = host.repo.join(".e2e").join(format!("kind-{}.yaml", args.name));
+        let text = overrides.kind_config(&host.kind_yaml)?;
+        std::fs::create_dir_all(host.repo.join(".e2e")).context("create .e2e")?;
+        std::fs::write(&derived, text).with_context(|| format!("write {}", derived.display()))?;
+        &derived
+    };
     let settings = ClusterConfig::load(config_path)?;
     debug!("settings from {}:\n{settings}", config_path.display());
     let kubeconfig = kubeconfig_path(&host.repo, &args.name);
@@ -398,10 +415,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_lane_s_gates_go_into_a_derived_kind_config() {
+        let host = host_with_path("");
+        let overrides = crate::overrides::OverrideArgs {
+            feature_gates: Some("GenericWorkload=true".into()),
+            runtime_config: Some("scheduling.k8s.io/v1beta1=true".into()),
+        }
+        .parse()
+        .unwrap()
+        .unwrap();
+        let mut out = Vec::new();
+        up_in(&host, &args("dra-e2e-lane-test"), &overrides, true, &mut out).await.unwrap();
+        let derived = host.repo.join(".e2e").join("kind-dra-e2e-lane-test.yaml");
+        let printed = String::from_utf8(out).unwrap();
+        assert!(printed.contains(&format!("--config {}", derived.display())), "{printed}");
+        let config = ClusterConfig::load(&derived).unwrap();
+        std::fs::remove_file(&derived).unwrap();
+        assert!(config.feature_gates["GenericWorkload"]);
+        assert_eq!(config.runtime_config["scheduling.k8s.io/v1beta1"], "true");
+    }
+
+    #[tokio::test]
     async fn dry_run_prints_the_commands_without_docker_or_kind() {
         let host = host_with_path(""); // nothing on PATH
         let mut out = Vec::new();
-        let kubeconfig = up_in(&host, &args("dra-e2e"), true, &mut out).await.unwrap();
+        let kubeconfig = up_in(&host, &args("dra-e2e"), &Overrides::default(), true, &mut out).await.unwrap();
         let repo = crate::repo::repo_root();
         assert_eq!(kubeconfig, repo.join(".e2e").join("kind-dra-e2e.kubeconfig"));
         let printed = String::from_utf8(out).unwrap();
@@ -428,7 +466,8 @@ mod tests {
     #[tokio::test]
     async fn empty_path_gives_one_sentence_saying_what_to_install() {
         let host = host_with_path("");
-        let err = up_in(&host, &args("dra-e2e"), false, &mut Vec::new()).await.unwrap_err();
+        let err =
+            up_in(&host, &args("dra-e2e"), &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
         let text = format!("{err:#}");
         assert_eq!(
             text,
@@ -487,13 +526,19 @@ mod tests {
         let host = host_with_path(dir.path().to_str().unwrap());
         let mut wanted = args("dra-e2e");
         wanted.kind_version = Some("v0.33.0".into());
-        let err = format!("{:#}", up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err());
+        let err = format!(
+            "{:#}",
+            up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
+        );
         assert!(err.starts_with("kind v0.31.0 is on PATH ("), "{err}");
         assert!(err.contains("but v0.33.0 is required (--kind-version / KIND_VERSION)"), "{err}");
         assert!(err.contains("go install sigs.k8s.io/kind@v0.33.0"), "{err}");
 
         fake_tool(dir.path(), "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1");
-        let err = format!("{:#}", up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err());
+        let err = format!(
+            "{:#}",
+            up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
+        );
         assert!(err.contains("its daemon does not answer"), "{err}");
         assert!(err.contains("Cannot connect to the Docker daemon"), "{err}");
     }
@@ -538,7 +583,10 @@ mod tests {
         let mut wanted = args("t");
         wanted.kind_version = Some("0.33.0".into());
         // The fake kind lists no nodes, so `up` stops before waiting for the API server.
-        let err = format!("{:#}", up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err());
+        let err = format!(
+            "{:#}",
+            up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
+        );
         assert_eq!(err, "kind reports no nodes for cluster \"t\"");
 
         let kubeconfig = kubeconfig_path(repo.path(), "t");
@@ -560,7 +608,7 @@ mod tests {
         // An existing cluster is reused: its kubeconfig is exported instead of creating it.
         std::fs::remove_file(&log).unwrap();
         fake_tools(dir.path(), &log, "t");
-        up_in(&host, &wanted, false, &mut Vec::new()).await.unwrap_err();
+        up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
         let calls = std::fs::read_to_string(&log).unwrap();
         assert!(calls.contains(&unquoted(export_kubeconfig_cmd("t", &kubeconfig))), "{calls}");
         assert!(!calls.contains("kind create"), "{calls}");

@@ -99,6 +99,10 @@ impl Layout {
     pub fn node_count_file(&self) -> PathBuf {
         self.state.join("node-count")
     }
+    /// The gates and API versions the cluster runs with on top of kind.yaml's.
+    pub fn overrides_file(&self) -> PathBuf {
+        self.state.join("overrides")
+    }
 }
 
 /// Reads the version a go.mod requires (or replaces to) for a module path.

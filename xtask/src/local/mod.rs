@@ -43,6 +43,7 @@ use self::{
 use crate::{
     cluster_config::ClusterConfig,
     kube_api::{client_for, node_is_ready},
+    overrides::Overrides,
     progress::Step,
     repo::repo_root,
 };
@@ -58,6 +59,8 @@ pub struct LocalCluster {
     layout: Layout,
     sup: Supervisor,
     nodes: Vec<NodeSpec>,
+    /// Gates and API versions on top of kind.yaml's (recorded with the state while it runs).
+    overrides: Overrides,
 }
 
 /// The node count kind.yaml lists.
@@ -83,7 +86,17 @@ impl LocalCluster {
                 None => default_node_count()?,
             },
         };
-        Ok(Self { layout, sup, nodes: nodes::cluster_nodes(count) })
+        let overrides = recorded_overrides(&layout).unwrap_or_default();
+        Ok(Self { layout, sup, nodes: nodes::cluster_nodes(count), overrides })
+    }
+
+    /// The same cluster with these gates and API versions on top of kind.yaml's; `None` keeps
+    /// those of the running cluster.
+    pub fn with_overrides(mut self, overrides: Option<Overrides>) -> Self {
+        if let Some(overrides) = overrides {
+            self.overrides = overrides;
+        }
+        self
     }
 
     /// The admin kubeconfig of the cluster.
@@ -172,27 +185,37 @@ impl LocalCluster {
     }
 
     /// Brings the cluster up; does nothing but report when it already runs with the same node
-    /// count. A running cluster with another node count is stopped and recreated (and says so).
+    /// count and overrides. A running cluster with another node count or other gates is stopped
+    /// and recreated (and says so).
     pub async fn up(&self) -> Result<PathBuf> {
         let total = std::time::Instant::now();
         host::require_root()?;
         let recorded = recorded_node_count(&self.layout);
+        let recorded_overrides = recorded_overrides(&self.layout).unwrap_or_default();
         let running = recorded.is_some_and(|n| {
             let same = Self { nodes: nodes::cluster_nodes(n), ..self.clone() };
             same.all_running()
         });
         if running && self.admin_client().await.is_ok() {
-            if recorded == Some(self.nodes.len()) {
-                eprintln!("the local cluster already runs ({} nodes)", self.nodes.len());
+            let same_nodes = recorded == Some(self.nodes.len());
+            if same_nodes && recorded_overrides == self.overrides {
+                eprintln!("the local cluster already runs ({} nodes, {})", self.nodes.len(), self.overrides);
                 self.print_kubeconfig();
                 return Ok(self.kubeconfig());
             }
-            eprintln!(
-                "==> the local cluster runs with {} nodes, {} were asked for: stopping it and starting it again with {}",
-                recorded.unwrap_or_default(),
-                self.nodes.len(),
-                self.nodes.len()
-            );
+            if same_nodes {
+                eprintln!(
+                    "==> the local cluster runs with {recorded_overrides}, {} was asked for: stopping it and starting it again",
+                    self.overrides
+                );
+            } else {
+                eprintln!(
+                    "==> the local cluster runs with {} nodes, {} were asked for: stopping it and starting it again with {}",
+                    recorded.unwrap_or_default(),
+                    self.nodes.len(),
+                    self.nodes.len()
+                );
+            }
         }
         if !self.sup.recorded().is_empty()
             || self.layout.state.join("config").exists()
@@ -215,6 +238,7 @@ impl LocalCluster {
         fs::write(self.layout.state.join("bin-dir"), bins.dir.display().to_string())?;
         // Recorded before anything is created, so `down` always knows which nodes to clean up.
         fs::write(self.layout.node_count_file(), self.nodes.len().to_string())?;
+        fs::write(self.layout.overrides_file(), self.overrides.to_record())?;
         // Logs of the previous run stay until now, for debugging.
         if let Some(problem) = teardown::remove_dir(&self.layout.logs()) {
             bail!("{problem}");
@@ -251,8 +275,13 @@ impl LocalCluster {
     }
 
     async fn start(&self, bins: &Binaries, versions: &Versions) -> Result<()> {
-        let cluster = ClusterConfig::load(&repo_root().join("kind.yaml"))
-            .context("read feature gates and runtime-config from kind.yaml")?;
+        let cluster = self.overrides.apply(
+            ClusterConfig::load(&repo_root().join("kind.yaml"))
+                .context("read feature gates and runtime-config from kind.yaml")?,
+        );
+        if !self.overrides.is_empty() {
+            eprintln!("==> on top of kind.yaml: {}", self.overrides);
+        }
         let step = Step::start("generate certificates and kubeconfigs");
         let pki = pki::ensure(&self.layout, &self.nodes)?;
         step.done();
@@ -469,6 +498,18 @@ fn recorded_node_count(layout: &Layout) -> Option<usize> {
     fs::read_to_string(layout.node_count_file()).ok()?.trim().parse().ok()
 }
 
+/// The overrides of the running (or last) cluster; `None` if none were recorded.
+fn recorded_overrides(layout: &Layout) -> Option<Overrides> {
+    let text = fs::read_to_string(layout.overrides_file()).ok()?;
+    match Overrides::from_record(&text) {
+        Ok(overrides) => Some(overrides),
+        Err(err) => {
+            eprintln!("warning: ignoring {}: {err:#}", layout.overrides_file().display());
+            None
+        }
+    }
+}
+
 /// Removes every pod's containers through the CRI of one node's containerd.
 fn cri_reset(bin_dir: &std::path::Path, dirs: &NodeDirs) -> Option<String> {
     let endpoint = format!("unix://{}", dirs.containerd_socket().display());
@@ -527,13 +568,14 @@ async fn node_ready(nodes: Api<Node>, name: String) -> Result<bool> {
     Ok(nodes.get_opt(&name).await?.is_some_and(|node| node_is_ready(&node)))
 }
 
-/// `cluster up --provider local [--nodes N]`.
-pub async fn up(nodes: Option<usize>) -> Result<PathBuf> {
+/// `cluster up --provider local [--nodes N] [--feature-gates …] [--runtime-config …]`: without
+/// flags, kind.yaml's nodes and settings.
+pub async fn up(nodes: Option<usize>, overrides: Option<Overrides>) -> Result<PathBuf> {
     let count = match nodes {
         Some(n) => n,
         None => default_node_count()?,
     };
-    LocalCluster::new(Some(count))?.up().await
+    LocalCluster::new(Some(count))?.with_overrides(Some(overrides.unwrap_or_default())).up().await
 }
 
 /// `cluster down --provider local`.

@@ -11,8 +11,9 @@
 //! claim of an evicted one. A tolerated allocation must carry a copy of the request's
 //! toleration; a tolerated `NoExecute` pod must keep running for 10 s.
 //!
-//! The PodGroup variants of the first context need the `GenericWorkload` gate, which
-//! kind.yaml does not turn on: they are declared missing in parity.txt.
+//! The PodGroup variants of the first context (their pod's claim comes from its PodGroup, see
+//! [`pod_groups`](super::pod_groups)) need the `GenericWorkload` and `DRAWorkloadResourceClaims`
+//! gates, which kind.yaml does not turn on: they run in the workload lane of `cargo xtask test`.
 
 use std::time::Duration;
 
@@ -41,6 +42,7 @@ use serde_json::json;
 use super::{
     super::kubelet_drivers::gates,
     checks::{self, POD_START_TIMEOUT, only_node, stays},
+    pod_groups::{Inline, TAINT_POD_GROUP_LABELS},
 };
 
 /// Upstream's `f.WithFeatureGate(features.DRADeviceTaints)` (beta, on by default): the gate in
@@ -63,15 +65,25 @@ const STAYS_RUNNING: Duration = Duration::from_secs(10);
 
 /// Registers the `NoSchedule` context's specs (inside `kubelet` with [`DEVICE_TAINTS_LABELS`]).
 pub fn register_no_schedule(r: &mut Registry) {
-    r.it("NoSchedule keeps pod pending", |ctx| keeps_pending(ctx, "NoSchedule"));
-    r.it("NoSchedule can be tolerated", |ctx| tolerated(ctx, "NoSchedule"));
-    r.it("DeviceTaintRule evicts pod", rule_evicts_pod).labels(TAINT_RULES_LABELS);
+    r.it("NoSchedule keeps pod pending", |ctx| keeps_pending(ctx, "NoSchedule", Inline::Pod));
+    r.it("NoSchedule can be tolerated", |ctx| tolerated(ctx, "NoSchedule", Inline::Pod));
+    r.it("DeviceTaintRule evicts pod", |ctx| rule_evicts_pod(ctx, Inline::Pod)).labels(TAINT_RULES_LABELS);
+    r.context_with_labels("", TAINT_POD_GROUP_LABELS, |r| {
+        r.it("NoSchedule keeps pod with PodGroup claim pending", |ctx| {
+            keeps_pending(ctx, "NoSchedule", Inline::PodGroup)
+        });
+        r.it("NoSchedule can be tolerated for PodGroup claims", |ctx| {
+            tolerated(ctx, "NoSchedule", Inline::PodGroup)
+        });
+        r.it("DeviceTaintRule evicts pod with PodGroup claim", |ctx| rule_evicts_pod(ctx, Inline::PodGroup))
+            .labels(TAINT_RULES_LABELS);
+    });
 }
 
 /// Registers the `NoExecute` context's specs (inside `kubelet` with [`DEVICE_TAINTS_LABELS`]).
 pub fn register_no_execute(r: &mut Registry) {
-    r.it("NoExecute keeps pod pending", |ctx| keeps_pending(ctx, "NoExecute"));
-    r.it("NoExecute can be tolerated", |ctx| tolerated(ctx, "NoExecute"));
+    r.it("NoExecute keeps pod pending", |ctx| keeps_pending(ctx, "NoExecute", Inline::Pod));
+    r.it("NoExecute can be tolerated", |ctx| tolerated(ctx, "NoExecute", Inline::Pod));
 }
 
 /// One node, ten network-attached devices tainted with `effect`, a driver registered with the
@@ -116,11 +128,10 @@ fn tolerate_all(template: &mut ResourceClaimTemplate, effect: &str) -> anyhow::R
     Ok(())
 }
 
-async fn keeps_pending(ctx: Ctx, effect: &str) -> SpecResult {
+async fn keeps_pending(ctx: Ctx, effect: &str, how: Inline) -> SpecResult {
+    how.require(&ctx).await?;
     let (driver, b, node) = setup(&ctx, effect).await?;
-    let (pod, template) = b.pod_inline();
-    b.create_pod(&pod).await?;
-    b.create_template(&template).await?;
+    let pod = how.create(&b, |_| Ok(()), &[]).await?;
     b.wait_unschedulable(&pod).await?;
     // Beyond upstream: because the DRA plugin found no device for the claim (not, e.g., because
     // the claim did not exist yet).
@@ -151,12 +162,10 @@ async fn keeps_pending(ctx: Ctx, effect: &str) -> SpecResult {
     Ok(())
 }
 
-async fn tolerated(ctx: Ctx, effect: &str) -> SpecResult {
+async fn tolerated(ctx: Ctx, effect: &str, how: Inline) -> SpecResult {
+    how.require(&ctx).await?;
     let (driver, b, node) = setup(&ctx, effect).await?;
-    let (pod, mut template) = b.pod_inline();
-    tolerate_all(&mut template, effect)?;
-    b.create_pod(&pod).await?;
-    b.create_template(&template).await?;
+    let pod = how.create(&b, |t| tolerate_all(t, effect), &[]).await?;
     // Runs, and the kubelet prepared the claim with the allocated (tainted) device.
     let running = b.test_pod(&pod, &[]).await?;
     let claims = b.pod_claims(&running).await?;
@@ -208,20 +217,17 @@ async fn remove_finalizers(pods: Api<Pod>, name: String) -> anyhow::Result<()> {
     }
 }
 
-async fn rule_evicts_pod(ctx: Ctx) -> SpecResult {
-    let (driver, b, node) = setup(&ctx, "NoSchedule").await?;
+async fn rule_evicts_pod(ctx: Ctx, how: Inline) -> SpecResult {
+    how.require(&ctx).await?;
     gates::require_api_server(&ctx, "DRADeviceTaintRules", "DeviceTaintRules are not served without it")
         .await?;
-    let (mut pod, mut template) = b.pod_inline();
-    tolerate_all(&mut template, "NoSchedule")?;
+    let (driver, b, node) = setup(&ctx, "NoSchedule").await?;
     // A finalizer keeps the pod after the eviction (a deletion), so its status can be checked.
-    pod.metadata.finalizers = Some(vec![FINALIZER.to_owned()]);
-    b.create_pod(&pod).await?;
+    let pod = how.create(&b, |t| tolerate_all(t, "NoSchedule"), &[FINALIZER]).await?;
     ctx.defer(
         format!("remove the finalizer of pod {}", pod.name_any()),
         remove_finalizers(checks::pods(&ctx), pod.name_any()),
     );
-    b.create_template(&template).await?;
     let running = b.test_pod(&pod, &[]).await?;
     let claim_name = checks::generated_claim(&running)?;
     let claim_uid = driver.calls(&node).log().claim_uid(&claim_name)?;

@@ -1,0 +1,233 @@
+//! Feature gates and API versions a cluster gets on top of `kind.yaml`'s: what upstream's CI lanes
+//! do by appending lines to kind.yaml's `featureGates`, as `cluster up --feature-gates A=true,B=true
+//! --runtime-config group/version=true`. The local cluster records them with its state, so a later
+//! `cluster up` knows whether the running cluster already has them.
+
+use std::{collections::BTreeMap, fmt, path::Path};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Args;
+
+use crate::cluster_config::{ClusterConfig, FEATURE_GATES_KEY};
+
+/// `--feature-gates` and `--runtime-config` of `cluster up`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+pub struct OverrideArgs {
+    /// Feature gates in addition to kind.yaml's, for every component: `A=true,B=false`.
+    #[arg(long, value_name = "GATE=BOOL,...")]
+    pub feature_gates: Option<String>,
+    /// API versions the apiserver serves in addition to kind.yaml's: `scheduling.k8s.io/v1beta1=true`.
+    #[arg(long, value_name = "GROUP/VERSION=VALUE,...")]
+    pub runtime_config: Option<String>,
+}
+
+impl OverrideArgs {
+    /// The overrides these flags ask for; `None` when neither flag is given.
+    pub fn parse(&self) -> Result<Option<Overrides>> {
+        if self.feature_gates.is_none() && self.runtime_config.is_none() {
+            return Ok(None);
+        }
+        let mut overrides = Overrides::default();
+        for (name, value) in pairs(self.feature_gates.as_deref().unwrap_or_default(), "--feature-gates")? {
+            let on = value.parse::<bool>().map_err(|_| {
+                anyhow::anyhow!(
+                    "--feature-gates: {name}={value} is not a gate state; write {name}=true or {name}=false"
+                )
+            })?;
+            overrides.feature_gates.insert(name, on);
+        }
+        for (api, value) in pairs(self.runtime_config.as_deref().unwrap_or_default(), "--runtime-config")? {
+            ensure!(
+                api.contains('/') || api == "api" || api == "apis",
+                "--runtime-config: {api:?} is not an API group/version (e.g. scheduling.k8s.io/v1beta1=true)"
+            );
+            overrides.runtime_config.insert(api, value);
+        }
+        Ok(Some(overrides))
+    }
+}
+
+/// `A=x,B=y` into pairs; one clear sentence for a malformed entry.
+fn pairs(text: &str, flag: &str) -> Result<Vec<(String, String)>> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| match entry.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() && !value.trim().is_empty() => {
+                Ok((key.trim().to_string(), value.trim().to_string()))
+            }
+            _ => bail!("{flag}: {entry:?} is not of the form NAME=VALUE"),
+        })
+        .collect()
+}
+
+/// Gates and API versions on top of kind.yaml's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Gate name to state.
+    pub feature_gates: BTreeMap<String, bool>,
+    /// API group/version to value.
+    pub runtime_config: BTreeMap<String, String>,
+}
+
+impl Overrides {
+    /// Whether there is nothing to add.
+    pub fn is_empty(&self) -> bool {
+        self.feature_gates.is_empty() && self.runtime_config.is_empty()
+    }
+
+    /// `config` with these settings added (an override wins over kind.yaml's value).
+    pub fn apply(&self, mut config: ClusterConfig) -> ClusterConfig {
+        config.feature_gates.extend(self.feature_gates.clone());
+        config.runtime_config.extend(self.runtime_config.clone());
+        config
+    }
+
+    /// The text kept with the local cluster's state (two lines, the flags' values).
+    pub fn to_record(&self) -> String {
+        let gates = self.feature_gates.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        let apis = self.runtime_config.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        format!("feature-gates {}\nruntime-config {}\n", gates.join(","), apis.join(","))
+    }
+
+    /// Reads what [`Overrides::to_record`] wrote.
+    pub fn from_record(text: &str) -> Result<Overrides> {
+        let mut args = OverrideArgs::default();
+        for line in text.lines() {
+            match line.split_once(' ').unwrap_or((line, "")) {
+                ("feature-gates", value) => args.feature_gates = Some(value.to_string()),
+                ("runtime-config", value) => args.runtime_config = Some(value.to_string()),
+                ("", _) => {}
+                (other, _) => bail!("unknown line {other:?} in the recorded overrides"),
+            }
+        }
+        Ok(args.parse()?.unwrap_or_default())
+    }
+
+    /// A kind configuration: the file at `kind_yaml` with these settings added to its
+    /// `featureGates` and `runtimeConfig` (YAML re-rendered; comments are not kept).
+    pub fn kind_config(&self, kind_yaml: &Path) -> Result<String> {
+        let text = std::fs::read_to_string(kind_yaml)
+            .with_context(|| format!("cannot read the kind configuration {}", kind_yaml.display()))?;
+        let mut doc: serde_yaml::Mapping = serde_yaml::from_str(&text)
+            .with_context(|| format!("{} is not a YAML mapping", kind_yaml.display()))?;
+        let mut section = |key: &str, entries: Vec<(String, serde_yaml::Value)>| {
+            let value = doc
+                .remove(key)
+                .filter(|v| !v.is_null())
+                .unwrap_or_else(|| serde_yaml::Value::Mapping(Default::default()));
+            let serde_yaml::Value::Mapping(mut map) = value else {
+                bail!("{key} of {} is not a mapping", kind_yaml.display());
+            };
+            for (name, value) in entries {
+                map.insert(name.into(), value);
+            }
+            doc.insert(key.into(), serde_yaml::Value::Mapping(map));
+            Ok(())
+        };
+        section(
+            "runtimeConfig",
+            self.runtime_config.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect(),
+        )?;
+        // Inserted last, so featureGates stays the last key, as CI lanes expect.
+        section(
+            FEATURE_GATES_KEY,
+            self.feature_gates.iter().map(|(k, v)| (k.clone(), (*v).into())).collect(),
+        )?;
+        let rendered = serde_yaml::to_string(&doc).context("render the kind configuration")?;
+        Ok(format!(
+            "# Generated by `cargo xtask cluster up` from {} with {self}.\n{rendered}",
+            kind_yaml.display()
+        ))
+    }
+}
+
+/// As the flags that give it.
+impl fmt::Display for Overrides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return write!(f, "kind.yaml's settings only");
+        }
+        let mut parts = Vec::new();
+        if !self.feature_gates.is_empty() {
+            let gates = self.feature_gates.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+            parts.push(format!("--feature-gates {}", gates.join(",")));
+        }
+        if !self.runtime_config.is_empty() {
+            let apis = self.runtime_config.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+            parts.push(format!("--runtime-config {}", apis.join(",")));
+        }
+        write!(f, "{}", parts.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(gates: Option<&str>, apis: Option<&str>) -> OverrideArgs {
+        OverrideArgs { feature_gates: gates.map(String::from), runtime_config: apis.map(String::from) }
+    }
+
+    #[test]
+    fn flags_parse_and_round_trip_through_the_record() {
+        let parsed = args(
+            Some("GenericWorkload=true, DRAWorkloadResourceClaims=true"),
+            Some("scheduling.k8s.io/v1beta1=true"),
+        )
+        .parse()
+        .unwrap()
+        .unwrap();
+        assert!(parsed.feature_gates["GenericWorkload"]);
+        assert_eq!(parsed.runtime_config["scheduling.k8s.io/v1beta1"], "true");
+        assert_eq!(Overrides::from_record(&parsed.to_record()).unwrap(), parsed);
+        assert_eq!(
+            parsed.to_string(),
+            "--feature-gates DRAWorkloadResourceClaims=true,GenericWorkload=true --runtime-config scheduling.k8s.io/v1beta1=true"
+        );
+        assert_eq!(args(None, None).parse().unwrap(), None);
+        assert_eq!(Overrides::from_record(&Overrides::default().to_record()).unwrap(), Overrides::default());
+    }
+
+    #[test]
+    fn bad_flags_say_what_is_wrong() {
+        let err = args(Some("GenericWorkload"), None).parse().unwrap_err().to_string();
+        assert!(err.contains("\"GenericWorkload\" is not of the form NAME=VALUE"), "{err}");
+        let err = args(Some("GenericWorkload=yes"), None).parse().unwrap_err().to_string();
+        assert!(err.contains("write GenericWorkload=true or GenericWorkload=false"), "{err}");
+        let err = args(None, Some("scheduling=true")).parse().unwrap_err().to_string();
+        assert!(err.contains("not an API group/version"), "{err}");
+    }
+
+    #[test]
+    fn overrides_win_over_kind_yaml_and_keep_its_other_settings() {
+        let base = ClusterConfig::load(&crate::cluster_config::default_path()).unwrap();
+        let overrides =
+            args(Some("GenericWorkload=true,DRADeviceTaints=false"), Some("scheduling.k8s.io/v1beta1=true"))
+                .parse()
+                .unwrap()
+                .unwrap();
+        let merged = overrides.apply(base.clone());
+        assert!(merged.feature_gates["GenericWorkload"]);
+        assert!(!merged.feature_gates["DRADeviceTaints"]);
+        assert_eq!(
+            merged.feature_gates["DRAResourcePoolStatus"],
+            base.feature_gates["DRAResourcePoolStatus"]
+        );
+        assert_eq!(merged.runtime_config["scheduling.k8s.io/v1beta1"], "true");
+        assert_eq!(merged.runtime_config["resource.k8s.io/v1beta1"], "true");
+        assert_eq!(merged.kubelet_args, base.kubelet_args);
+    }
+
+    #[test]
+    fn the_kind_config_is_kind_yaml_plus_the_overrides_and_parses_as_kind_yaml_does() {
+        let overrides = args(Some("GenericWorkload=true"), Some("scheduling.k8s.io/v1beta1=true"))
+            .parse()
+            .unwrap()
+            .unwrap();
+        let text = overrides.kind_config(&crate::cluster_config::default_path()).unwrap();
+        let parsed = ClusterConfig::parse(&text).unwrap();
+        let base = ClusterConfig::load(&crate::cluster_config::default_path()).unwrap();
+        assert_eq!(parsed, overrides.apply(base));
+    }
+}
