@@ -4,7 +4,30 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{e2e, kind, local, provider::Provider, test};
+use crate::{e2e, image_archive, kind, kubectl, local, provider::Provider, test};
+
+/// Bad input from the user (a missing file, no cluster to talk to, a flag for the wrong
+/// provider): one sentence, and `cargo xtask` exits with 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(String);
+
+impl UsageError {
+    /// The error with this sentence.
+    pub fn new(sentence: impl Into<String>) -> Self {
+        Self(sentence.into())
+    }
+}
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The exit code of a usage error.
+pub const USAGE_EXIT: u8 = 2;
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
 #[derive(Debug, Parser)]
@@ -36,6 +59,15 @@ pub enum Command {
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
     Test(test::TestArgs),
+    /// kubectl of the cluster's Kubernetes version (built from the same module, cached with the
+    /// cluster's binaries), against the local cluster unless `--kubeconfig` or $KUBECONFIG says
+    /// otherwise: `cargo xtask kubectl get nodes -o wide`. Every argument goes to kubectl as is.
+    #[command(disable_help_flag = true)]
+    Kubectl {
+        /// kubectl's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Internal: forward a host TCP address into a network namespace (the local cluster's
     /// apiserver forwarder, started and stopped by `cluster up`/`down`).
     #[command(hide = true)]
@@ -55,7 +87,9 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ClusterAction {
     /// Create the cluster (idempotent) and print its kubeconfig path.
-    Up(ClusterArgs),
+    Up(UpArgs),
+    /// Import image archives (docker save or OCI layout tars) into every node's containerd.
+    Load(LoadArgs),
     /// Stop the cluster and remove everything it created.
     Down(ClusterArgs),
     /// Say what runs.
@@ -79,12 +113,45 @@ pub struct ClusterArgs {
     pub nodes: Option<usize>,
 }
 
+/// Options of `cluster up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Also run the local registry (local provider): push to 127.0.0.1:5000, pods pull
+    /// `localhost:5000/…`. Added to a running cluster without restarting it.
+    #[arg(long)]
+    pub registry: bool,
+}
+
+/// Options of `cluster load`.
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// Image archives: tars as `docker save` writes them, or OCI image layouts in a tar.
+    #[arg(required = true, value_name = "IMAGE-ARCHIVE")]
+    pub archives: Vec<PathBuf>,
+    /// The cluster provider.
+    #[arg(long, value_enum, default_value_t)]
+    pub provider: Provider,
+    #[command(flatten)]
+    pub kind: kind::KindArgs,
+    /// Print the commands instead of running them (kind provider).
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Cluster { action } => match action {
-            ClusterAction::Up(args) => {
-                args.provider.up(&args.kind, args.nodes, args.dry_run).await.map(|_| ExitCode::SUCCESS)
+            ClusterAction::Up(UpArgs { cluster: args, registry }) => args
+                .provider
+                .up(&args.kind, args.nodes, registry, args.dry_run)
+                .await
+                .map(|_| ExitCode::SUCCESS),
+            ClusterAction::Load(args) => {
+                image_archive::check(&args.archives)?;
+                args.provider.load(&args.kind, &args.archives, args.dry_run).await.map(|()| ExitCode::SUCCESS)
             }
             ClusterAction::Down(args) => {
                 args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)
@@ -94,6 +161,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
         Command::E2e { args } => e2e::run(args).await,
         Command::Test(args) => test::run(args).await,
+        Command::Kubectl { args } => kubectl::run(args).await,
         Command::NetnsForward { netns, listen, connect } => {
             local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
         }

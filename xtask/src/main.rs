@@ -6,8 +6,10 @@
 mod cli;
 mod cluster_config;
 mod e2e;
+mod image_archive;
 mod kind;
 mod kube_api;
+mod kubectl;
 mod local;
 mod progress;
 mod provider;
@@ -31,6 +33,10 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(cli::run(cli)) {
         Ok(code) => code,
+        Err(err) if err.downcast_ref::<cli::UsageError>().is_some() => {
+            eprintln!("error: {err}");
+            ExitCode::from(cli::USAGE_EXIT)
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE

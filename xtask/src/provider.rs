@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
-use crate::{kind, local};
+use crate::{cli::UsageError, kind, local};
 
 /// Which kind of cluster to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -20,16 +20,39 @@ pub enum Provider {
 
 impl Provider {
     /// Brings the cluster up (idempotent) and returns its kubeconfig path. `nodes` is the local
-    /// cluster's node count (default: kind.yaml's); `dry_run` prints kind's commands instead.
+    /// cluster's node count (default: kind.yaml's); `registry` adds the local registry (local
+    /// provider only); `dry_run` prints kind's commands instead.
     pub async fn up(
         self,
         kind: &kind::KindArgs,
         nodes: Option<usize>,
+        registry: bool,
         dry_run: bool,
     ) -> anyhow::Result<PathBuf> {
         match self {
-            Provider::Local => local::up(nodes).await,
+            Provider::Local => local::up(nodes, registry).await,
+            Provider::Kind if registry => Err(UsageError::new(
+                "--registry is only for the local provider (kind clusters bring their own registry setup)",
+            )
+            .into()),
             Provider::Kind => kind::up(kind, dry_run).await,
+        }
+    }
+
+    /// Imports image archives (checked before by [`crate::image_archive::check`]) into
+    /// every node's containerd; `dry_run` prints kind's commands instead (kind provider).
+    pub async fn load(
+        self,
+        kind: &kind::KindArgs,
+        archives: &[PathBuf],
+        dry_run: bool,
+    ) -> anyhow::Result<()> {
+        match self {
+            Provider::Local if dry_run => {
+                Err(UsageError::new("--dry-run is only for the kind provider").into())
+            }
+            Provider::Local => local::load(archives).await,
+            Provider::Kind => kind::load_archives(kind, archives, dry_run).await,
         }
     }
 

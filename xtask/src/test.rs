@@ -49,7 +49,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     if !args.no_cluster {
         let t = Instant::now();
         let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?;
-        let up = cluster.up().await.map(|_| ());
+        let up = cluster.up(true).await.map(|_| ());
         let up_ok = up.is_ok();
         step("local cluster up", up, t);
         if up_ok {

@@ -18,6 +18,7 @@ mod nodes;
 mod pki;
 mod probes;
 mod process;
+mod registry;
 mod status;
 mod teardown;
 mod wait;
@@ -135,7 +136,8 @@ impl LocalCluster {
         for mount in teardown::mounts_below(&teardown::cluster_mount_roots(&self.layout)) {
             left.push(format!("mount {}", mount.display()));
         }
-        for (port, owner) in ports::ALL {
+        let registry_port = (registry::port(), "the local registry's forwarder");
+        for (port, owner) in ports::ALL.into_iter().chain([registry_port]) {
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
                 left.push(format!("port {port} ({owner}) is still in use"));
             }
@@ -163,6 +165,7 @@ impl LocalCluster {
             PathBuf::from(teardown::HOST_KUBELET_ROOT),
             self.layout.run.clone(),
             nodes::nodes_state_dir(&self.layout),
+            registry::state_dir(&self.layout),
         ] {
             if dir.exists() {
                 left.push(format!("directory {}", dir.display()));
@@ -173,7 +176,24 @@ impl LocalCluster {
 
     /// Brings the cluster up; does nothing but report when it already runs with the same node
     /// count. A running cluster with another node count is stopped and recreated (and says so).
-    pub async fn up(&self) -> Result<PathBuf> {
+    /// With `with_registry`, the local registry is started too (see [`registry`]), also on a
+    /// cluster that already runs, without restarting anything of it.
+    pub async fn up(&self, with_registry: bool) -> Result<PathBuf> {
+        let kubeconfig = self.up_cluster().await?;
+        if with_registry {
+            self.up_registry().await?;
+        }
+        Ok(kubeconfig)
+    }
+
+    /// Builds the registry if the cache lacks it and starts it on the running cluster.
+    async fn up_registry(&self) -> Result<()> {
+        let versions = Versions::read(&self.layout)?;
+        let bins = build::ensure_wanted(&self.layout, &versions, build::Wanted::Registry)?;
+        registry::ensure(self, &bins).await
+    }
+
+    async fn up_cluster(&self) -> Result<PathBuf> {
         let total = std::time::Instant::now();
         host::require_root()?;
         let recorded = recorded_node_count(&self.layout);
@@ -411,7 +431,8 @@ impl LocalCluster {
                 problems.extend(cri_reset(dir, &NodeDirs::new(&self.layout, node)));
             }
         }
-        let mut names: Vec<String> = self.nodes.iter().map(NodeSpec::containerd).collect();
+        let mut names: Vec<String> = vec![registry::FORWARD.into(), registry::REGISTRY.into()];
+        names.extend(self.nodes.iter().map(NodeSpec::containerd));
         names.extend(CONTROL_PLANE.iter().rev().map(|s| s.to_string()));
         // Anything else recorded (an earlier layout's components) goes too.
         names.extend(self.sup.recorded());
@@ -527,13 +548,58 @@ async fn node_ready(nodes: Api<Node>, name: String) -> Result<bool> {
     Ok(nodes.get_opt(&name).await?.is_some_and(|node| node_is_ready(&node)))
 }
 
-/// `cluster up --provider local [--nodes N]`.
-pub async fn up(nodes: Option<usize>) -> Result<PathBuf> {
+/// `cluster up --provider local [--nodes N] [--registry]`.
+pub async fn up(nodes: Option<usize>, with_registry: bool) -> Result<PathBuf> {
     let count = match nodes {
         Some(n) => n,
         None => default_node_count()?,
     };
-    LocalCluster::new(Some(count))?.up().await
+    LocalCluster::new(Some(count))?.up(with_registry).await
+}
+
+/// The admin kubeconfig of the local cluster when it runs and its apiserver is ready.
+pub async fn running_kubeconfig() -> Result<Option<PathBuf>> {
+    let cluster = LocalCluster::new(None)?;
+    Ok(cluster.is_up().await.then(|| cluster.kubeconfig()))
+}
+
+/// kubectl of the pinned Kubernetes version, built into the cluster's cache if missing.
+pub fn kubectl_binary() -> Result<PathBuf> {
+    let layout = Layout::from_env(repo_root())?;
+    let versions = Versions::read(&layout)?;
+    Ok(build::ensure_wanted(&layout, &versions, build::Wanted::Kubectl)?.kubectl())
+}
+
+/// `cluster load --provider local ARCHIVE...`: `ctr images import` of every archive into every
+/// node's containerd, with the ctr of the running cluster's build.
+pub async fn load(archives: &[PathBuf]) -> Result<()> {
+    let cluster = LocalCluster::new(None)?;
+    if !cluster.is_up().await {
+        return Err(crate::cli::UsageError::new(
+            "no local cluster is up to load images into; start it with `cargo xtask cluster up` first",
+        )
+        .into());
+    }
+    host::require_root()?;
+    let recorded = cluster.layout.state.join("bin-dir");
+    let dir = fs::read_to_string(&recorded).with_context(|| format!("read {}", recorded.display()))?;
+    let bins = Binaries { dir: PathBuf::from(dir.trim()) };
+    let sockets: Vec<PathBuf> =
+        cluster.nodes.iter().map(|n| NodeDirs::new(&cluster.layout, n).containerd_socket()).collect();
+    let step = Step::start(format!("import {} archive(s) into {} nodes", archives.len(), sockets.len()));
+    let loaded = images::load(&bins, &sockets, archives)?;
+    step.done();
+    for (archive, names) in loaded {
+        if names.is_empty() {
+            eprintln!(
+                "warning: {} holds no image name (RepoTags, or the OCI ref.name annotation): pods cannot refer to it",
+                archive.display()
+            );
+        } else {
+            eprintln!("    {}: {}", archive.display(), names.join(", "));
+        }
+    }
+    Ok(())
 }
 
 /// `cluster down --provider local`.
