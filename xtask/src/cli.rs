@@ -40,6 +40,26 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// `cargo xtask [-v] kubectl ARGS…` without clap: every argument after `kubectl` is kubectl's,
+    /// also the ones that look like xtask's own global flags (`kubectl -v 6 get nodes`). None for
+    /// every other command line.
+    pub fn kubectl_verbatim(argv: Vec<String>) -> Option<Self> {
+        let mut verbose = false;
+        let mut rest = argv.into_iter().skip(1);
+        for arg in rest.by_ref() {
+            match arg.as_str() {
+                "-v" | "--verbose" => verbose = true,
+                "kubectl" => {
+                    return Some(Self { verbose, command: Command::Kubectl { args: rest.collect() } });
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Bring a cluster up or down, or say what runs.
@@ -171,4 +191,49 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Exit code 0 when `ok`, else 1.
 fn exit_code(ok: bool) -> ExitCode {
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn kubectl_arguments_are_passed_verbatim() {
+        let cli =
+            Cli::kubectl_verbatim(argv(&["xtask", "kubectl", "-v", "6", "get", "nodes", "--help"])).unwrap();
+        assert!(!cli.verbose);
+        let Command::Kubectl { args } = cli.command else { panic!("not kubectl") };
+        assert_eq!(args, ["-v", "6", "get", "nodes", "--help"]);
+        let cli = Cli::kubectl_verbatim(argv(&["xtask", "-v", "kubectl"])).unwrap();
+        assert!(cli.verbose);
+        assert!(Cli::kubectl_verbatim(argv(&["xtask", "cluster", "up"])).is_none());
+        assert!(Cli::kubectl_verbatim(argv(&["xtask", "--help"])).is_none());
+    }
+
+    #[test]
+    fn cluster_load_needs_an_archive_and_takes_the_provider() {
+        assert!(Cli::try_parse_from(["xtask", "cluster", "load"]).is_err());
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "cluster",
+            "load",
+            "a.tar",
+            "b.tar",
+            "--provider",
+            "kind",
+            "--dry-run",
+        ])
+        .unwrap();
+        let Command::Cluster { action: ClusterAction::Load(args) } = cli.command else { panic!("not load") };
+        assert_eq!(args.archives, [PathBuf::from("a.tar"), PathBuf::from("b.tar")]);
+        assert_eq!(args.provider, Provider::Kind);
+        assert!(args.dry_run);
+        let cli = Cli::try_parse_from(["xtask", "cluster", "up", "--registry"]).unwrap();
+        let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
+        assert!(up.registry);
+    }
 }
