@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the project's own tests, what CI runs. Unit and protocol tests first, then
-//! the local cluster comes up and the cluster tests and the e2e suites run against it, then the
-//! cluster goes down and must leave nothing behind. Every step runs (a failure does not hide the
+//! the local cluster comes up (with its registry, as `cluster up --registry`) and the cluster
+//! tests and the e2e suites run against it, then the cluster goes down and must leave nothing
+//! behind. Every step runs (a failure does not hide the
 //! others' results) and a table of steps, outcomes and durations closes the run.
 
 use std::{

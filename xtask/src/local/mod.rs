@@ -1,5 +1,6 @@
 //! The local provider: a real multi-node Kubernetes built from official Go modules and run as
-//! child processes of xtask (no Docker, no registry, no image). By default it has the nodes
+//! child processes of xtask (no Docker, no image to pull; an image registry only with
+//! `cluster up --registry`, see [`registry`]). By default it has the nodes
 //! kind.yaml lists (one control plane and three workers, named as kind names them); `--nodes N`
 //! overrides. Each node is a real kubelet with its own containerd, in its own network namespace
 //! (a veth on the cluster bridge, a node IP that exists only inside the cluster's namespaces), its
@@ -21,6 +22,7 @@ mod process;
 mod registry;
 mod status;
 mod teardown;
+mod tools;
 mod wait;
 
 use std::{fs, net::SocketAddr, path::PathBuf, time::Duration};
@@ -34,6 +36,7 @@ use kube::{
 
 pub use layout::Layout;
 pub use netns::forward_command;
+pub use tools::{kubectl_binary, load, running_kubeconfig};
 
 use self::{
     build::{Binaries, Versions},
@@ -555,51 +558,6 @@ pub async fn up(nodes: Option<usize>, with_registry: bool) -> Result<PathBuf> {
         None => default_node_count()?,
     };
     LocalCluster::new(Some(count))?.up(with_registry).await
-}
-
-/// The admin kubeconfig of the local cluster when it runs and its apiserver is ready.
-pub async fn running_kubeconfig() -> Result<Option<PathBuf>> {
-    let cluster = LocalCluster::new(None)?;
-    Ok(cluster.is_up().await.then(|| cluster.kubeconfig()))
-}
-
-/// kubectl of the pinned Kubernetes version, built into the cluster's cache if missing.
-pub fn kubectl_binary() -> Result<PathBuf> {
-    let layout = Layout::from_env(repo_root())?;
-    let versions = Versions::read(&layout)?;
-    Ok(build::ensure_wanted(&layout, &versions, build::Wanted::Kubectl)?.kubectl())
-}
-
-/// `cluster load --provider local ARCHIVE...`: `ctr images import` of every archive into every
-/// node's containerd, with the ctr of the running cluster's build.
-pub async fn load(archives: &[PathBuf]) -> Result<()> {
-    let cluster = LocalCluster::new(None)?;
-    if !cluster.is_up().await {
-        return Err(crate::cli::UsageError::new(
-            "no local cluster is up to load images into; start it with `cargo xtask cluster up` first",
-        )
-        .into());
-    }
-    host::require_root()?;
-    let recorded = cluster.layout.state.join("bin-dir");
-    let dir = fs::read_to_string(&recorded).with_context(|| format!("read {}", recorded.display()))?;
-    let bins = Binaries { dir: PathBuf::from(dir.trim()) };
-    let sockets: Vec<PathBuf> =
-        cluster.nodes.iter().map(|n| NodeDirs::new(&cluster.layout, n).containerd_socket()).collect();
-    let step = Step::start(format!("import {} archive(s) into {} nodes", archives.len(), sockets.len()));
-    let loaded = images::load(&bins, &sockets, archives)?;
-    step.done();
-    for (archive, names) in loaded {
-        if names.is_empty() {
-            eprintln!(
-                "warning: {} holds no image name (RepoTags, or the OCI ref.name annotation): pods cannot refer to it",
-                archive.display()
-            );
-        } else {
-            eprintln!("    {}: {}", archive.display(), names.join(", "));
-        }
-    }
-    Ok(())
 }
 
 /// `cluster down --provider local`.
