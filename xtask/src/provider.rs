@@ -31,10 +31,9 @@ impl Provider {
     ) -> anyhow::Result<PathBuf> {
         match self {
             Provider::Local => local::up(nodes, registry).await,
-            Provider::Kind if registry => Err(UsageError::new(
-                "--registry is only for the local provider (kind clusters bring their own registry setup)",
-            )
-            .into()),
+            Provider::Kind if registry => {
+                Err(UsageError::new("--registry is only for the local provider").into())
+            }
             Provider::Kind => kind::up(kind, dry_run).await,
         }
     }
