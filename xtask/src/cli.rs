@@ -4,7 +4,30 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{e2e, kind, local, overrides::OverrideArgs, provider::Provider, test};
+use crate::{e2e, image_archive, kind, kubectl, local, overrides::OverrideArgs, provider::Provider, test};
+
+/// Bad input from the user (a missing file, no cluster to talk to, a flag for the wrong
+/// provider): one sentence, and `cargo xtask` exits with 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(String);
+
+impl UsageError {
+    /// The error with this sentence.
+    pub fn new(sentence: impl Into<String>) -> Self {
+        Self(sentence.into())
+    }
+}
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// The exit code of a usage error.
+pub const USAGE_EXIT: u8 = 2;
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
 #[derive(Debug, Parser)]
@@ -15,6 +38,26 @@ pub struct Cli {
     pub verbose: bool,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// `cargo xtask [-v] kubectl ARGS…` without clap: every argument after `kubectl` is kubectl's,
+    /// also the ones that look like xtask's own global flags (`kubectl -v 6 get nodes`). None for
+    /// every other command line.
+    pub fn kubectl_verbatim(argv: Vec<String>) -> Option<Self> {
+        let mut verbose = false;
+        let mut rest = argv.into_iter().skip(1);
+        for arg in rest.by_ref() {
+            match arg.as_str() {
+                "-v" | "--verbose" => verbose = true,
+                "kubectl" => {
+                    return Some(Self { verbose, command: Command::Kubectl { args: rest.collect() } });
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -36,6 +79,15 @@ pub enum Command {
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
     Test(test::TestArgs),
+    /// kubectl of the cluster's Kubernetes version (built from the same module, cached with the
+    /// cluster's binaries), against the local cluster unless `--kubeconfig` or $KUBECONFIG says
+    /// otherwise: `cargo xtask kubectl get nodes -o wide`. Every argument goes to kubectl as is.
+    #[command(disable_help_flag = true)]
+    Kubectl {
+        /// kubectl's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Internal: forward a host TCP address into a network namespace (the local cluster's
     /// apiserver forwarder, started and stopped by `cluster up`/`down`).
     #[command(hide = true)]
@@ -55,7 +107,9 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ClusterAction {
     /// Create the cluster (idempotent) and print its kubeconfig path.
-    Up(ClusterArgs),
+    Up(UpArgs),
+    /// Import image archives (docker save or OCI layout tars) into every node's containerd.
+    Load(LoadArgs),
     /// Stop the cluster and remove everything it created.
     Down(ClusterArgs),
     /// Say what runs.
@@ -77,21 +131,52 @@ pub struct ClusterArgs {
     /// the nodes kind.yaml lists.
     #[arg(long)]
     pub nodes: Option<usize>,
-    /// Gates and API versions on top of kind.yaml's (`up`), as upstream's CI lanes add them.
+}
+
+/// Options of `cluster up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Gates and API versions on top of kind.yaml's, as upstream's CI lanes add them.
     #[command(flatten)]
     pub overrides: OverrideArgs,
+    /// Also run the local registry (local provider): push to 127.0.0.1:5000, pods pull
+    /// `localhost:5000/…`. Added to a running cluster without restarting it.
+    #[arg(long)]
+    pub registry: bool,
+}
+
+/// Options of `cluster load`.
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    /// Image archives: tars as `docker save` writes them, or OCI image layouts in a tar.
+    #[arg(required = true, value_name = "IMAGE-ARCHIVE")]
+    pub archives: Vec<PathBuf>,
+    /// The cluster provider.
+    #[arg(long, value_enum, default_value_t)]
+    pub provider: Provider,
+    #[command(flatten)]
+    pub kind: kind::KindArgs,
+    /// Print the commands instead of running them (kind provider).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Cluster { action } => match action {
-            ClusterAction::Up(args) => {
-                let overrides = args.overrides.parse()?;
+            ClusterAction::Up(UpArgs { cluster: args, overrides, registry }) => {
+                let overrides = overrides.parse()?;
                 args.provider
-                    .up(&args.kind, args.nodes, overrides, args.dry_run)
+                    .up(&args.kind, args.nodes, overrides, registry, args.dry_run)
                     .await
                     .map(|_| ExitCode::SUCCESS)
+            }
+            ClusterAction::Load(args) => {
+                image_archive::check(&args.archives)?;
+                args.provider.load(&args.kind, &args.archives, args.dry_run).await.map(|()| ExitCode::SUCCESS)
             }
             ClusterAction::Down(args) => {
                 args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)
@@ -101,6 +186,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
         Command::E2e { args } => e2e::run(args).await,
         Command::Test(args) => test::run(args).await,
+        Command::Kubectl { args } => kubectl::run(args).await,
         Command::NetnsForward { netns, listen, connect } => {
             local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
         }
@@ -110,4 +196,49 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Exit code 0 when `ok`, else 1.
 fn exit_code(ok: bool) -> ExitCode {
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn kubectl_arguments_are_passed_verbatim() {
+        let cli =
+            Cli::kubectl_verbatim(argv(&["xtask", "kubectl", "-v", "6", "get", "nodes", "--help"])).unwrap();
+        assert!(!cli.verbose);
+        let Command::Kubectl { args } = cli.command else { panic!("not kubectl") };
+        assert_eq!(args, ["-v", "6", "get", "nodes", "--help"]);
+        let cli = Cli::kubectl_verbatim(argv(&["xtask", "-v", "kubectl"])).unwrap();
+        assert!(cli.verbose);
+        assert!(Cli::kubectl_verbatim(argv(&["xtask", "cluster", "up"])).is_none());
+        assert!(Cli::kubectl_verbatim(argv(&["xtask", "--help"])).is_none());
+    }
+
+    #[test]
+    fn cluster_load_needs_an_archive_and_takes_the_provider() {
+        assert!(Cli::try_parse_from(["xtask", "cluster", "load"]).is_err());
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "cluster",
+            "load",
+            "a.tar",
+            "b.tar",
+            "--provider",
+            "kind",
+            "--dry-run",
+        ])
+        .unwrap();
+        let Command::Cluster { action: ClusterAction::Load(args) } = cli.command else { panic!("not load") };
+        assert_eq!(args.archives, [PathBuf::from("a.tar"), PathBuf::from("b.tar")]);
+        assert_eq!(args.provider, Provider::Kind);
+        assert!(args.dry_run);
+        let cli = Cli::try_parse_from(["xtask", "cluster", "up", "--registry"]).unwrap();
+        let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
+        assert!(up.registry);
+    }
 }

@@ -128,7 +128,7 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
             // A running cluster is used with whatever node count it has.
             let cluster = local::LocalCluster::new(None)?;
             let was_running = cluster.is_up().await;
-            let path = cluster.up().await?;
+            let path = cluster.up(false).await?;
             let teardown = (!args.keep_cluster && !was_running).then_some(Provider::Local);
             if was_running {
                 eprintln!("note: the local cluster was already running; it stays up after the run");
@@ -136,7 +136,7 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
             (path, teardown)
         }
         (None, Provider::Kind) => {
-            let path = Provider::Kind.up(&kind_args(&args), None, None, false).await?;
+            let path = Provider::Kind.up(&kind_args(&args), None, None, false, false).await?;
             (path, (!args.keep_cluster).then_some(Provider::Kind))
         }
     };

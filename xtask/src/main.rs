@@ -6,8 +6,10 @@
 mod cli;
 mod cluster_config;
 mod e2e;
+mod image_archive;
 mod kind;
 mod kube_api;
+mod kubectl;
 mod local;
 mod overrides;
 mod progress;
@@ -21,7 +23,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::kubectl_verbatim(std::env::args().collect()).unwrap_or_else(cli::Cli::parse);
     init_tracing(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -32,6 +34,10 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(cli::run(cli)) {
         Ok(code) => code,
+        Err(err) if err.downcast_ref::<cli::UsageError>().is_some() => {
+            eprintln!("error: {err}");
+            ExitCode::from(cli::USAGE_EXIT)
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
-use crate::{kind, local, overrides::Overrides};
+use crate::{cli::UsageError, kind, local, overrides::Overrides};
 
 /// Which kind of cluster to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -21,17 +21,39 @@ pub enum Provider {
 impl Provider {
     /// Brings the cluster up (idempotent) and returns its kubeconfig path. `nodes` is the local
     /// cluster's node count (default: kind.yaml's); `overrides` are gates and API versions on top
-    /// of kind.yaml's; `dry_run` prints kind's commands instead.
+    /// of kind.yaml's; `registry` adds the local registry (local provider only); `dry_run` prints
+    /// kind's commands instead.
     pub async fn up(
         self,
         kind: &kind::KindArgs,
         nodes: Option<usize>,
         overrides: Option<Overrides>,
+        registry: bool,
         dry_run: bool,
     ) -> anyhow::Result<PathBuf> {
         match self {
-            Provider::Local => local::up(nodes, overrides).await,
+            Provider::Local => local::up(nodes, overrides, registry).await,
+            Provider::Kind if registry => {
+                Err(UsageError::new("--registry is only for the local provider").into())
+            }
             Provider::Kind => kind::up(kind, overrides.unwrap_or_default(), dry_run).await,
+        }
+    }
+
+    /// Imports image archives (checked before by [`crate::image_archive::check`]) into
+    /// every node's containerd; `dry_run` prints kind's commands instead (kind provider).
+    pub async fn load(
+        self,
+        kind: &kind::KindArgs,
+        archives: &[PathBuf],
+        dry_run: bool,
+    ) -> anyhow::Result<()> {
+        match self {
+            Provider::Local if dry_run => {
+                Err(UsageError::new("--dry-run is only for the kind provider").into())
+            }
+            Provider::Local => local::load(archives).await,
+            Provider::Kind => kind::load_archives(kind, archives, dry_run).await,
         }
     }
 

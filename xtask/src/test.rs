@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the project's own tests, what CI runs. Unit and protocol tests first, then
-//! the local cluster comes up and the cluster tests and the e2e suites run against it, then the
-//! cluster goes down and must leave nothing behind. Every step runs (a failure does not hide the
+//! the local cluster comes up (with its registry, as `cluster up --registry`) and the cluster
+//! tests and the e2e suites run against it, then the cluster goes down and must leave nothing
+//! behind. Every step runs (a failure does not hide the
 //! others' results) and a table of steps, outcomes and durations closes the run.
 
 use std::{
@@ -67,8 +68,10 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
 
     if !args.no_cluster {
         let t = Instant::now();
-        let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?;
-        let up = cluster.up().await.map(|_| ());
+        // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
+        let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
+            .with_overrides(Some(crate::overrides::Overrides::default()));
+        let up = cluster.up(true).await.map(|_| ());
         let up_ok = up.is_ok();
         step("local cluster up", up, t);
         if up_ok {
@@ -88,7 +91,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                 Err(e) => Err(e),
             };
             let up = match &lane {
-                Ok(lane) => lane.up().await.map(|_| ()),
+                Ok(lane) => lane.up(false).await.map(|_| ()),
                 Err(e) => Err(anyhow::anyhow!("{e:#}")),
             };
             let up_ok = up.is_ok();

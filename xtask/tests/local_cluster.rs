@@ -24,6 +24,7 @@ use kube::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod images_registry;
 mod node_isolation;
 mod nodes_support;
 

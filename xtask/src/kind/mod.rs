@@ -27,10 +27,12 @@ use tracing::{debug, info, warn};
 
 mod commands;
 mod host;
+mod load;
 
 pub use commands::*;
 use host::Host;
 pub use host::{readiness, wait_nodes_ready};
+pub use load::load_archives;
 
 use crate::{
     cluster_config::{self, ClusterConfig},

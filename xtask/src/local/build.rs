@@ -1,6 +1,8 @@
 //! Builds the cluster's binaries from the Go modules in `xtask/local-cluster`, once per set of pinned
 //! versions: the outputs live in the cache under a key hashed from the Go version, the modules'
 //! go.mod/go.sum, our own Go sources and the build flags, so a warm `cluster up` builds nothing.
+//! Each `go build` runs only when one of its outputs is missing, so `cargo xtask kubectl` builds
+//! only kubectl and `cluster up --registry` only adds the registry to a complete build.
 
 use std::{
     fs,
@@ -51,10 +53,20 @@ impl Binaries {
     pub fn sample_device_plugin(&self) -> PathBuf {
         self.dir.join("sample-device-plugin")
     }
-    /// Every file a complete build has.
+    /// kubectl of the pinned Kubernetes version (`k8s.io/kubernetes/cmd/kubectl`).
+    pub fn kubectl(&self) -> PathBuf {
+        self.dir.join("kubectl")
+    }
+    /// The CNCF distribution registry (`cluster up --registry`).
+    pub fn registry(&self) -> PathBuf {
+        self.dir.join("registry")
+    }
+    /// Every file `cluster up` needs (the registry is built only when asked for).
+    #[cfg(test)]
     fn all(&self) -> Vec<PathBuf> {
         vec![
             self.kube(),
+            self.kubectl(),
             self.containerd(),
             self.dir.join("containerd-shim-runc-v2"),
             self.ctr(),
@@ -161,13 +173,151 @@ fn remove_logged(path: &Path) {
     }
 }
 
-/// Builds whatever is missing from the cache and returns the binaries.
+/// The main package of kubectl, inside the pinned k8s.io/kubernetes module (a `tool` of go.mod,
+/// so that go.sum covers it).
+pub const KUBECTL_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubectl";
+
+/// The main package of the CNCF distribution registry, in the `registry` module.
+pub const REGISTRY_PACKAGE: &str = "github.com/distribution/distribution/v3/cmd/registry";
+
+/// Which binaries a caller needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// Everything `cluster up` runs, and kubectl.
+    Cluster,
+    /// kubectl only (`cargo xtask kubectl`).
+    Kubectl,
+    /// The registry only (`cluster up --registry`).
+    Registry,
+}
+
+/// One `go build` into the cache: what it makes, from which module and with which flags. Every
+/// build writes into a directory (`-o DIR/`), so each output is named after its package.
+struct GoBuild {
+    what: String,
+    module: PathBuf,
+    env: Vec<(&'static str, &'static str)>,
+    args: Vec<String>,
+    outputs: Vec<&'static str>,
+    /// Print the compiler's output only when the build fails.
+    quiet: bool,
+}
+
+/// The builds that make `wanted`, in the order that reuses Go's build cache best.
+fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
+    let strs = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let kubectl = GoBuild {
+        what: format!("build kubectl {} (cold: ~4 min on 2 cores)", versions.kubernetes),
+        module: go.to_path_buf(),
+        env: vec![],
+        args: vec!["-ldflags".into(), versions.kube_ldflags(), KUBECTL_PACKAGE.into()],
+        outputs: vec!["kubectl"],
+        quiet: false,
+    };
+    match wanted {
+        Wanted::Kubectl => return vec![kubectl],
+        Wanted::Registry => {
+            return vec![GoBuild {
+                what: "build the CNCF distribution registry".into(),
+                module: go.join("registry"),
+                env: vec![("CGO_ENABLED", "0")],
+                args: strs(&["-ldflags", "-s -w", REGISTRY_PACKAGE]),
+                outputs: vec!["registry"],
+                quiet: false,
+            }];
+        }
+        Wanted::Cluster => {}
+    }
+    vec![
+        GoBuild {
+            what: format!(
+                "build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet {} and etcd {} (cold: ~9 min on 2 cores)",
+                versions.kubernetes, versions.etcd
+            ),
+            module: go.to_path_buf(),
+            env: vec![],
+            args: vec!["-ldflags".into(), versions.kube_ldflags(), "./cmd/kube".into()],
+            outputs: vec!["kube"],
+            quiet: false,
+        },
+        // Right after the multi-call binary, from the same module with cgo on (Go's default
+        // there), so that every package it needs is in Go's build cache already: one compile and
+        // one link. The linker's output is shown only on failure: on success it is just glibc's
+        // warnings that a static binary cannot use NSS for user and host lookups, which the
+        // plugin never makes.
+        GoBuild {
+            what: "build the sample device plugin (extended-resources spec)".into(),
+            module: go.to_path_buf(),
+            env: vec![("CGO_ENABLED", "1")],
+            args: strs(&["-ldflags", Versions::sample_device_plugin_ldflags(), SAMPLE_DEVICE_PLUGIN_PACKAGE]),
+            outputs: vec!["sample-device-plugin"],
+            quiet: true,
+        },
+        // kubectl from the same module and with the same version stamp, so `kubectl version`
+        // reports the cluster's version.
+        kubectl,
+        GoBuild {
+            what: format!("build containerd {}, its runc shim and ctr", versions.containerd),
+            module: go.join("containerd"),
+            env: vec![("CGO_ENABLED", "0")],
+            args: vec![
+                "-ldflags".into(),
+                versions.containerd_ldflags(),
+                "github.com/containerd/containerd/v2/cmd/containerd".into(),
+                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2".into(),
+                "github.com/containerd/containerd/v2/cmd/ctr".into(),
+            ],
+            outputs: vec!["containerd", "containerd-shim-runc-v2", "ctr"],
+            quiet: false,
+        },
+        // runc at the version containerd v2.3's own CI uses; Debian's 1.1.5 predates containerd
+        // 2.x and reports a failed container init without its cause. cgo for nsenter, libseccomp
+        // for the RuntimeDefault seccomp profile.
+        GoBuild {
+            what: format!("build runc {} (with seccomp)", versions.runc),
+            module: go.join("runc"),
+            env: vec![("CGO_ENABLED", "1")],
+            args: vec![
+                "-tags".into(),
+                "seccomp urfave_cli_no_docs".into(),
+                "-ldflags".into(),
+                format!("-s -w -X main.version={}", versions.runc.trim_start_matches('v')),
+                "github.com/opencontainers/runc".into(),
+            ],
+            outputs: vec!["runc"],
+            quiet: false,
+        },
+        GoBuild {
+            what: "build the pause and hostpathplugin image binaries".into(),
+            module: go.join("images"),
+            env: vec![("CGO_ENABLED", "0")],
+            args: strs(&["-ldflags", "-s -w", "./cmd/pause", "./cmd/hostpathplugin"]),
+            outputs: vec!["pause", "hostpathplugin"],
+            quiet: false,
+        },
+    ]
+}
+
+/// Builds whatever `cluster up` needs and the cache lacks, and returns the binaries.
 pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
+    ensure_wanted(layout, versions, Wanted::Cluster)
+}
+
+/// Builds the binaries of `wanted` that the cache lacks (only those) and returns the binaries
+/// of the current cache key. Outputs go to a directory of this process first and are then moved
+/// into the key's directory one by one, so a concurrent reader never sees a partial file.
+pub fn ensure_wanted(layout: &Layout, versions: &Versions, wanted: Wanted) -> Result<Binaries> {
     let go_version = go_version()?;
     let key = cache_key(layout, versions, &go_version)?;
     let bins = Binaries { dir: layout.cache.join("bin").join(&key) };
-    if bins.all().iter().all(|p| p.is_file()) {
-        Step::start(format!("build Kubernetes {} components", versions.kubernetes)).finish("cached");
+    let builds: Vec<GoBuild> = plan(&layout.go_dir(), versions, wanted)
+        .into_iter()
+        .filter(|b| b.outputs.iter().any(|o| !bins.dir.join(o).is_file()))
+        .collect();
+    if builds.is_empty() {
+        if wanted == Wanted::Cluster {
+            Step::start(format!("build Kubernetes {} components", versions.kubernetes)).finish("cached");
+        }
         prune(&layout.cache.join("bin"), &key);
         return Ok(bins);
     }
@@ -176,89 +326,29 @@ pub fn ensure(layout: &Layout, versions: &Versions) -> Result<Binaries> {
         fs::remove_dir_all(&tmp)?;
     }
     fs::create_dir_all(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-    let go = layout.go_dir();
-
-    let step = Step::start(format!(
-        "build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet {} and etcd {} (cold: ~9 min on 2 cores)",
-        versions.kubernetes, versions.etcd
-    ));
-    go_build(
-        &go,
-        &[],
-        &["-o", &path_str(&tmp.join("kube"))?, "-ldflags", &versions.kube_ldflags(), "./cmd/kube"],
-    )?;
-    step.done();
-
-    // Right after the multi-call binary, from the same module with cgo on (Go's default there),
-    // so that every package it needs is in Go's build cache already: one compile and one link.
-    // The linker's output is shown only on failure: on success it is just glibc's warnings that a
-    // static binary cannot use NSS for user and host lookups, which the plugin never makes.
-    let step = Step::start("build the sample device plugin (extended-resources spec)");
-    go_build_quiet(
-        &go,
-        &[("CGO_ENABLED", "1")],
-        &[
-            "-o",
-            &path_str(&tmp.join("sample-device-plugin"))?,
-            "-ldflags",
-            Versions::sample_device_plugin_ldflags(),
-            SAMPLE_DEVICE_PLUGIN_PACKAGE,
-        ],
-    )?;
-    step.done();
-
-    let step = Step::start(format!("build containerd {}, its runc shim and ctr", versions.containerd));
     let out_dir = format!("{}/", path_str(&tmp)?);
-    go_build(
-        &go.join("containerd"),
-        &[("CGO_ENABLED", "0")],
-        &[
-            "-o",
-            &out_dir,
-            "-ldflags",
-            &versions.containerd_ldflags(),
-            "github.com/containerd/containerd/v2/cmd/containerd",
-            "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
-            "github.com/containerd/containerd/v2/cmd/ctr",
-        ],
-    )?;
-    step.done();
-
-    // runc at the version containerd v2.3's own CI uses; Debian's 1.1.5 predates containerd 2.x and
-    // reports a failed container init without its cause. cgo for nsenter, libseccomp for the
-    // RuntimeDefault seccomp profile.
-    let step = Step::start(format!("build runc {} (with seccomp)", versions.runc));
-    go_build(
-        &go.join("runc"),
-        &[("CGO_ENABLED", "1")],
-        &[
-            "-o",
-            &path_str(&tmp.join("runc"))?,
-            "-tags",
-            "seccomp urfave_cli_no_docs",
-            "-ldflags",
-            &format!("-s -w -X main.version={}", versions.runc.trim_start_matches('v')),
-            "github.com/opencontainers/runc",
-        ],
-    )?;
-    step.done();
-
-    let step = Step::start("build the pause and hostpathplugin image binaries");
-    go_build(
-        &go.join("images"),
-        &[("CGO_ENABLED", "0")],
-        &["-o", &out_dir, "-ldflags", "-s -w", "./cmd/pause", "./cmd/hostpathplugin"],
-    )?;
-    step.done();
-
-    let missing: Vec<_> = Binaries { dir: tmp.clone() }.all().into_iter().filter(|p| !p.is_file()).collect();
+    for build in &builds {
+        let step = Step::start(build.what.clone());
+        let mut args: Vec<&str> = vec!["-o", &out_dir];
+        args.extend(build.args.iter().map(String::as_str));
+        if build.quiet {
+            go_build_quiet(&build.module, &build.env, &args)?;
+        } else {
+            go_build(&build.module, &build.env, &args)?;
+        }
+        step.done();
+    }
+    let outputs: Vec<&str> = builds.iter().flat_map(|b| b.outputs.iter().copied()).collect();
+    let missing: Vec<_> = outputs.iter().filter(|o| !tmp.join(o).is_file()).collect();
     if !missing.is_empty() {
-        bail!("the Go build did not produce {missing:?}");
+        bail!("the Go build did not produce {missing:?} in {}", tmp.display());
     }
-    if bins.dir.exists() {
-        fs::remove_dir_all(&bins.dir)?;
+    fs::create_dir_all(&bins.dir).with_context(|| format!("create {}", bins.dir.display()))?;
+    for output in outputs {
+        fs::rename(tmp.join(output), bins.dir.join(output))
+            .with_context(|| format!("move {output} into {}", bins.dir.display()))?;
     }
-    fs::rename(&tmp, &bins.dir)?;
+    fs::remove_dir_all(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
     prune(&layout.cache.join("bin"), &key);
     Ok(bins)
 }
@@ -332,9 +422,12 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
     hasher.update(versions.containerd_ldflags().as_bytes());
     hasher.update(SAMPLE_DEVICE_PLUGIN_PACKAGE.as_bytes());
     hasher.update(Versions::sample_device_plugin_ldflags().as_bytes());
+    hasher.update(KUBECTL_PACKAGE.as_bytes());
+    hasher.update(REGISTRY_PACKAGE.as_bytes());
     let go = layout.go_dir();
     let mut files = Vec::new();
-    for module in [go.clone(), go.join("containerd"), go.join("runc"), go.join("images")] {
+    for module in [go.clone(), go.join("containerd"), go.join("runc"), go.join("images"), go.join("registry")]
+    {
         files.push(module.join("go.mod"));
         if module.join("go.sum").exists() {
             files.push(module.join("go.sum"));
@@ -413,6 +506,31 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["current", "newer", &format!("y.partial-{}", std::process::id())]);
+    }
+
+    #[test]
+    fn each_wanted_set_builds_exactly_its_binaries() {
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
+        let v = Versions::read(&layout).unwrap();
+        let bins = Binaries { dir: PathBuf::from("/cache") };
+        let outputs = |wanted| -> Vec<PathBuf> {
+            plan(&layout.go_dir(), &v, wanted)
+                .iter()
+                .flat_map(|b| b.outputs.clone())
+                .map(|o| bins.dir.join(o))
+                .collect()
+        };
+        let mut cluster = outputs(Wanted::Cluster);
+        cluster.sort();
+        let mut all = bins.all();
+        all.sort();
+        assert_eq!(cluster, all);
+        assert_eq!(outputs(Wanted::Kubectl), [bins.kubectl()]);
+        assert_eq!(outputs(Wanted::Registry), [bins.registry()]);
+        // kubectl carries the cluster's version stamp.
+        let kubectl = plan(&layout.go_dir(), &v, Wanted::Kubectl).remove(0);
+        assert!(kubectl.args.contains(&v.kube_ldflags()), "{:?}", kubectl.args);
+        assert!(kubectl.args.contains(&KUBECTL_PACKAGE.to_string()));
     }
 
     #[test]

@@ -200,25 +200,41 @@ leaderElection:
 /// The xtask binary copied into the state directory, which the forwarder runs from (so a
 /// rebuild of xtask never replaces the file of a running forwarder).
 pub fn forwarder(layout: &Layout, cp: &NodeSpec) -> Result<ProcessSpec> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], ports::APISERVER));
+    netns_forwarder(layout, "apiserver-forward", &cp.netns_path(), addr, addr)
+}
+
+/// `xtask netns-forward` as the component `name`: listens on `listen` in the host's namespace and
+/// connects to `connect` inside `netns`. It runs from a copy of the running xtask of its own
+/// (`<state>/bin/xtask-<name>`), so that starting a second forwarder never writes to the file a
+/// running one executes.
+pub fn netns_forwarder(
+    layout: &Layout,
+    name: &str,
+    netns: &Path,
+    listen: std::net::SocketAddr,
+    connect: std::net::SocketAddr,
+) -> Result<ProcessSpec> {
     // /proc/self/exe, not current_exe(): cargo may have replaced (deleted) the file this
     // process runs from since it started (`cargo xtask test` rebuilds xtask), and the open
     // link still reads the running binary.
     let exe = Path::new("/proc/self/exe");
-    let copy = layout.state.join("bin").join("xtask-netns-forward");
+    let file =
+        if name == "apiserver-forward" { "xtask-netns-forward".to_string() } else { format!("xtask-{name}") };
+    let copy = layout.state.join("bin").join(file);
     if let Some(dir) = copy.parent() {
         fs::create_dir_all(dir)?;
     }
     fs::copy(exe, &copy)
         .with_context(|| format!("copy the running xtask ({}) to {}", exe.display(), copy.display()))?;
-    let addr = format!("127.0.0.1:{}", ports::APISERVER);
     Ok(ProcessSpec {
-        name: "apiserver-forward".into(),
+        name: name.into(),
         program: copy,
         args: vec![
             "netns-forward".into(),
-            arg("netns", p(cp.netns_path())),
-            arg("listen", &addr),
-            arg("connect", &addr),
+            arg("netns", p(netns)),
+            arg("listen", listen),
+            arg("connect", connect),
         ],
         env: vec![],
     })

@@ -256,6 +256,58 @@ fn write_archive(spec: &ImageSpec, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `cluster load`: imports user archives into every node's containerd (`sockets`), the nodes in
+/// parallel, as [`build_and_import`] does but without the pinned label (they are the user's
+/// images: the kubelet may collect them like pulled ones). Returns the image names ctr reports
+/// for each archive (the same on every node).
+pub fn load(
+    bins: &Binaries,
+    sockets: &[PathBuf],
+    archives: &[PathBuf],
+) -> Result<Vec<(PathBuf, Vec<String>)>> {
+    let per_node: Vec<Vec<(PathBuf, Vec<String>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sockets
+            .iter()
+            .map(|socket| {
+                scope.spawn(move || -> Result<Vec<(PathBuf, Vec<String>)>> {
+                    archives
+                        .iter()
+                        .map(|archive| {
+                            let out = ctr(
+                                bins,
+                                socket,
+                                &["images", "import", "--local", &archive.display().to_string()],
+                            )
+                            .with_context(|| {
+                                format!(
+                                    "import {} into the containerd at {}",
+                                    archive.display(),
+                                    socket.display()
+                                )
+                            })?;
+                            Ok((archive.clone(), imported_names(&out)))
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("an import thread panicked"))?)
+            .collect::<Result<Vec<_>>>()
+    })?;
+    Ok(per_node.into_iter().next().unwrap_or_default())
+}
+
+/// The names in ctr import's `unpacking NAME (DIGEST)...done` lines.
+fn imported_names(output: &str) -> Vec<String> {
+    output
+        .split("unpacking ")
+        .skip(1)
+        .filter_map(|part| part.split_once(" (").map(|(name, _)| name.trim().to_string()))
+        .collect()
+}
+
 /// `ctr -n k8s.io images import` then the CRI pinned label.
 fn import(bins: &Binaries, socket: &Path, archive: &Path, name: &str) -> Result<()> {
     ctr(bins, socket, &["images", "import", "--local", &archive.display().to_string()])
@@ -283,6 +335,13 @@ pub fn ctr(bins: &Binaries, socket: &Path, args: &[&str]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imported_names_are_read_from_ctr_s_output() {
+        let out = "unpacking localhost/a:1 (sha256:abc)...done\nunpacking docker.io/library/b:2 (sha256:def)...done\n";
+        assert_eq!(imported_names(out), ["localhost/a:1", "docker.io/library/b:2"]);
+        assert!(imported_names("").is_empty());
+    }
 
     #[test]
     fn archives_are_docker_format_with_full_names() {

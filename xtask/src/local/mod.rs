@@ -1,5 +1,6 @@
 //! The local provider: a real multi-node Kubernetes built from official Go modules and run as
-//! child processes of xtask (no Docker, no registry, no image). By default it has the nodes
+//! child processes of xtask (no Docker, no image to pull; an image registry only with
+//! `cluster up --registry`, see [`registry`]). By default it has the nodes
 //! kind.yaml lists (one control plane and three workers, named as kind names them); `--nodes N`
 //! overrides. Each node is a real kubelet with its own containerd, in its own network namespace
 //! (a veth on the cluster bridge, a node IP that exists only inside the cluster's namespaces), its
@@ -18,8 +19,10 @@ mod nodes;
 mod pki;
 mod probes;
 mod process;
+mod registry;
 mod status;
 mod teardown;
+mod tools;
 mod wait;
 
 use std::{fs, net::SocketAddr, path::PathBuf, time::Duration};
@@ -33,6 +36,7 @@ use kube::{
 
 pub use layout::Layout;
 pub use netns::forward_command;
+pub use tools::{kubectl_binary, load, running_kubeconfig};
 
 use self::{
     build::{Binaries, Versions},
@@ -148,7 +152,8 @@ impl LocalCluster {
         for mount in teardown::mounts_below(&teardown::cluster_mount_roots(&self.layout)) {
             left.push(format!("mount {}", mount.display()));
         }
-        for (port, owner) in ports::ALL {
+        let registry_port = (registry::port(), "the local registry's forwarder");
+        for (port, owner) in ports::ALL.into_iter().chain([registry_port]) {
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
                 left.push(format!("port {port} ({owner}) is still in use"));
             }
@@ -176,6 +181,7 @@ impl LocalCluster {
             PathBuf::from(teardown::HOST_KUBELET_ROOT),
             self.layout.run.clone(),
             nodes::nodes_state_dir(&self.layout),
+            registry::state_dir(&self.layout),
         ] {
             if dir.exists() {
                 left.push(format!("directory {}", dir.display()));
@@ -186,8 +192,24 @@ impl LocalCluster {
 
     /// Brings the cluster up; does nothing but report when it already runs with the same node
     /// count and overrides. A running cluster with another node count or other gates is stopped
-    /// and recreated (and says so).
-    pub async fn up(&self) -> Result<PathBuf> {
+    /// and recreated (and says so). With `with_registry`, the local registry is started too (see
+    /// [`registry`]), also on a cluster that already runs, without restarting anything of it.
+    pub async fn up(&self, with_registry: bool) -> Result<PathBuf> {
+        let kubeconfig = self.up_cluster().await?;
+        if with_registry {
+            self.up_registry().await?;
+        }
+        Ok(kubeconfig)
+    }
+
+    /// Builds the registry if the cache lacks it and starts it on the running cluster.
+    async fn up_registry(&self) -> Result<()> {
+        let versions = Versions::read(&self.layout)?;
+        let bins = build::ensure_wanted(&self.layout, &versions, build::Wanted::Registry)?;
+        registry::ensure(self, &bins).await
+    }
+
+    async fn up_cluster(&self) -> Result<PathBuf> {
         let total = std::time::Instant::now();
         host::require_root()?;
         let recorded = recorded_node_count(&self.layout);
@@ -440,7 +462,8 @@ impl LocalCluster {
                 problems.extend(cri_reset(dir, &NodeDirs::new(&self.layout, node)));
             }
         }
-        let mut names: Vec<String> = self.nodes.iter().map(NodeSpec::containerd).collect();
+        let mut names: Vec<String> = vec![registry::FORWARD.into(), registry::REGISTRY.into()];
+        names.extend(self.nodes.iter().map(NodeSpec::containerd));
         names.extend(CONTROL_PLANE.iter().rev().map(|s| s.to_string()));
         // Anything else recorded (an earlier layout's components) goes too.
         names.extend(self.sup.recorded());
@@ -568,14 +591,17 @@ async fn node_ready(nodes: Api<Node>, name: String) -> Result<bool> {
     Ok(nodes.get_opt(&name).await?.is_some_and(|node| node_is_ready(&node)))
 }
 
-/// `cluster up --provider local [--nodes N] [--feature-gates …] [--runtime-config …]`: without
-/// flags, kind.yaml's nodes and settings.
-pub async fn up(nodes: Option<usize>, overrides: Option<Overrides>) -> Result<PathBuf> {
+/// `cluster up --provider local [--nodes N] [--feature-gates …] [--runtime-config …]
+/// [--registry]`: without flags, kind.yaml's nodes and settings.
+pub async fn up(nodes: Option<usize>, overrides: Option<Overrides>, with_registry: bool) -> Result<PathBuf> {
     let count = match nodes {
         Some(n) => n,
         None => default_node_count()?,
     };
-    LocalCluster::new(Some(count))?.with_overrides(Some(overrides.unwrap_or_default())).up().await
+    LocalCluster::new(Some(count))?
+        .with_overrides(Some(overrides.unwrap_or_default()))
+        .up(with_registry)
+        .await
 }
 
 /// `cluster down --provider local`.

@@ -66,6 +66,10 @@ pub async fn print(cluster: &LocalCluster) -> Result<bool> {
             None => println!("  pods: none"),
         }
     }
+    if let Some(line) = super::registry::status_line(cluster) {
+        all &= super::registry::is_running(cluster);
+        println!("{line}");
+    }
     println!("kubeconfig {}", cluster.kubeconfig().display());
     Ok(all)
 }
