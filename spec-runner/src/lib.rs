@@ -118,6 +118,7 @@ mod junit;
 mod kube_backend;
 mod label;
 mod label_filter;
+mod monitor;
 mod names;
 mod order;
 mod outcome;
@@ -125,8 +126,9 @@ mod progress;
 mod registry;
 mod runner;
 mod selection;
+mod spec_end;
 
-pub use args::{RunnerArgs, run};
+pub use args::{RunnerArgs, run, run_on};
 pub use artifacts::ArtifactSource;
 pub use backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
 pub use capture::{
@@ -145,9 +147,10 @@ pub use kube_backend::{
 };
 pub use label::Label;
 pub use label_filter::{LabelFilter, LabelFilterError};
+pub use monitor::{Monitor, WaitGuard, step, waiting};
 pub use outcome::OUTCOME_TARGET;
 pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
-pub use progress::{Output, OutputBuffer};
+pub use progress::{Output, OutputBuffer, Verbosity};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
 pub use runner::{RunOptions, run_with_backend};
 pub use selection::{Selection, SelectionError};
