@@ -94,14 +94,14 @@ async fn wait_for_nothing(ctx: &Ctx) -> SpecResult {
 }
 
 /// A spec that waits until cancelled; with `hang`, it has a cleanup that never ends, else a
-/// cleanup that takes 4s.
+/// cleanup that takes 8s.
 async fn waits(ctx: Ctx, hang: bool) -> SpecResult {
     ctx.defer("delete DeviceClass fake", async { Ok(()) });
     if hang {
         ctx.defer_with_timeout("hang", Duration::from_secs(600), std::future::pending());
     } else {
         ctx.defer("slow cleanup", async {
-            tokio::time::sleep(Duration::from_secs(4)).await;
+            tokio::time::sleep(Duration::from_secs(8)).await;
             Ok(())
         });
     }
@@ -315,6 +315,29 @@ async fn read_until<R: tokio::io::AsyncBufRead + Unpin>(
     seen
 }
 
+/// After the first Ctrl-C: reads stderr until the status lines show both specs of
+/// [`waiting_specs`] in the cleanup `what`; returns every line read.
+async fn both_in_cleanup(stderr: &mut Lines<BufReader<ChildStderr>>, what: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let wanted = ["waits one", "waits two"].map(|n| format!("  [progress] {n}: cleanup {what:?} (for "));
+    let found = timeout(Duration::from_secs(30), async {
+        let mut hits = [false, false];
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            for (hit, want) in hits.iter_mut().zip(&wanted) {
+                *hit |= line.starts_with(want.as_str());
+            }
+            seen.push(line);
+            if hits == [true, true] {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(matches!(found, Ok(true)), "no status showed both specs in cleanup {what:?}: {seen:#?}");
+    seen
+}
+
 /// Sends SIGUSR1 until a report shows both waiting specs in their wait; returns that report.
 async fn report_with_both_waiting(spawned: &mut Spawned) -> String {
     read_until(&mut spawned.stdout, "Running 2 of 2 specs", Duration::from_secs(30)).await;
@@ -357,18 +380,14 @@ async fn sigusr1_prints_a_progress_report_of_every_running_spec() {
     // End the run: the first Ctrl-C cancels, the slow cleanups are reported while they run.
     signal(&spawned.child, rustix::process::Signal::INT);
     read_until(&mut spawned.stderr, "Interrupted: cancelling running specs", Duration::from_secs(30)).await;
-    let status = read_until(&mut spawned.stderr, "still cleaning up", Duration::from_secs(30)).await;
-    let mut lines = vec![status.last().unwrap().clone()];
-    for _ in 0..2 {
-        lines.push(
-            timeout(Duration::from_secs(5), spawned.stderr.next_line()).await.unwrap().unwrap().unwrap(),
-        );
-    }
-    let status = lines.join("\n");
-    assert!(status.contains("still cleaning up 2 spec(s)"), "{status}");
+    let seen = both_in_cleanup(&mut spawned.stderr, "slow cleanup").await;
+    let status = seen.join("\n");
+    assert!(
+        status.contains(" ago; still cleaning up 2 spec(s) (press Ctrl-C again to stop at once):"),
+        "{status}"
+    );
     for name in ["waits one", "waits two"] {
-        let line = status.lines().find(|l| l.starts_with(&format!("  [progress] {name}: "))).expect(&status);
-        assert!(line.contains(": cleanup \"slow cleanup\" (for "), "{status}");
+        let line = seen.iter().rfind(|l| l.starts_with(&format!("  [progress] {name}: "))).expect(&status);
         assert!(
             line.contains(
                 "; then 2 more cleanup(s): \"delete DeviceClass fake\", \"delete namespace dra-waits-"
@@ -390,14 +409,7 @@ async fn a_second_ctrl_c_lists_the_cleanups_not_done() {
     let mut spawned = spawn_child("hanging", "-p 2 --timeout 5m");
     report_with_both_waiting(&mut spawned).await;
     signal(&spawned.child, rustix::process::Signal::INT);
-    let seen = read_until(&mut spawned.stderr, "still cleaning up 2 spec(s)", Duration::from_secs(30)).await;
-    let mut status = vec![seen.last().unwrap().clone()];
-    for _ in 0..2 {
-        status.push(
-            timeout(Duration::from_secs(5), spawned.stderr.next_line()).await.unwrap().unwrap().unwrap(),
-        );
-    }
-    assert!(status.iter().filter(|l| l.contains(": cleanup \"hang\" (for ")).count() == 2, "{status:#?}");
+    both_in_cleanup(&mut spawned.stderr, "hang").await;
     signal(&spawned.child, rustix::process::Signal::INT);
     let mut rest = Vec::new();
     timeout(Duration::from_secs(30), async {
@@ -412,13 +424,13 @@ async fn a_second_ctrl_c_lists_the_cleanups_not_done() {
     let at = rest
         .iter()
         .position(|l| l == "Interrupted twice: exiting without cleanup.")
-        .expect(&format!("{rest:#?}"));
+        .unwrap_or_else(|| panic!("{rest:#?}"));
     assert_eq!(rest[at + 1], "Cleanup steps not done:", "{rest:#?}");
     for name in ["waits one", "waits two"] {
         let line = rest
             .iter()
             .find(|l| l.starts_with(&format!("  [progress] {name}: ")))
-            .expect(&format!("{rest:#?}"));
+            .unwrap_or_else(|| panic!("{rest:#?}"));
         assert!(line.contains(": \"hang\" (running for "), "{line}");
         assert!(line.contains("), \"delete DeviceClass fake\", \"delete namespace dra-waits-"), "{line}");
     }

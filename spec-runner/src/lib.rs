@@ -95,7 +95,10 @@
 //!
 //! Flags: `--focus REGEX`, `--skip REGEX` (repeatable), `--label-filter EXPR`,
 //! `-p N`, `--timeout 10m`, `--list`, `--junit FILE`, `--artifacts DIR`,
-//! `--repeat N`, `--kubeconfig PATH`. Before any spec runs, preflight checks
+//! `--repeat N`, `--kubeconfig PATH`, `--seed N`, `--randomize-all`, `--fail-fast`,
+//! `--flake-attempts N`, `--json-report FILE`, `--poll-progress-after D`,
+//! `--poll-progress-interval D`, `-v`, `--succinct`. SIGUSR1 prints a progress report of every
+//! running spec (see [`waiting`] and [`step`] for what it names). Before any spec runs, preflight checks
 //! within seconds that the cluster answers and serves `resource.k8s.io/v1`.
 //! Specs labelled `Serial` run alone after the others. Exit codes: 0 nothing
 //! failed, 1 a spec failed, 2 usage or configuration error, 130 interrupted.
