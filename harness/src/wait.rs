@@ -165,6 +165,7 @@ where
     F: FnMut(&[K]) -> Verdict,
 {
     let what = what.into();
+    let _waiting = spec_runner::waiting(what.clone(), Some(timeout));
     let deadline = Instant::now() + timeout;
     let mut stream = watcher(api.clone(), config.clone()).default_backoff().boxed();
     let mut current: BTreeMap<String, K> = BTreeMap::new();
@@ -308,6 +309,7 @@ where
     Fut: Future<Output = Attempt<T>>,
 {
     let what = what.into();
+    let _waiting = spec_runner::waiting(what.clone(), Some(timeout));
     let deadline = Instant::now() + timeout;
     let mut last = "nothing yet (the first check did not finish)".to_owned();
     loop {

@@ -2,12 +2,15 @@
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
+use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    backend::ClusterBackend,
     capture, duration,
     kube_backend::KubeBackend,
-    progress::Output,
+    monitor::Monitor,
+    progress::{Output, Verbosity},
     registry::Registry,
     runner::{RunOptions, run_with_backend},
     selection::Selection,
@@ -76,6 +79,26 @@ pub struct RunnerArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub flake_attempts: u32,
 
+    /// Print a progress report of every spec still running after this long (its phase, step,
+    /// last log line and what it waits for), then again every --poll-progress-interval
+    /// (ginkgo's flag); off by default (0).
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub poll_progress_after: Option<Duration>,
+
+    /// How often a slow spec's progress report repeats (ginkgo's flag and default).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::parse)]
+    pub poll_progress_interval: Duration,
+
+    /// Verbose: also print each spec's start, phases (namespace, body, each cleanup) and steps as
+    /// they happen.
+    #[arg(short = 'v', long, conflicts_with = "succinct")]
+    pub verbose: bool,
+
+    /// Succinct: one character per passed (•) or skipped (S) spec, as ginkgo's succinct mode;
+    /// failures still in full.
+    #[arg(long)]
+    pub succinct: bool,
+
     /// Kubeconfig of the cluster (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -96,6 +119,15 @@ impl RunnerArgs {
             fail_fast: self.fail_fast,
             flake_attempts: self.flake_attempts,
             json_report: self.json_report.clone(),
+            poll_progress_after: self.poll_progress_after.filter(|d| !d.is_zero()),
+            poll_progress_interval: self.poll_progress_interval,
+            verbosity: if self.verbose {
+                Verbosity::Verbose
+            } else if self.succinct {
+                Verbosity::Succinct
+            } else {
+                Verbosity::Normal
+            },
             ..RunOptions::default()
         }
     }
@@ -106,6 +138,9 @@ impl RunnerArgs {
     }
 }
 
+/// How often the run says what it is cleaning up after the first Ctrl-C.
+const CLEANUP_STATUS_EVERY: Duration = Duration::from_secs(3);
+
 /// Runs the selected specs against the cluster of `--kubeconfig` and
 /// returns the process exit code: 0 when nothing failed, 1 when a spec
 /// failed, 2 for usage or configuration errors (bad regex or label filter,
@@ -114,36 +149,35 @@ impl RunnerArgs {
 ///
 /// Installs the default tracing set-up ([`init_tracing`](super::init_tracing))
 /// unless a global subscriber exists, a panic hook that logs panics inside
-/// specs into the spec's log, and the Ctrl-C handler: the first Ctrl-C
-/// cancels running specs (their cleanups run) and writes the report; a
-/// second one exits at once.
+/// specs into the spec's log, and the signal handlers: SIGUSR1 prints a progress report of
+/// every running spec; the first Ctrl-C cancels running specs (their cleanups run, and every
+/// few seconds the run says which cleanup each spec is in) and writes the report; a second one
+/// lists the cleanup steps not done and exits at once.
 pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
     capture::init_tracing();
-    let usage_error = |message: String| {
-        eprintln!("error: {message}");
-        ExitCode::from(2)
-    };
-    if let Err(e) = registry.validate() {
-        return usage_error(e.to_string());
+    if let Some(code) = before_the_cluster(&registry, &args) {
+        return code;
     }
-    let selection = match args.selection() {
-        Ok(s) => s,
-        Err(e) => return usage_error(e.to_string()),
-    };
-    if args.list {
-        for spec in registry.specs().filter(|s| selection.matches(s)) {
-            println!("{}", spec.full_text());
-        }
-        return ExitCode::SUCCESS;
+    match KubeBackend::connect(args.kubeconfig.as_deref()).await {
+        Ok(backend) => run_on(registry, args, Arc::new(backend)).await,
+        Err(e) => usage_error(&e.to_string()),
     }
-    let backend = match KubeBackend::connect(args.kubeconfig.as_deref()).await {
-        Ok(b) => b,
-        Err(e) => return usage_error(e.to_string()),
-    };
+}
+
+/// [`run`] against any backend (`--kubeconfig` is not used): for test binaries that run the
+/// real command line and signal handling without a cluster.
+pub async fn run_on(registry: Registry, args: RunnerArgs, backend: Arc<dyn ClusterBackend>) -> ExitCode {
+    capture::init_tracing();
+    if let Some(code) = before_the_cluster(&registry, &args) {
+        return code;
+    }
+    let Ok(selection) = args.selection() else { return ExitCode::from(2) };
     install_panic_hook();
     let interrupt = CancellationToken::new();
-    let signals = tokio::spawn(handle_ctrl_c(interrupt.clone()));
-    let report = run_with_backend(registry, &selection, args.options(), Arc::new(backend), interrupt).await;
+    let options = args.options();
+    let signals =
+        tokio::spawn(handle_signals(interrupt.clone(), options.monitor.clone(), options.output.clone()));
+    let report = run_with_backend(registry, &selection, options, backend, interrupt).await;
     signals.abort();
     if let Some(error) = &report.error {
         eprintln!("error: {error}");
@@ -151,10 +185,49 @@ pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
     ExitCode::from(report.exit_code())
 }
 
-/// First Ctrl-C: cancel the run. Second: exit immediately. One listener serves both, so a second
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(2)
+}
+
+/// What needs no cluster: a valid registry and selection, and `--list`. `Some` ends the run.
+fn before_the_cluster(registry: &Registry, args: &RunnerArgs) -> Option<ExitCode> {
+    if let Err(e) = registry.validate() {
+        return Some(usage_error(&e.to_string()));
+    }
+    let selection = match args.selection() {
+        Ok(s) => s,
+        Err(e) => return Some(usage_error(&e.to_string())),
+    };
+    if args.list {
+        for spec in registry.specs().filter(|s| selection.matches(s)) {
+            println!("{}", spec.full_text());
+        }
+        return Some(ExitCode::SUCCESS);
+    }
+    None
+}
+
+/// SIGUSR1 and Ctrl-C, for as long as the run lasts.
+async fn handle_signals(interrupt: CancellationToken, monitor: Monitor, output: Output) {
+    let reports = async {
+        match signal(SignalKind::user_defined1()) {
+            Ok(mut usr1) => {
+                while usr1.recv().await.is_some() {
+                    output.block(&monitor.report("Progress report (SIGUSR1)"));
+                }
+            }
+            Err(e) => tracing::warn!("cannot listen for SIGUSR1: {e}"),
+        }
+    };
+    tokio::join!(reports, handle_ctrl_c(interrupt, &monitor));
+}
+
+/// First Ctrl-C: cancel the run, then say every few seconds what is being cleaned up. Second:
+/// list the cleanup steps not done and exit immediately. One listener serves both, so a second
 /// Ctrl-C that comes right after the first (before a new listener could exist) is not lost.
-async fn handle_ctrl_c(interrupt: CancellationToken) {
-    let mut sigint = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+async fn handle_ctrl_c(interrupt: CancellationToken, monitor: &Monitor) {
+    let mut sigint = match signal(SignalKind::interrupt()) {
         Ok(sigint) => sigint,
         Err(e) => {
             tracing::warn!("cannot listen for Ctrl-C: {e}");
@@ -164,13 +237,23 @@ async fn handle_ctrl_c(interrupt: CancellationToken) {
     if sigint.recv().await.is_none() {
         return;
     }
+    let interrupted = tokio::time::Instant::now();
     eprintln!(
         "\nInterrupted: cancelling running specs and running their cleanups; press Ctrl-C again to exit at once."
     );
     interrupt.cancel();
-    if sigint.recv().await.is_some() {
-        eprintln!("\nInterrupted twice: exiting without cleanup.");
-        std::process::exit(130);
+    let mut status = tokio::time::interval_at(interrupted + CLEANUP_STATUS_EVERY, CLEANUP_STATUS_EVERY);
+    loop {
+        tokio::select! {
+            received = sigint.recv() => {
+                if received.is_some() {
+                    eprint!("\nInterrupted twice: exiting without cleanup.\n{}", monitor.left_behind());
+                    std::process::exit(130);
+                }
+                return;
+            }
+            _ = status.tick() => eprint!("{}", monitor.cleanup_status(interrupted.elapsed())),
+        }
     }
 }
 

@@ -57,6 +57,8 @@ struct SpecLog {
     start: Instant,
     text: String,
     truncated: bool,
+    /// Where the last line starts in `text`.
+    last_start: usize,
 }
 
 /// A fresh id for a spec's span.
@@ -70,7 +72,8 @@ fn store() -> std::sync::MutexGuard<'static, HashMap<u64, SpecLog>> {
 
 /// Starts capturing for a spec id.
 pub(crate) fn begin(id: u64) {
-    store().insert(id, SpecLog { start: Instant::now(), text: String::new(), truncated: false });
+    store()
+        .insert(id, SpecLog { start: Instant::now(), text: String::new(), truncated: false, last_start: 0 });
 }
 
 /// Ends capturing for a spec id and returns what was captured.
@@ -90,7 +93,15 @@ fn append(id: u64, line: impl FnOnce(f64) -> String) {
         log.truncated = true;
         return;
     }
+    log.last_start = log.text.len();
     log.text.push_str(&line);
+}
+
+/// The last line captured for a spec id (for progress reports).
+pub(crate) fn last_line(id: u64) -> Option<String> {
+    let store = store();
+    let log = store.get(&id)?;
+    log.text.get(log.last_start..).filter(|l| !l.is_empty()).map(str::to_owned)
 }
 
 /// Whether a [`CaptureLayer`] is part of the installed global subscriber.

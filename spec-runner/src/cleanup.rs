@@ -4,12 +4,14 @@
 
 use std::{
     future::Future,
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
 use futures::{FutureExt as _, future::BoxFuture};
 use tracing::Instrument as _;
+
+use super::monitor::{Phase, SpecState};
 
 /// One registered cleanup.
 struct Cleanup {
@@ -73,18 +75,43 @@ impl CleanupStack {
         first.or_else(|| self.lock().pop())
     }
 
+    /// What is registered and has not run yet, in the order it will run.
+    pub(crate) fn pending(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .first
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|c| c.what.clone())
+            .collect();
+        names.extend(self.lock().iter().rev().map(|c| c.what.clone()));
+        names
+    }
+
     /// Runs every cleanup, the "first" ones in registration order, then the
     /// others last registered first, each in its own task (so
     /// panics are caught) with its own timeout. Cleanups registered while
     /// this runs run too. Returns the failures; all cleanups run regardless.
+    #[cfg(test)]
     pub(crate) async fn run_all(&self) -> Vec<CleanupFailure> {
+        self.run_all_watched(None).await
+    }
+
+    /// [`CleanupStack::run_all`], telling `state` which cleanup runs (each in its scope).
+    pub(crate) async fn run_all_watched(&self, state: Option<&Arc<SpecState>>) -> Vec<CleanupFailure> {
         let mut failures = Vec::new();
         loop {
             let Some(cleanup) = self.next() else { break };
             let Cleanup { what, timeout, run } = cleanup;
             let span = tracing::info_span!("cleanup", what = %what);
             span.in_scope(|| tracing::info!("running cleanup"));
-            let mut task = tokio::spawn(run.instrument(span.clone()));
+            let mut task = match state {
+                Some(state) => {
+                    state.set_phase(Phase::Cleanup(what.clone()));
+                    tokio::spawn(state.scope(run).instrument(span.clone()))
+                }
+                None => tokio::spawn(run.instrument(span.clone())),
+            };
             let error = match tokio::time::timeout(timeout, &mut task).await {
                 Ok(Ok(Ok(()))) => None,
                 Ok(Ok(Err(e))) => Some(format!("{e:#}")),
@@ -122,7 +149,7 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     use super::*;
 

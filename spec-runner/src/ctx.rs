@@ -274,6 +274,8 @@ where
         Err(e) => return Err(e).with_context(|| format!("delete {kind} {name}")),
     };
     let Some(uid) = uid else { return Ok(()) };
+    // The cleanup's own timeout bounds this wait.
+    let _waiting = super::monitor::waiting(format!("{kind} {name} to be gone"), None);
     kube::runtime::wait::await_condition(api, name, kube::runtime::conditions::is_deleted(&uid))
         .await
         .with_context(|| format!("wait for {kind} {name} to be gone"))?;

@@ -241,7 +241,11 @@ impl ClusterBackend for KubeBackend {
             &namespace.name,
             kube::runtime::conditions::is_deleted(&namespace.uid),
         );
-        match tokio::time::timeout(timeout, gone).await {
+        let waiting =
+            super::monitor::waiting(format!("namespace {} to be gone", namespace.name), Some(timeout));
+        let waited = tokio::time::timeout(timeout, gone).await;
+        drop(waiting);
+        match waited {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => {
                 Err(ClusterError::Other(format!("wait for namespace {} to be gone: {e}", namespace.name)))

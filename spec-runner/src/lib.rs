@@ -95,7 +95,10 @@
 //!
 //! Flags: `--focus REGEX`, `--skip REGEX` (repeatable), `--label-filter EXPR`,
 //! `-p N`, `--timeout 10m`, `--list`, `--junit FILE`, `--artifacts DIR`,
-//! `--repeat N`, `--kubeconfig PATH`. Before any spec runs, preflight checks
+//! `--repeat N`, `--kubeconfig PATH`, `--seed N`, `--randomize-all`, `--fail-fast`,
+//! `--flake-attempts N`, `--json-report FILE`, `--poll-progress-after D`,
+//! `--poll-progress-interval D`, `-v`, `--succinct`. SIGUSR1 prints a progress report of every
+//! running spec (see [`waiting`] and [`step`] for what it names). Before any spec runs, preflight checks
 //! within seconds that the cluster answers and serves `resource.k8s.io/v1`.
 //! Specs labelled `Serial` run alone after the others. Exit codes: 0 nothing
 //! failed, 1 a spec failed, 2 usage or configuration error, 130 interrupted.
@@ -118,6 +121,7 @@ mod junit;
 mod kube_backend;
 mod label;
 mod label_filter;
+mod monitor;
 mod names;
 mod order;
 mod outcome;
@@ -125,8 +129,9 @@ mod progress;
 mod registry;
 mod runner;
 mod selection;
+mod spec_end;
 
-pub use args::{RunnerArgs, run};
+pub use args::{RunnerArgs, run, run_on};
 pub use artifacts::ArtifactSource;
 pub use backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
 pub use capture::{
@@ -145,9 +150,10 @@ pub use kube_backend::{
 };
 pub use label::Label;
 pub use label_filter::{LabelFilter, LabelFilterError};
+pub use monitor::{Monitor, WaitGuard, step, waiting};
 pub use outcome::OUTCOME_TARGET;
 pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
-pub use progress::{Output, OutputBuffer};
+pub use progress::{Output, OutputBuffer, Verbosity};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
 pub use runner::{RunOptions, run_with_backend};
 pub use selection::{Selection, SelectionError};

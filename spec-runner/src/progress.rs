@@ -76,12 +76,40 @@ impl Output {
     }
 }
 
+/// How much a run prints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Verbosity {
+    /// `--succinct`: one character per spec that passed (`•`) or was skipped (`S`), as ginkgo's
+    /// succinct mode; failures and flaky passes in full.
+    Succinct,
+    /// A line per spec, failures with their captured log.
+    #[default]
+    Normal,
+    /// `-v`: also each spec's start, phases and steps as they happen.
+    Verbose,
+}
+
 fn attempt_suffix(report: &SpecReport, repeat: u32) -> String {
     if repeat > 1 { format!(" (attempt {}/{repeat})", report.attempt) } else { String::new() }
 }
 
 /// The block for one finished spec.
-pub(crate) fn spec_block(report: &SpecReport, repeat: u32, flake_attempts: u32) -> String {
+pub(crate) fn spec_block(
+    report: &SpecReport,
+    repeat: u32,
+    flake_attempts: u32,
+    verbosity: Verbosity,
+) -> String {
+    if verbosity == Verbosity::Succinct {
+        match &report.outcome {
+            Outcome::Passed if report.tries <= 1 => return "•".to_owned(),
+            Outcome::Skipped { .. } => return "S".to_owned(),
+            // In full, on a line of its own.
+            Outcome::Passed | Outcome::Failed { .. } => {
+                return format!("\n{}", spec_block(report, repeat, flake_attempts, Verbosity::Normal));
+            }
+        }
+    }
     let secs = report.duration.as_secs_f64();
     let text = format!("{}{}", report.full_text, attempt_suffix(report, repeat));
     match &report.outcome {

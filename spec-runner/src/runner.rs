@@ -20,18 +20,20 @@ use super::{
     artifacts,
     backend::{ClusterBackend, NamespaceRequest},
     capture::{self, SPEC_SPAN_TARGET},
-    cleanup::{CleanupStack, panic_message},
+    cleanup::CleanupStack,
     cluster::ClusterInfo,
     ctx::{Ctx, CtxParts},
     duration,
-    error::SpecError,
     json_report::{self, JsonConfig},
-    junit, names, order,
+    junit,
+    monitor::{self, Monitor, Phase, SpecState},
+    names, order,
     outcome::OUTCOME_TARGET,
     outcome::{FailureKind, Outcome, RunReport, SpecReport},
-    progress::{self, Output},
+    progress::{self, Output, Verbosity},
     registry::{Registry, SpecDef, SuiteHooks},
     selection::Selection,
+    spec_end::{body_outcome, runner_failure, stop_body, write_failure_files},
 };
 
 /// How long creating a spec's namespace may take.
@@ -73,6 +75,15 @@ pub struct RunOptions {
     pub flake_attempts: u32,
     /// Where to write the report in ginkgo's JSON schema (`--json-report`).
     pub json_report: Option<PathBuf>,
+    /// A spec still running after this long prints a progress report, and again every
+    /// `poll_progress_interval` (`--poll-progress-after`); `None`: never.
+    pub poll_progress_after: Option<Duration>,
+    /// How often a slow spec's progress report repeats (`--poll-progress-interval`).
+    pub poll_progress_interval: Duration,
+    /// How much the run prints (`--succinct`, `-v`).
+    pub verbosity: Verbosity,
+    /// The running specs, for progress reports on demand (SIGUSR1) and the Ctrl-C messages.
+    pub monitor: Monitor,
 }
 
 impl Default for RunOptions {
@@ -94,6 +105,10 @@ impl Default for RunOptions {
             fail_fast: false,
             flake_attempts: 1,
             json_report: None,
+            poll_progress_after: None,
+            poll_progress_interval: Duration::from_secs(10),
+            verbosity: Verbosity::Normal,
+            monitor: Monitor::default(),
         }
     }
 }
@@ -136,6 +151,9 @@ pub async fn run_with_backend(
     }
     if options.procs == 0 || options.repeat == 0 || options.flake_attempts == 0 {
         return stop(report, "--procs, --repeat and --flake-attempts must be at least 1".to_owned());
+    }
+    if options.poll_progress_after.is_some() && options.poll_progress_interval.is_zero() {
+        return stop(report, "--poll-progress-interval must be more than 0".to_owned());
     }
     let total = registry.len();
     let (specs, hooks) = registry.into_parts();
@@ -249,7 +267,8 @@ pub async fn run_with_backend(
             Err(e) => report.error = Some(e),
         }
     }
-    env.options.output.block(&progress::summary(&report, not_run));
+    let lead = if env.options.verbosity == Verbosity::Succinct { "\n" } else { "" };
+    env.options.output.block(&format!("{lead}{}", progress::summary(&report, not_run)));
     report
 }
 
@@ -302,25 +321,6 @@ async fn spawn_spec(env: &Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecRep
     }
 }
 
-fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::JoinError) -> SpecReport {
-    SpecReport {
-        full_text: spec.info.full_text().to_owned(),
-        labels: spec.info.labels().to_vec(),
-        index: spec.info.index(),
-        attempt,
-        outcome: Outcome::failed(
-            FailureKind::Error,
-            format!("the runner's task for this spec failed: {error}"),
-        ),
-        started: std::time::SystemTime::now(),
-        duration: Duration::ZERO,
-        log: String::new(),
-        artifacts: None,
-        tries: 1,
-        earlier_failures: Vec::new(),
-    }
-}
-
 /// Runs a spec up to `--flake-attempts` times, until it does not fail (or the run is
 /// interrupted); the report is the last run's, with the failures before it. A spec that still
 /// fails stops new specs with `--fail-fast`.
@@ -363,7 +363,16 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
         env.options.repeat,
         try_number,
     );
-    let run = execute(&env, &spec, attempt, &dir).instrument(span).await;
+    let cleanups = Arc::new(CleanupStack::default());
+    let verbose = (env.options.verbosity == Verbosity::Verbose).then(|| env.options.output.clone());
+    let state = SpecState::new(id, spec.info.full_text(), spec.info.name(), cleanups.clone(), verbose);
+    if env.options.verbosity == Verbosity::Verbose {
+        let again = if try_number > 1 { format!(" (try {try_number})") } else { String::new() };
+        env.options.output.block(&format!("START {}{again}\n", spec.info.full_text()));
+    }
+    let running = Running::start(&env, state.clone());
+    let run = execute(&env, &spec, attempt, &dir, &state, cleanups).instrument(span).await;
+    drop(running);
     let duration = started.elapsed();
     let log = capture::take(id);
     let artifacts = if run.outcome.is_failed() {
@@ -385,19 +394,67 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
         tries: try_number,
         earlier_failures: Vec::new(),
     };
-    env.options.output.block(&progress::spec_block(&report, env.options.repeat, env.options.flake_attempts));
+    env.options.output.block(&progress::spec_block(
+        &report,
+        env.options.repeat,
+        env.options.flake_attempts,
+        env.options.verbosity,
+    ));
     report
 }
 
-struct Execution {
-    outcome: Outcome,
-    /// Problems while collecting artifacts.
-    problems: Vec<String>,
-    /// Whether the artifact folder was already emptied for this run.
-    dir_ready: bool,
+/// A spec in the run's [`Monitor`], with its progress poller; both end when this is dropped
+/// (also when the spec's task panics).
+struct Running {
+    monitor: Monitor,
+    state: Arc<SpecState>,
+    poller: Option<tokio::task::JoinHandle<()>>,
 }
 
-async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) -> Execution {
+impl Running {
+    fn start(env: &Env, state: Arc<SpecState>) -> Self {
+        env.options.monitor.add(&state);
+        let poller = env.options.poll_progress_after.map(|after| {
+            let (output, interval, state) =
+                (env.options.output.clone(), env.options.poll_progress_interval, state.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                loop {
+                    output.block(&format!("\nAutomatically polling progress:\n{}", state.report()));
+                    tokio::time::sleep(interval).await;
+                }
+            })
+        });
+        Self { monitor: env.options.monitor.clone(), state, poller }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(poller) = &self.poller {
+            poller.abort();
+        }
+        self.monitor.remove(&self.state);
+    }
+}
+
+/// What running a spec produced, before its report is made.
+pub(crate) struct Execution {
+    pub(crate) outcome: Outcome,
+    /// Problems while collecting artifacts.
+    pub(crate) problems: Vec<String>,
+    /// Whether the artifact folder was already emptied for this run.
+    pub(crate) dir_ready: bool,
+}
+
+async fn execute(
+    env: &Arc<Env>,
+    spec: &Arc<SpecDef>,
+    attempt: u32,
+    dir: &Path,
+    state: &Arc<SpecState>,
+    cleanups: Arc<CleanupStack>,
+) -> Execution {
     let info = &spec.info;
     let options = &env.options;
     tracing::info!("starting {:?} (attempt {attempt})", info.full_text());
@@ -407,28 +464,31 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
         generate_name: names::namespace_prefix(info.name()),
         full_text: info.full_text().to_owned(),
     };
-    let namespace =
-        match tokio::time::timeout(NAMESPACE_CREATE_TIMEOUT, env.backend.create_namespace(&request)).await {
-            Ok(Ok(ns)) => ns,
-            Ok(Err(e)) => {
-                tracing::error!(target: OUTCOME_TARGET, "cannot create the spec's namespace: {e}");
-                run.outcome =
-                    Outcome::failed(FailureKind::Setup, format!("cannot create the spec's namespace: {e}"));
-                return run;
-            }
-            Err(_) => {
-                let message = format!(
-                    "timed out after {} waiting for the spec's namespace to be created",
-                    duration::display(NAMESPACE_CREATE_TIMEOUT)
-                );
-                tracing::error!(target: OUTCOME_TARGET, "{message}");
-                run.outcome = Outcome::failed(FailureKind::Setup, message);
-                return run;
-            }
-        };
+    let create = async {
+        let _waiting = monitor::waiting("the spec's namespace to be created", Some(NAMESPACE_CREATE_TIMEOUT));
+        tokio::time::timeout(NAMESPACE_CREATE_TIMEOUT, env.backend.create_namespace(&request)).await
+    };
+    let namespace = match state.scope(create).await {
+        Ok(Ok(ns)) => ns,
+        Ok(Err(e)) => {
+            tracing::error!(target: OUTCOME_TARGET, "cannot create the spec's namespace: {e}");
+            run.outcome =
+                Outcome::failed(FailureKind::Setup, format!("cannot create the spec's namespace: {e}"));
+            return run;
+        }
+        Err(_) => {
+            let message = format!(
+                "timed out after {} waiting for the spec's namespace to be created",
+                duration::display(NAMESPACE_CREATE_TIMEOUT)
+            );
+            tracing::error!(target: OUTCOME_TARGET, "{message}");
+            run.outcome = Outcome::failed(FailureKind::Setup, message);
+            return run;
+        }
+    };
     tracing::info!(namespace = %namespace.name, "created namespace");
+    state.verbose_line(&format!("created namespace {}", namespace.name));
 
-    let cleanups = Arc::new(CleanupStack::default());
     let (backend, ns, ns_timeout) = (env.backend.clone(), namespace.clone(), options.namespace_timeout);
     // First registered, so it runs last; its own timeout covers the wait inside.
     cleanups.push(
@@ -461,7 +521,8 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
     }
     let body = spec.body.clone();
     let body_ctx = ctx.clone();
-    let mut task = tokio::spawn(async move { body(body_ctx).await }.in_current_span());
+    state.set_phase(Phase::Body);
+    let mut task = tokio::spawn(state.scope(async move { body(body_ctx).await }).in_current_span());
     run.outcome = tokio::select! {
         // The spec's token is only cancelled here by an interrupt (timeouts
         // cancel it below): a body that returned because of it was interrupted.
@@ -476,11 +537,13 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
         () = tokio::time::sleep_until(deadline) => {
             let message = format!("timed out after {}", duration::display(timeout));
             tracing::error!(target: OUTCOME_TARGET, "{message}; cancelling the spec");
+            state.set_phase(Phase::Cancelling);
             stop_body(&token, task, options.cancel_grace).await;
             Outcome::failed(FailureKind::Timeout, message)
         }
         () = env.interrupt.cancelled() => {
             tracing::warn!(target: OUTCOME_TARGET, "interrupted; cancelling the spec");
+            state.set_phase(Phase::Cancelling);
             stop_body(&token, task, options.cancel_grace).await;
             Outcome::failed(FailureKind::Interrupted, "interrupted (Ctrl-C) while running")
         }
@@ -488,6 +551,7 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
 
     // Collect what the cluster looks like now, before cleanups change it.
     if matches!(&run.outcome, Outcome::Failed { kind, .. } if *kind != FailureKind::Interrupted) {
+        state.set_phase(Phase::Artifacts);
         run.problems = artifacts::collect(
             env.backend.as_ref(),
             env.options.artifact_timeout,
@@ -499,7 +563,7 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
         run.dir_ready = true;
     }
 
-    let failures = cleanups.run_all().await;
+    let failures = cleanups.run_all_watched(Some(state)).await;
     token.cancel();
     if !failures.is_empty() {
         let list: Vec<String> = failures.iter().map(ToString::to_string).collect();
@@ -524,67 +588,4 @@ async fn execute(env: &Arc<Env>, spec: &Arc<SpecDef>, attempt: u32, dir: &Path) 
         }
     );
     run
-}
-
-/// What the body's task ended with.
-fn body_outcome(joined: Result<Result<(), SpecError>, tokio::task::JoinError>) -> Outcome {
-    match joined {
-        Ok(Ok(())) => Outcome::Passed,
-        Ok(Err(SpecError::Skipped(reason))) => {
-            tracing::info!(target: OUTCOME_TARGET, "skipped: {reason}");
-            Outcome::Skipped { reason }
-        }
-        Ok(Err(SpecError::Failed(e))) => {
-            tracing::error!(target: OUTCOME_TARGET, "failed: {e:#}");
-            Outcome::Failed { kind: FailureKind::Error, message: format!("{e:#}"), details: format!("{e:?}") }
-        }
-        Err(e) if e.is_panic() => {
-            let message = format!("panicked: {}", panic_message(e.into_panic()));
-            tracing::error!(target: OUTCOME_TARGET, "{message}");
-            Outcome::failed(FailureKind::Panic, message)
-        }
-        Err(e) => Outcome::failed(FailureKind::Error, format!("the spec's task ended unexpectedly: {e}")),
-    }
-}
-
-/// Cancels the spec's token, gives the body `grace` to return, then aborts it.
-async fn stop_body(
-    token: &CancellationToken,
-    mut task: tokio::task::JoinHandle<Result<(), SpecError>>,
-    grace: Duration,
-) {
-    token.cancel();
-    if tokio::time::timeout(grace, &mut task).await.is_err() {
-        tracing::warn!(
-            "the spec body did not return within {} of being cancelled; aborting it",
-            duration::display(grace)
-        );
-        task.abort();
-        let _ = task.await;
-    }
-}
-
-/// `failure.txt` and `spec.log` (written last, so they include the cleanups).
-async fn write_failure_files(dir: &Path, run: &Execution, log: &str) {
-    if !run.dir_ready
-        && let Err(e) = artifacts::fresh_dir(dir).await
-    {
-        tracing::error!("cannot create the artifact folder {}: {e}", dir.display());
-        return;
-    }
-    let mut failure = match &run.outcome {
-        Outcome::Failed { kind, details, .. } => format!("{} failure:\n{details}\n", kind.as_str()),
-        _ => String::new(),
-    };
-    if !run.problems.is_empty() {
-        failure.push_str("\nproblems while collecting artifacts:\n");
-        for p in &run.problems {
-            failure.push_str(&format!("- {p}\n"));
-        }
-    }
-    for (file, text) in [("failure.txt", failure.as_str()), ("spec.log", log)] {
-        if let Err(e) = tokio::fs::write(dir.join(file), text).await {
-            tracing::error!("cannot write {}: {e}", dir.join(file).display());
-        }
-    }
 }

@@ -159,6 +159,7 @@ impl ProxyProcess {
     /// Waits until the process was started at least `n` times.
     pub async fn wait_starts(&self, n: u64, timeout: Duration) -> Result<(), PodExecError> {
         let mut rx = self.starts.clone();
+        let _waiting = crate::framework::waiting(format!("start #{n} of a proxied process"), Some(timeout));
         match tokio::time::timeout(timeout, rx.wait_for(|s| *s >= n)).await {
             Ok(Ok(_)) => Ok(()),
             _ => Err(PodExecError::Timeout {

@@ -275,6 +275,8 @@ impl Tunnel {
         timeout: Duration,
         mut done: impl FnMut(&TunnelStats) -> bool,
     ) -> Result<TunnelStats, TunnelError> {
+        let _waiting =
+            crate::framework::waiting(format!("tunnel to {}: {what}", self.shared.target), Some(timeout));
         let mut rx = self.shared.state.subscribe();
         // Drop the `Ref` at once: a second read lock while a writer waits would deadlock.
         let waited =
