@@ -69,6 +69,10 @@ pub struct DriverConfig {
     pub image: String,
     /// How long the kubelets get to register the plugins.
     pub registration_timeout: Duration,
+    /// Device metadata: the versions each metadata file holds, in this order (upstream's
+    /// `EnableDeviceMetadata` with `DeviceMetadataVersions`); `None`: off. Must include
+    /// v1beta1 (see [`crate::plugin::MetadataConfig::new`]).
+    pub device_metadata: Option<Vec<MetadataVersion>>,
 }
 
 impl DriverConfig {
@@ -90,6 +94,7 @@ impl DriverConfig {
             kubelet_root_dir: DEFAULT_KUBELET_ROOT_DIR.to_owned(),
             image: DEFAULT_PROXY_IMAGE.to_owned(),
             registration_timeout: REGISTRATION_TIMEOUT,
+            device_metadata: None,
         }
     }
 
@@ -145,6 +150,12 @@ impl DriverConfig {
     /// Sets [`DriverConfig::kubelet_root_dir`].
     pub fn kubelet_root_dir(mut self, dir: impl Into<String>) -> Self {
         self.kubelet_root_dir = dir.into();
+        self
+    }
+
+    /// Turns device metadata on with these versions (see [`DriverConfig::device_metadata`]).
+    pub fn device_metadata(mut self, versions: &[MetadataVersion]) -> Self {
+        self.device_metadata = Some(versions.to_vec());
         self
     }
 

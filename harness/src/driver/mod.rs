@@ -74,7 +74,10 @@ use crate::{
     calls::{CallLog, Calls, CallsError, FaultGuard, Method},
     framework::{ArtifactSource, Ctx},
     manifests::{self, INSTANCE_LABEL, ManifestError},
-    plugin::{ClaimId, HealthState, KubeClaims, PluginConfig, kubelet_needs_dra_authority_rewrite},
+    plugin::{
+        ClaimId, HealthState, KubeClaims, MetadataConfig, MetadataConfigError, MetadataVersion, PluginConfig,
+        kubelet_needs_dra_authority_rewrite,
+    },
     proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec},
     wait::{self, Attempt, Verdict, WaitError},
 };

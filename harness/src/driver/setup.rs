@@ -4,6 +4,17 @@
 use super::*;
 
 impl Driver {
+    /// The plugins' device metadata configuration: files under the plugin data directory,
+    /// which the proxy pods mount at the node's path.
+    pub(super) fn metadata_config(&self) -> Result<Option<MetadataConfig>, DriverError> {
+        let inner = &self.inner;
+        let Some(versions) = &inner.config.device_metadata else { return Ok(None) };
+        let dir = proxy::plugin_data_dir(&inner.config.kubelet_root_dir, &inner.name);
+        MetadataConfig::new(dir, versions)
+            .map(Some)
+            .map_err(|source| DriverError::Metadata { driver: inner.name.clone(), source })
+    }
+
     /// Starts one proxied plugin per proxy pod and registers their stop, then the scale-down.
     pub(super) async fn start_plugins(&self, ctx: &Ctx) -> Result<(), DriverError> {
         let inner = &self.inner;
@@ -24,7 +35,8 @@ impl Driver {
                 .health_v1alpha1(inner.config.health_v1alpha1)
                 .dra_authority_rewrite(kubelet_needs_dra_authority_rewrite(
                     kubelet.map(|v| v.minor_version()),
-                ));
+                ))
+                .metadata(self.metadata_config()?);
             if inner.config.rolling_update {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
                 if uid.is_empty() {
