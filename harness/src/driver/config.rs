@@ -73,6 +73,14 @@ pub struct DriverConfig {
     /// `EnableDeviceMetadata` with `DeviceMetadataVersions`); `None`: off. Must include
     /// v1beta1 (see [`crate::plugin::MetadataConfig::new`]).
     pub device_metadata: Option<Vec<MetadataVersion>>,
+    /// Upstream's `ReconcilePoolWithName` together with `UsePrivilegedClient`: each node's
+    /// pool of this name is published with the admin client by a [`SliceController`] that
+    /// reconciles only that pool (so a deleted slice comes back), instead of once as a
+    /// node-local slice; a pool without node selector is published with `allNodes: true`. The
+    /// driver deletes those slices at teardown (no kubelet owns them).
+    ///
+    /// [`SliceController`]: crate::slice_controller::SliceController
+    pub reconcile_pool: Option<String>,
 }
 
 impl DriverConfig {
@@ -95,6 +103,7 @@ impl DriverConfig {
             image: DEFAULT_PROXY_IMAGE.to_owned(),
             registration_timeout: REGISTRATION_TIMEOUT,
             device_metadata: None,
+            reconcile_pool: None,
         }
     }
 
@@ -156,6 +165,12 @@ impl DriverConfig {
     /// Turns device metadata on with these versions (see [`DriverConfig::device_metadata`]).
     pub fn device_metadata(mut self, versions: &[MetadataVersion]) -> Self {
         self.device_metadata = Some(versions.to_vec());
+        self
+    }
+
+    /// Sets [`DriverConfig::reconcile_pool`].
+    pub fn reconcile_pool(mut self, pool: impl Into<String>) -> Self {
+        self.reconcile_pool = Some(pool.into());
         self
     }
 

@@ -229,8 +229,9 @@ impl Driver {
 
         let resources = config.resources.generate(nodes);
         let multi_host = resources.get(MULTI_HOST);
-        if multi_host.is_some() || !config.with_kubelet {
-            // No kubelet removes these (network-attached pools, or no registered plugin).
+        if multi_host.is_some() || !config.with_kubelet || config.reconcile_pool.is_some() {
+            // No kubelet removes these (network-attached pools, no registered plugin, or
+            // cluster-wide pools published with the admin client).
             let api = slices_api.clone();
             let driver = name.clone();
             ctx.defer(format!("delete the ResourceSlices of driver {name}"), async move {
@@ -344,6 +345,7 @@ impl Driver {
         }
 
         driver.publish_node_local(&resources).await?;
+        driver.start_pool_controllers(ctx, &resources);
 
         if driver.inner.config.with_kubelet {
             driver.wait_registered().await?;
