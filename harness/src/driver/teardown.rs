@@ -47,7 +47,8 @@ impl Driver {
         if leftover_files {
             tracing::warn!(%driver, %node, claims = ?leftover, "stopping a plugin that still holds prepared claims; removing their CDI files");
         }
-        if !leftover_files && !(last && metadata.is_some()) {
+        let remove_metadata_dir = last && metadata.is_some();
+        if !leftover_files && !remove_metadata_dir {
             return;
         }
         let pod =
