@@ -8,6 +8,9 @@
 //!   (idempotent, nothing rewritten); else one CDI spec per allocation result
 //!   of this driver is written and the devices returned. Per-claim failures go
 //!   into the claim's `error` field.
+//! - With device metadata on ([`PluginConfig::metadata`]), prepare also writes a metadata
+//!   file and a CDI spec that mounts it per request, and adds the mount's CDI ID to the
+//!   request's first device (see [`super::metadata`]); unprepare removes them.
 //! - Unprepare removes the files of prepared claims; unknown claims succeed.
 //!
 //! Unlike upstream there is no global lock: calls for different claims run in
