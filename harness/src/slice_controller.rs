@@ -54,6 +54,9 @@ pub struct SliceStats {
 struct Inner {
     api: Api<ResourceSlice>,
     driver: String,
+    /// Only this pool is reconciled (upstream's `ReconcilePoolWithName`): other pools' slices
+    /// are left alone, and desired pools of other names are not published.
+    only_pool: Option<String>,
     desired: Mutex<DriverResources>,
     stats: Mutex<SliceStats>,
     errors: Mutex<Vec<String>>,
@@ -74,9 +77,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl SliceController {
     /// Starts publishing `resources` for `driver` with `client`.
     pub fn start(client: kube::Client, driver: impl Into<String>, resources: DriverResources) -> Self {
+        Self::start_inner(client, driver.into(), resources, None)
+    }
+
+    /// Like [`SliceController::start`], but reconciles only the pool `pool` (upstream's
+    /// `kubeletplugin.ReconcilePoolWithName`): slices of the driver's other pools are neither
+    /// deleted nor changed, and only `pool` of `resources` is published.
+    pub fn start_for_pool(
+        client: kube::Client,
+        driver: impl Into<String>,
+        resources: DriverResources,
+        pool: impl Into<String>,
+    ) -> Self {
+        Self::start_inner(client, driver.into(), resources, Some(pool.into()))
+    }
+
+    fn start_inner(
+        client: kube::Client,
+        driver: String,
+        resources: DriverResources,
+        only_pool: Option<String>,
+    ) -> Self {
         let inner = Arc::new(Inner {
             api: Api::all(client),
-            driver: driver.into(),
+            driver,
+            only_pool,
             desired: Mutex::new(resources),
             stats: Mutex::new(SliceStats::default()),
             errors: Mutex::new(Vec::new()),
@@ -85,7 +110,7 @@ impl SliceController {
         let watch = {
             let inner = inner.clone();
             tokio::spawn(async move {
-                let config = watcher::Config::default().fields(&format!("spec.driver={}", inner.driver));
+                let config = watcher::Config::default().fields(&inner.field_selector());
                 let mut events = watcher(inner.api.clone(), config).boxed();
                 while let Some(event) = events.next().await {
                     if event.is_ok() {
@@ -143,17 +168,29 @@ impl Drop for SliceController {
 }
 
 impl Inner {
+    /// `spec.driver=<driver>`, and `spec.pool.name=<pool>` when only one pool is reconciled.
+    fn field_selector(&self) -> String {
+        match &self.only_pool {
+            Some(pool) => format!("spec.driver={},spec.pool.name={pool}", self.driver),
+            None => format!("spec.driver={}", self.driver),
+        }
+    }
+
     async fn reconcile(&self) -> Result<(), String> {
         let list = self
             .api
-            .list(&ListParams::default().fields(&format!("spec.driver={}", self.driver)))
+            .list(&ListParams::default().fields(&self.field_selector()))
             .await
             .map_err(|e| format!("list the ResourceSlices of driver {}: {e}", self.driver))?;
         let mut by_pool: BTreeMap<String, Vec<ResourceSlice>> = BTreeMap::new();
         for slice in list.items.into_iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
             by_pool.entry(slice.spec.pool.name.clone()).or_default().push(slice);
         }
-        let desired = lock(&self.desired).clone();
+        let mut desired = lock(&self.desired).clone();
+        if let Some(only) = &self.only_pool {
+            desired.pools.retain(|name, _| name == only);
+            by_pool.retain(|name, _| name == only);
+        }
         for (name, slices) in &by_pool {
             if !desired.pools.contains_key(name) {
                 self.delete(slices.iter()).await?;

@@ -69,6 +69,18 @@ pub struct DriverConfig {
     pub image: String,
     /// How long the kubelets get to register the plugins.
     pub registration_timeout: Duration,
+    /// Device metadata: the versions each metadata file holds, in this order (upstream's
+    /// `EnableDeviceMetadata` with `DeviceMetadataVersions`); `None`: off. Must include
+    /// v1beta1 (see [`crate::plugin::MetadataConfig::new`]).
+    pub device_metadata: Option<Vec<MetadataVersion>>,
+    /// Upstream's `ReconcilePoolWithName` together with `UsePrivilegedClient`: each node's
+    /// pool of this name is published with the admin client by a [`SliceController`] that
+    /// reconciles only that pool (so a deleted slice comes back), instead of once as a
+    /// node-local slice; a pool without node selector is published with `allNodes: true`. The
+    /// driver deletes those slices at teardown (no kubelet owns them).
+    ///
+    /// [`SliceController`]: crate::slice_controller::SliceController
+    pub reconcile_pool: Option<String>,
 }
 
 impl DriverConfig {
@@ -90,6 +102,8 @@ impl DriverConfig {
             kubelet_root_dir: DEFAULT_KUBELET_ROOT_DIR.to_owned(),
             image: DEFAULT_PROXY_IMAGE.to_owned(),
             registration_timeout: REGISTRATION_TIMEOUT,
+            device_metadata: None,
+            reconcile_pool: None,
         }
     }
 
@@ -145,6 +159,18 @@ impl DriverConfig {
     /// Sets [`DriverConfig::kubelet_root_dir`].
     pub fn kubelet_root_dir(mut self, dir: impl Into<String>) -> Self {
         self.kubelet_root_dir = dir.into();
+        self
+    }
+
+    /// Turns device metadata on with these versions (see [`DriverConfig::device_metadata`]).
+    pub fn device_metadata(mut self, versions: &[MetadataVersion]) -> Self {
+        self.device_metadata = Some(versions.to_vec());
+        self
+    }
+
+    /// Sets [`DriverConfig::reconcile_pool`].
+    pub fn reconcile_pool(mut self, pool: impl Into<String>) -> Self {
+        self.reconcile_pool = Some(pool.into());
         self
     }
 

@@ -67,6 +67,15 @@ pub enum DriverError {
         /// `namespace/name` of the pod.
         pod: String,
     },
+    /// The device metadata configuration is not one upstream's helper accepts.
+    #[error("driver {driver}: device metadata: {source}")]
+    Metadata {
+        /// The driver.
+        driver: String,
+        /// Why.
+        #[source]
+        source: MetadataConfigError,
+    },
     /// The driver does not run on this node.
     #[error("driver {driver} does not run on node {node}; it runs on {nodes:?}")]
     UnknownNode {

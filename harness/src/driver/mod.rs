@@ -74,7 +74,10 @@ use crate::{
     calls::{CallLog, Calls, CallsError, FaultGuard, Method},
     framework::{ArtifactSource, Ctx},
     manifests::{self, INSTANCE_LABEL, ManifestError},
-    plugin::{ClaimId, HealthState, KubeClaims, PluginConfig, kubelet_needs_dra_authority_rewrite},
+    plugin::{
+        ClaimId, HealthState, KubeClaims, MetadataConfig, MetadataConfigError, MetadataVersion, PluginConfig,
+        kubelet_needs_dra_authority_rewrite,
+    },
     proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec},
     wait::{self, Attempt, Verdict, WaitError},
 };
@@ -226,8 +229,9 @@ impl Driver {
 
         let resources = config.resources.generate(nodes);
         let multi_host = resources.get(MULTI_HOST);
-        if multi_host.is_some() || !config.with_kubelet {
-            // No kubelet removes these (network-attached pools, or no registered plugin).
+        if multi_host.is_some() || !config.with_kubelet || config.reconcile_pool.is_some() {
+            // No kubelet removes these (network-attached pools, no registered plugin, or
+            // cluster-wide pools published with the admin client).
             let api = slices_api.clone();
             let driver = name.clone();
             ctx.defer(format!("delete the ResourceSlices of driver {name}"), async move {
@@ -341,6 +345,7 @@ impl Driver {
         }
 
         driver.publish_node_local(&resources).await?;
+        driver.start_pool_controllers(ctx, &resources);
 
         if driver.inner.config.with_kubelet {
             driver.wait_registered().await?;

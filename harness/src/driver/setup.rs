@@ -4,6 +4,17 @@
 use super::*;
 
 impl Driver {
+    /// The plugins' device metadata configuration: files under the plugin data directory,
+    /// which the proxy pods mount at the node's path.
+    pub(super) fn metadata_config(&self) -> Result<Option<MetadataConfig>, DriverError> {
+        let inner = &self.inner;
+        let Some(versions) = &inner.config.device_metadata else { return Ok(None) };
+        let dir = proxy::plugin_data_dir(&inner.config.kubelet_root_dir, &inner.name);
+        MetadataConfig::new(dir, versions)
+            .map(Some)
+            .map_err(|source| DriverError::Metadata { driver: inner.name.clone(), source })
+    }
+
     /// Starts one proxied plugin per proxy pod and registers their stop, then the scale-down.
     pub(super) async fn start_plugins(&self, ctx: &Ctx) -> Result<(), DriverError> {
         let inner = &self.inner;
@@ -24,7 +35,8 @@ impl Driver {
                 .health_v1alpha1(inner.config.health_v1alpha1)
                 .dra_authority_rewrite(kubelet_needs_dra_authority_rewrite(
                     kubelet.map(|v| v.minor_version()),
-                ));
+                ))
+                .metadata(self.metadata_config()?);
             if inner.config.rolling_update {
                 let uid = pod.metadata.uid.clone().unwrap_or_default();
                 if uid.is_empty() {
@@ -129,6 +141,11 @@ impl Driver {
                 .and_then(|s| s.client.clone())
                 .unwrap_or_else(|| inner.admin.clone());
             let api: Api<ResourceSlice> = Api::all(client);
+            // A pool reconciled by its own controller is not published here.
+            let mut res = res.clone();
+            if let Some(pool) = &inner.config.reconcile_pool {
+                res.pools.remove(pool);
+            }
             // Another instance of the same driver (an update) may have published this node's
             // pools already: keep identical slices, as upstream's slice controller does.
             let existing = Api::<ResourceSlice>::all(inner.admin.clone())
@@ -142,7 +159,7 @@ impl Driver {
                     inner.name
                 )))?
                 .items;
-            for slice in resources::node_slices(&inner.name, &node_obj, res) {
+            for slice in resources::node_slices(&inner.name, &node_obj, &res) {
                 if let Some(same) = existing.iter().find(|e| same_slice_content(e, &slice)) {
                     tracing::info!(slice = ?same.metadata.name, node = %node, "keeping the identical ResourceSlice of an earlier instance");
                     continue;
@@ -154,6 +171,32 @@ impl Driver {
             }
         }
         Ok(())
+    }
+
+    /// With [`DriverConfig::reconcile_pool`]: per node that has that pool, a controller that
+    /// publishes and reconciles it with the admin client, stopped at teardown before the
+    /// driver's slices are deleted.
+    pub(super) fn start_pool_controllers(&self, ctx: &Ctx, resources: &Resources) {
+        let inner = &self.inner;
+        let Some(pool) = &inner.config.reconcile_pool else { return };
+        for (node, res) in resources.iter().filter(|(k, _)| k.as_str() != MULTI_HOST) {
+            let Some(desired) = res.pools.get(pool) else { continue };
+            let only = DriverResources { pools: BTreeMap::from([(pool.clone(), desired.clone())]) };
+            let controller = crate::slice_controller::SliceController::start_for_pool(
+                inner.admin.clone(),
+                &inner.name,
+                only,
+                pool,
+            );
+            tracing::info!(driver = %inner.name, %node, %pool, "reconciling the pool with the admin client");
+            ctx.defer(
+                format!("stop reconciling pool {pool} of driver {} for node {node}", inner.name),
+                async move {
+                    controller.stop();
+                    Ok(())
+                },
+            );
+        }
     }
 
     /// Waits until every node's kubelet reported a successful registration.

@@ -28,45 +28,60 @@ impl Driver {
     /// Stops a node's plugin. Claims it still holds as prepared (the kubelet did not unprepare
     /// them, e.g. after a failed spec) would leave their CDI files on the node: those are then
     /// removed through the proxy pod, with a warning, unless another instance of the driver still
-    /// runs on the node and shares the claims (it may still be asked to unprepare them).
+    /// runs on the node and shares the claims (it may still be asked to unprepare them). With
+    /// device metadata, the last instance also removes the metadata directory.
     pub(super) async fn stop_plugin(&self, node: &str, running: RunningPlugin) {
         let driver = &self.inner.name;
         let RunningPlugin { plugin, claims } = running;
         // Stop serving first, so that the prepared claims no longer change through this instance.
         let state = plugin.plugin().claim_state().clone();
         let cdi_dir = plugin.plugin().config().cdi_dir.clone();
+        let metadata = plugin.plugin().config().metadata.clone();
         plugin.stop().await;
         let leftover = state.prepared_claims();
         let last = claims.release();
         if !last && !leftover.is_empty() {
             tracing::info!(%driver, %node, claims = ?leftover, "another instance of the driver still runs on the node and keeps the prepared claims");
         }
-        if last && !leftover.is_empty() {
+        let leftover_files = last && !leftover.is_empty();
+        if leftover_files {
             tracing::warn!(%driver, %node, claims = ?leftover, "stopping a plugin that still holds prepared claims; removing their CDI files");
-            let pod = self
-                .inner
-                .per_node
-                .get(node)
-                .and_then(|s| s.pod.as_ref())
-                .map(crate::tunnel::PodRef::from_pod);
-            if let Some(Ok(pod)) = pod {
-                let files = crate::podexec::PodFiles::new(Arc::new(crate::podexec::PodExec::new(
-                    self.inner.stream.clone(),
-                    pod,
-                )));
-                for claim in &leftover {
-                    let devices = state.prepared_devices(claim).unwrap_or_default();
-                    let mut requests: Vec<&String> = devices.iter().flat_map(|d| &d.requests).collect();
-                    requests.sort();
-                    requests.dedup();
-                    for request in requests {
-                        let path = crate::plugin::spec_path(&cdi_dir, driver, &claim.uid, request);
-                        if let Err(e) = crate::plugin::FileOps::remove(&files, &path).await {
-                            tracing::warn!(%driver, %node, error = %e, "cannot remove a leftover CDI file");
-                        }
+        }
+        let remove_metadata_dir = last && metadata.is_some();
+        if !leftover_files && !remove_metadata_dir {
+            return;
+        }
+        let pod =
+            self.inner.per_node.get(node).and_then(|s| s.pod.as_ref()).map(crate::tunnel::PodRef::from_pod);
+        let Some(Ok(pod)) = pod else { return };
+        let files = crate::podexec::PodFiles::new(Arc::new(crate::podexec::PodExec::new(
+            self.inner.stream.clone(),
+            pod,
+        )));
+        for claim in leftover.iter().filter(|_| leftover_files) {
+            let devices = state.prepared_devices(claim).unwrap_or_default();
+            let mut requests: Vec<&String> = devices.iter().flat_map(|d| &d.requests).collect();
+            requests.sort();
+            requests.dedup();
+            for request in requests {
+                let mut paths = vec![crate::plugin::spec_path(&cdi_dir, driver, &claim.uid, request)];
+                if metadata.is_some() {
+                    paths.push(crate::plugin::metadata::cdi_spec_path(&cdi_dir, driver, &claim.uid, request));
+                }
+                for path in paths {
+                    if let Err(e) = crate::plugin::FileOps::remove(&files, &path).await {
+                        tracing::warn!(%driver, %node, error = %e, "cannot remove a leftover CDI file");
                     }
                 }
             }
+        }
+        // The last instance removes the metadata directory with whatever is left in it (the
+        // namespaces of leftover claims, which name their directories, are not kept).
+        if let Some(metadata) = &metadata
+            && last
+            && let Err(e) = crate::plugin::FileOps::remove_all(&files, &metadata.host_root()).await
+        {
+            tracing::warn!(%driver, %node, error = %e, "cannot remove the device metadata directory");
         }
     }
 }

@@ -1,4 +1,4 @@
-//! CDI spec files written through a [`Runner`]: the proxy pod's `/cdi` is the node's
+//! CDI spec and device metadata files written through a [`Runner`]: the proxy pod's `/cdi` is the node's
 //! `/var/run/cdi`, where the container runtime reads them.
 
 use std::{fmt, path::Path, sync::Arc};
@@ -18,7 +18,8 @@ pub const MAX_FILE_SIZE: usize = 90 * 1024;
 const WRITE_SCRIPT: &str = r#"umask 022 && printf '%s' "$1" | base64 -d > "$2""#;
 
 /// [`FileOps`] through commands: write = `sh -c '… base64 -d > "$2"' sh <base64> <path>`,
-/// rename = `mv -f -- <from> <to>`, remove = `rm -f -- <path>`. Paths are separate arguments,
+/// rename = `mv -f -- <from> <to>`, remove = `rm -f -- <path>`, `mkdir -p -- <path>`,
+/// `rm -rf -- <path>`. Paths are separate arguments,
 /// never part of shell text.
 #[derive(Clone)]
 pub struct PodFiles {
@@ -78,6 +79,16 @@ impl FileOps for PodFiles {
         let argv = ["rm", "-f", "--"].into_iter().map(String::from).chain([arg(path)]).collect();
         self.run("remove", path, argv).await
     }
+
+    async fn mkdir_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        let argv = ["mkdir", "-p", "--"].into_iter().map(String::from).chain([arg(path)]).collect();
+        self.run("mkdir", path, argv).await
+    }
+
+    async fn remove_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        let argv = ["rm", "-rf", "--"].into_iter().map(String::from).chain([arg(path)]).collect();
+        self.run("remove all", path, argv).await
+    }
 }
 
 #[cfg(test)]
@@ -104,6 +115,12 @@ mod tests {
         files.remove(&path).await.unwrap();
         assert!(!path.exists());
         files.remove(&path).await.unwrap();
+        let deep = dir.path().join("-a b").join("c");
+        files.mkdir_all(&deep).await.unwrap();
+        write_atomically(&files, &deep.join("f"), b"x").await.unwrap();
+        files.remove_all(&dir.path().join("-a b")).await.unwrap();
+        assert!(!deep.exists());
+        files.remove_all(&dir.path().join("-a b")).await.unwrap();
     }
 
     #[tokio::test]

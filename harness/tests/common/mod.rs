@@ -173,6 +173,15 @@ impl FileOps for CountingFiles {
         self.removes.fetch_add(1, Ordering::SeqCst);
         LocalDirFiles.remove(path).await
     }
+
+    async fn mkdir_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        LocalDirFiles.mkdir_all(path).await
+    }
+
+    async fn remove_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        self.removes.fetch_add(1, Ordering::SeqCst);
+        LocalDirFiles.remove_all(path).await
+    }
 }
 
 /// A plugin serving on Unix sockets in a temp dir.

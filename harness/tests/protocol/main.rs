@@ -11,6 +11,7 @@ mod authority;
 mod concurrency;
 mod errors;
 mod kubelet;
+mod metadata;
 mod plugin_tunnel;
 mod rolling_update;
 mod tunnel_host;

@@ -137,12 +137,29 @@ pub struct CdiDevice {
     pub container_edits: CdiContainerEdits,
 }
 
-/// CDI container edits; only `env` is used.
+/// CDI container edits: `env` (the test specs) and `mounts` (the device metadata specs).
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct CdiContainerEdits {
     /// `KEY=VALUE` strings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<String>,
+    /// Bind mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<CdiMount>,
+}
+
+/// A CDI mount.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct CdiMount {
+    /// The path on the node.
+    #[serde(rename = "hostPath")]
+    pub host_path: String,
+    /// The path in the container.
+    #[serde(rename = "containerPath")]
+    pub container_path: String,
+    /// Mount options, e.g. `ro`, `bind`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
 }
 
 impl CdiSpec {
@@ -151,7 +168,10 @@ impl CdiSpec {
         CdiSpec {
             version: CDI_VERSION.to_string(),
             kind: kind(driver),
-            devices: vec![CdiDevice { name: device_name, container_edits: CdiContainerEdits { env } }],
+            devices: vec![CdiDevice {
+                name: device_name,
+                container_edits: CdiContainerEdits { env, mounts: Vec::new() },
+            }],
             container_edits: CdiContainerEdits::default(),
         }
     }

@@ -2,6 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use super::metadata::MetadataConfig;
 use crate::grpc::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
 
 /// Default interval at which the health stream resends the full snapshot even
@@ -59,6 +60,9 @@ pub struct PluginConfig {
     /// socket path; see [`kubelet_needs_dra_authority_rewrite`]. Off by
     /// default: newer kubelets send `localhost`.
     pub dra_authority_rewrite: bool,
+    /// Write device metadata files for prepared claims and mount them into the containers
+    /// (upstream's `EnableDeviceMetadata`); `None`: off, as by default upstream.
+    pub metadata: Option<MetadataConfig>,
 }
 
 /// Whether a kubelet of this `(major, minor)` version (`None`: unknown) may
@@ -95,6 +99,7 @@ impl PluginConfig {
             health_resend_interval: Some(DEFAULT_HEALTH_RESEND_INTERVAL),
             stop_grace: Duration::from_millis(500),
             dra_authority_rewrite: false,
+            metadata: None,
         }
     }
 
@@ -145,6 +150,12 @@ impl PluginConfig {
     /// Sets [`PluginConfig::dra_authority_rewrite`].
     pub fn dra_authority_rewrite(mut self, on: bool) -> Self {
         self.dra_authority_rewrite = on;
+        self
+    }
+
+    /// Sets [`PluginConfig::metadata`].
+    pub fn metadata(mut self, metadata: Option<MetadataConfig>) -> Self {
+        self.metadata = metadata;
         self
     }
 

@@ -8,6 +8,9 @@
 //!   (idempotent, nothing rewritten); else one CDI spec per allocation result
 //!   of this driver is written and the devices returned. Per-claim failures go
 //!   into the claim's `error` field.
+//! - With device metadata on ([`PluginConfig::metadata`]), prepare also writes a metadata
+//!   file and a CDI spec that mounts it per request, and adds the mount's CDI ID to the
+//!   request's first device (see [`super::metadata`]); unprepare removes them.
 //! - Unprepare removes the files of prepared claims; unknown claims succeed.
 //!
 //! Unlike upstream there is no global lock: calls for different claims run in
@@ -27,7 +30,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use tonic::{Request, Response, Status};
 
 use super::{
@@ -35,6 +38,9 @@ use super::{
     cdi::{self, CdiSpec},
     claims::ClaimSource,
     files::{FileOps, write_atomically},
+    metadata::{
+        self, DeviceMetadata, DeviceMetadataRequest, MetadataConfig, MetadataDevice, MetadataObjectMeta,
+    },
 };
 use crate::grpc::{dra_v1, dra_v1beta1};
 
@@ -276,7 +282,104 @@ impl DraCore {
                 cdi_ids: vec![cdi::device_id(driver, uid, base)],
             });
         }
+        if let Some(config) = &self.config.metadata {
+            self.write_metadata(
+                config,
+                claim,
+                allocation.results.as_deref().unwrap_or_default(),
+                &mut devices,
+            )
+            .await?;
+        }
         Ok(devices)
+    }
+
+    /// Upstream's helper after a successful prepare with device metadata on: per request of
+    /// this driver a metadata file and a CDI spec that mounts it, whose device ID goes to the
+    /// request's first device (see [`metadata`]).
+    async fn write_metadata(
+        &self,
+        config: &MetadataConfig,
+        claim: &ResourceClaim,
+        results: &[DeviceRequestAllocationResult],
+        devices: &mut [PreparedDevice],
+    ) -> Result<(), String> {
+        let driver = &self.config.driver_name;
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let pod_claim_name = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(metadata::POD_CLAIM_NAME_ANNOTATION))
+            .cloned();
+        // Request (as in the results, maybe `request/sub`) -> its devices, in result order.
+        let mut requests: Vec<(&str, Vec<MetadataDevice>)> = Vec::new();
+        for result in results.iter().filter(|r| &r.driver == driver) {
+            let device = MetadataDevice::test_driver(driver, &result.pool, &result.device);
+            match requests.iter_mut().find(|(r, _)| *r == result.request) {
+                Some((_, devices)) => devices.push(device),
+                None => requests.push((&result.request, vec![device])),
+            }
+        }
+        for (request, metadata_devices) in requests {
+            let base = cdi::base_request(request);
+            let object = DeviceMetadata {
+                metadata: MetadataObjectMeta {
+                    name: name.clone(),
+                    namespace: namespace.clone(),
+                    uid: uid.clone(),
+                    generation: 1,
+                },
+                pod_claim_name: pod_claim_name.clone(),
+                requests: vec![DeviceMetadataRequest { name: request.to_owned(), devices: metadata_devices }],
+                ..Default::default()
+            };
+            let stream = object
+                .encode_stream(&config.versions)
+                .map_err(|e| format!("write metadata for request {request:?}: encode: {e}"))?;
+            let host_file = config.host_file(&namespace, &name, base);
+            let dir = host_file.parent().unwrap_or(&config.plugin_data_dir);
+            self.files.mkdir_all(dir).await.map_err(|e| {
+                format!("write metadata for request {request:?}: create metadata directory: {e}")
+            })?;
+            write_atomically(self.files.as_ref(), &host_file, &stream)
+                .await
+                .map_err(|e| format!("write metadata for request {request:?}: write metadata file: {e}"))?;
+            let container_path = match pod_claim_name.as_deref() {
+                Some(pod_claim) if !pod_claim.is_empty() => {
+                    metadata::resource_claim_template_file_path(driver, pod_claim, base)
+                }
+                _ => metadata::resource_claim_file_path(driver, &name, base),
+            };
+            let spec =
+                metadata::cdi_spec(driver, metadata::cdi_device_name(&uid, base), &host_file, container_path);
+            let json = serde_json::to_vec_pretty(&spec)
+                .map_err(|e| format!("write CDI spec for request {request:?}: marshal CDI spec: {e}"))?;
+            let path = metadata::cdi_spec_path(&self.config.cdi_dir, driver, &uid, base);
+            write_atomically(self.files.as_ref(), &path, &json)
+                .await
+                .map_err(|e| format!("write CDI spec for request {request:?}: write CDI spec file: {e}"))?;
+            tracing::debug!(file = %host_file.display(), cdi = %path.display(), "device metadata written");
+            if let Some(first) = devices.iter_mut().find(|d| d.requests.iter().any(|r| r == base)) {
+                first.cdi_ids.push(metadata::cdi_device_id(driver, &uid, base));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a claim's device metadata: its directory and its metadata CDI specs.
+    async fn remove_metadata(&self, req: &ClaimRequest, devices: &[PreparedDevice]) -> Result<(), String> {
+        let Some(config) = &self.config.metadata else { return Ok(()) };
+        let dir = config.claim_dir(&req.namespace, &req.name);
+        self.files.remove_all(&dir).await.map_err(|e| format!("clean up device metadata: {e}"))?;
+        for request in devices.iter().flat_map(|d| &d.requests) {
+            let path =
+                metadata::cdi_spec_path(&self.config.cdi_dir, &self.config.driver_name, &req.uid, request);
+            self.files.remove(&path).await.map_err(|e| format!("clean up device metadata: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Unprepares all claims; per-claim results keyed by UID (`Ok` = success).
@@ -311,6 +414,9 @@ impl DraCore {
                             }
                             tracing::debug!(path = %path.display(), "CDI file removed");
                         }
+                    }
+                    if result.is_ok() {
+                        result = self.remove_metadata(req, &devices).await;
                     }
                     if result.is_ok() {
                         self.state.remove(&id);

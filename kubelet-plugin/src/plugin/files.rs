@@ -1,8 +1,8 @@
-//! File operations for CDI spec files.
+//! File operations for CDI spec files and device metadata files.
 //!
-//! The plugin needs only three primitives, so that an implementation can run
+//! The plugin needs only five primitives, so that an implementation can run
 //! them anywhere: locally ([`LocalDirFiles`]) or inside the proxy pod through
-//! `exec` (`sh`/`base64` for write, `mv` for rename, `rm -f` for remove).
+//! `exec` (`sh`/`base64` for write, `mv` for rename, `rm -f` for remove, `mkdir -p`, `rm -rf`).
 //! Atomic replacement (write `<name>.tmp`, then rename) is done by the plugin
 //! on top of these primitives, see [`write_atomically`].
 
@@ -43,6 +43,12 @@ pub trait FileOps: Send + Sync + fmt::Debug + 'static {
 
     /// Removes `path`. A missing file is success.
     async fn remove(&self, path: &Path) -> Result<(), FileOpsError>;
+
+    /// Creates the directory `path` and its missing parents (mode 0755).
+    async fn mkdir_all(&self, path: &Path) -> Result<(), FileOpsError>;
+
+    /// Removes the directory `path` with everything in it. A missing directory is success.
+    async fn remove_all(&self, path: &Path) -> Result<(), FileOpsError>;
 }
 
 /// The temporary name used while writing `path`: `<path>.tmp`.
@@ -111,6 +117,20 @@ impl FileOps for LocalDirFiles {
             Err(e) => Err(FileOpsError::new("remove", path, e)),
         }
     }
+
+    async fn mkdir_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        let mut builder = tokio::fs::DirBuilder::new();
+        builder.recursive(true).mode(0o755);
+        builder.create(path).await.map_err(|e| FileOpsError::new("mkdir", path, e))
+    }
+
+    async fn remove_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        match tokio::fs::remove_dir_all(path).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(FileOpsError::new("remove all", path, e)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +148,18 @@ mod tests {
         assert!(!path.exists());
         // Missing file: still success.
         LocalDirFiles.remove(&path).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn local_mkdir_all_and_remove_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a").join("b");
+        LocalDirFiles.mkdir_all(&deep).await.unwrap();
+        LocalDirFiles.mkdir_all(&deep).await.unwrap();
+        write_atomically(&LocalDirFiles, &deep.join("f"), b"x").await.unwrap();
+        LocalDirFiles.remove_all(&dir.path().join("a")).await.unwrap();
+        assert!(!dir.path().join("a").exists());
+        LocalDirFiles.remove_all(&dir.path().join("a")).await.unwrap();
     }
 
     #[tokio::test]

@@ -36,6 +36,7 @@ mod config;
 mod dra;
 mod files;
 mod health;
+pub mod metadata;
 mod registration;
 mod serving;
 
@@ -50,14 +51,15 @@ use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 pub use cdi::{
-    CDI_CLASS, CDI_VERSION, CdiContainerEdits, CdiDevice, CdiSpec, base_request, claim_env_name, device_id,
-    device_name, env_for_result, kind as cdi_kind, spec_path,
+    CDI_CLASS, CDI_VERSION, CdiContainerEdits, CdiDevice, CdiMount, CdiSpec, base_request, claim_env_name,
+    device_id, device_name, env_for_result, kind as cdi_kind, spec_path,
 };
 pub use claims::{ClaimSource, ClaimSourceError, KubeClaims, MemoryClaims, NoClaims};
 pub use config::{DEFAULT_HEALTH_RESEND_INTERVAL, PluginConfig, kubelet_needs_dra_authority_rewrite};
 pub use dra::{ClaimId, ClaimState, PreparedDevice};
 pub use files::{FileOps, FileOpsError, LocalDirFiles, tmp_path, write_atomically};
 pub use health::{DeviceHealth, Health, HealthState};
+pub use metadata::{MetadataConfig, MetadataConfigError, MetadataVersion};
 pub use serving::{BoxedConnection, Connection, ConnectionSender, ConnectionStream, Listener, ServerGone};
 
 use crate::{

@@ -13,6 +13,7 @@
 //! |---|---|---|
 //! | `kubelet` with `NetworkResources(10)`, one node | [`network`] | 8 |
 //! | `kubelet` with `DriverResources(1)`, 1-4 nodes | [`node_local`] | 5 |
+//! | `kubelet` with `ReconcilePoolWithName` (an all-nodes pool, privileged client) | [`reconcile_pool`] | 1 |
 //! | `kubelet` with individual driver lifecycles | [`lifecycle`] | 5 (rolling, failed and sequential updates: two instances of one driver) |
 //! | `kubelet ... on single node` (`singleNodeTests(true)`) | `control_plane::single_node` | 14 (the extended-resources one `Serial`, with upstream's sample device plugin) |
 //! | `kubelet ... on single node with multiple claims allocation` | [`multiple_claims`] | 1 |
@@ -32,6 +33,7 @@ mod network;
 mod node_local;
 mod optional_node_ops;
 mod pod_groups;
+mod reconcile_pool;
 
 use harness::framework::{Label, Registry};
 
@@ -45,6 +47,7 @@ pub fn register(registry: &mut Registry) {
     registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
         r.context_with_labels("kubelet", [FEATURE_DRA], network::register);
         r.context_with_labels("kubelet", [FEATURE_DRA], node_local::register);
+        r.context_with_labels("kubelet", [FEATURE_DRA], reconcile_pool::register);
         r.context_with_labels("kubelet", [FEATURE_DRA], lifecycle::register);
         r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             r.context("on single node", single_node::register_kubelet);
@@ -92,6 +95,7 @@ mod tests {
             format!("{k} removes reservation from claim when pod is done"),
             format!("{k} deletes generated claims when pod is done"),
             format!("{k} does not delete generated claims when pod is restarting"),
+            format!("{k} reconciles ResourceSlices with ReconcilePoolWithName"),
             format!("{k} runs pod after driver starts"),
             format!("{k} rolling update [KubeletMinVersion:1.33]"),
             format!("{k} rolling update with long driver name [KubeletMinVersion:1.33]"),
@@ -151,7 +155,7 @@ mod tests {
         ] {
             assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
         }
-        assert_eq!(texts.len(), 8 + 5 + 5 + 14 + 1 + 2 + 2 + 5 + 8);
+        assert_eq!(texts.len(), 8 + 5 + 1 + 5 + 14 + 1 + 2 + 2 + 5 + 8);
         let serial: Vec<_> =
             registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
         assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);

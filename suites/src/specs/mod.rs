@@ -23,6 +23,7 @@ mod crud;
 mod health;
 mod kubelet;
 mod kubelet_drivers;
+mod metadata;
 mod slice_controller;
 
 use harness::framework::Registry;
@@ -36,6 +37,7 @@ pub fn register(registry: &mut Registry) {
     control_plane::register(registry);
     kubelet::register(registry);
     kubelet_drivers::register(registry);
+    metadata::register(registry);
     health::register(registry);
     compatibility_groups::register(registry);
     slice_controller::register(registry);
