@@ -123,3 +123,13 @@ mod tests {
         assert_eq!(pod_claim_names(&pod)["inline"].as_deref(), Some("p-inline-xyz"));
     }
 }
+
+/// The name of the claim the scheduler created for the pod's extended resources
+/// (`status.extendedResourceClaimStatus.resourceClaimName`), if the status names one.
+pub fn extended_resource_claim_name(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|s| s.resource_claim_name.clone())
+        .filter(|n| !n.is_empty())
+}
