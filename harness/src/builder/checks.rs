@@ -63,59 +63,76 @@ impl Builder {
     /// returned are exactly the claim's allocated devices of this driver, and the plugin still
     /// holds the claim as prepared. Returns the claims.
     pub async fn expect_prepared(&self, pod: &Pod) -> Result<BTreeMap<String, ResourceClaim>, BuilderError> {
+        let claims = self.pod_claims(pod).await?;
+        for claim in claims.values() {
+            self.expect_claim_prepared(pod, claim)?;
+        }
+        Ok(claims)
+    }
+
+    /// [`Builder::expect_prepared`] for one claim of the running pod (e.g. the claim the
+    /// scheduler made for its extended resources): nothing to check when the claim has no
+    /// devices of this driver.
+    pub fn expect_claim_prepared(&self, pod: &Pod, claim: &ResourceClaim) -> Result<(), BuilderError> {
         let driver = &self.inner.driver;
         let pod_name = format!("{}/{}", self.namespace(), pod.name_any());
         let node = node_name(pod).unwrap_or_default().to_owned();
-        let claims = self.pod_claims(pod).await?;
-        for claim in claims.values() {
-            let problem = |problem: String| BuilderError::Calls {
-                pod: pod_name.clone(),
-                claim: claim.name_any(),
-                node: node.clone(),
-                problem,
-                log: driver.try_calls(&node).map(|c| c.log().to_string()).unwrap_or_default(),
-            };
-            let mut want = prepared_results(self.driver_name(), claim);
-            if want.is_empty() {
-                continue;
-            }
-            let calls = match driver.try_calls(&node) {
-                Ok(calls) => calls,
-                Err(e) => {
-                    return Err(problem(format!("the pod runs where the driver's plugin does not: {e}")));
-                }
-            };
-            let uid = claim.uid().unwrap_or_default();
-            let history = calls.claim(&uid);
-            let Some(last) = history.prepares().filter(|c| c.succeeded()).last() else {
-                return Err(problem(format!(
-                    "the kubelet never prepared it successfully (claim UID {uid}): {history}"
-                )));
-            };
-            if !history.is_prepared() {
-                return Err(problem(format!("the kubelet unprepared it after preparing it: {history}")));
-            }
-            let mut got: Vec<(String, String)> =
-                last.devices.iter().map(|(pool, device, _)| (pool.clone(), device.clone())).collect();
-            got.sort();
-            got.dedup();
-            want.sort();
-            want.dedup();
-            if got != want {
-                return Err(problem(format!(
-                    "NodePrepareResources #{} returned devices {got:?}, the allocation has {want:?}",
-                    last.id
-                )));
-            }
-            let id = crate::plugin::ClaimId { name: claim.name_any(), uid: uid.clone() };
-            if !driver.prepared_claims(&node).contains(&id) {
-                return Err(problem(format!(
-                    "the plugin does not hold it as prepared (prepared: {:?})",
-                    driver.prepared_claims(&node)
-                )));
-            }
+        let problem = |problem: String| BuilderError::Calls {
+            pod: pod_name.clone(),
+            claim: claim.name_any(),
+            node: node.clone(),
+            problem,
+            log: driver.try_calls(&node).map(|c| c.log().to_string()).unwrap_or_default(),
+        };
+        let mut want = prepared_results(self.driver_name(), claim);
+        if want.is_empty() {
+            return Ok(());
         }
-        Ok(claims)
+        let calls = match driver.try_calls(&node) {
+            Ok(calls) => calls,
+            Err(e) => {
+                return Err(problem(format!("the pod runs where the driver's plugin does not: {e}")));
+            }
+        };
+        let uid = claim.uid().unwrap_or_default();
+        let history = calls.claim(&uid);
+        let Some(last) = history.prepares().filter(|c| c.succeeded()).last() else {
+            return Err(problem(format!(
+                "the kubelet never prepared it successfully (claim UID {uid}): {history}"
+            )));
+        };
+        if !history.is_prepared() {
+            return Err(problem(format!("the kubelet unprepared it after preparing it: {history}")));
+        }
+        let mut got: Vec<(String, String)> =
+            last.devices.iter().map(|(pool, device, _)| (pool.clone(), device.clone())).collect();
+        got.sort();
+        got.dedup();
+        want.sort();
+        want.dedup();
+        if got != want {
+            return Err(problem(format!(
+                "NodePrepareResources #{} returned devices {got:?}, the allocation has {want:?}",
+                last.id
+            )));
+        }
+        let id = crate::plugin::ClaimId { name: claim.name_any(), uid: uid.clone() };
+        if !driver.prepared_claims(&node).contains(&id) {
+            return Err(problem(format!(
+                "the plugin does not hold it as prepared (prepared: {:?})",
+                driver.prepared_claims(&node)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The claim the scheduler created for the pod's extended resources
+    /// (`status.extendedResourceClaimStatus.resourceClaimName`), fetched; `None` when the pod
+    /// status names none.
+    pub async fn extended_resource_claim(&self, pod: &Pod) -> Result<Option<ResourceClaim>, BuilderError> {
+        let Some(name) = extended_resource_claim_name(pod) else { return Ok(None) };
+        let claim = self.claims().get(&name).await.map_err(api_error(format!("get ResourceClaim {name}")))?;
+        Ok(Some(claim))
     }
 
     /// Checks that every claim of the scheduled pod is allocated with devices of this driver,

@@ -57,8 +57,8 @@ mod workloads;
 pub use env::{ExecOutput, allocation_env, check_env, driver_env_lines, exec, parse_env};
 pub use objects::Objects;
 pub use pods::{
-    allocation_results, condition, env_checking_init_container, is_allocated, node_name, phase,
-    pod_claim_names, prepared_results,
+    allocation_results, condition, env_checking_init_container, extended_resource_claim_name, is_allocated,
+    node_name, phase, pod_claim_names, prepared_results,
 };
 pub use workloads::POD_GROUP_TEMPLATE;
 
@@ -214,6 +214,16 @@ impl Builder {
     /// opaque configuration for the driver.
     pub fn class(&self) -> DeviceClass {
         self.inner.objects.class()
+    }
+
+    /// `<driver>/resource-<suffix>` (see [`Objects::extended_resource_name`]).
+    pub fn extended_resource_name(&self, suffix: &str) -> String {
+        self.inner.objects.extended_resource_name(suffix)
+    }
+
+    /// A DeviceClass for the extended resource (see [`Objects::class_with_extended_resource`]).
+    pub fn class_with_extended_resource(&self, extended_resource: &str) -> DeviceClass {
+        self.inner.objects.class_with_extended_resource(extended_resource)
     }
 
     /// The claim parameters (`{"a":"b"}`).

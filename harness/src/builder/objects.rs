@@ -87,6 +87,22 @@ impl Objects {
         .unwrap_or_default()
     }
 
+    /// Upstream's `ExtendedResourceName(suffix)`: `<driver>/resource-<suffix>`.
+    pub fn extended_resource_name(&self, suffix: &str) -> String {
+        format!("{}/resource-{suffix}", self.driver_name)
+    }
+
+    /// Upstream's `ClassWithExtendedResource`: [`Objects::class`] named
+    /// `<class>-<last part of the resource name>`, with `spec.extendedResourceName` set.
+    pub fn class_with_extended_resource(&self, extended_resource: &str) -> DeviceClass {
+        let suffix = extended_resource.rsplit('/').next().unwrap_or(extended_resource);
+        let mut class = self.class();
+        class.metadata.name = Some(format!("{}-{suffix}", self.class_name()));
+        class.spec.get_or_insert_with(Default::default).extended_resource_name =
+            Some(extended_resource.to_owned());
+        class
+    }
+
     /// The claim parameters (`{"a":"b"}`).
     pub fn parameters(&self) -> serde_json::Value {
         json!({"a": "b"})
@@ -241,6 +257,20 @@ mod tests {
         let plain = Objects::new("dra-ns", "dra-ns.k8s.io", "-b", None).class();
         assert_eq!(plain.metadata.name.as_deref(), Some("dra-ns-b-class"));
         assert!(plain.spec.unwrap().config.is_none());
+    }
+
+    #[test]
+    fn classes_for_extended_resources_are_named_after_the_resource() {
+        let o = objects();
+        let name = o.extended_resource_name("gpu");
+        assert_eq!(name, "dra-ns.k8s.io/resource-gpu");
+        let class = o.class_with_extended_resource(&name);
+        assert_eq!(class.metadata.name.as_deref(), Some("dra-ns-class-resource-gpu"));
+        let spec = class.spec.unwrap();
+        assert_eq!(spec.extended_resource_name.as_deref(), Some("dra-ns.k8s.io/resource-gpu"));
+        assert!(spec.selectors.is_some());
+        let plain = o.class_with_extended_resource("example.com/resource");
+        assert_eq!(plain.metadata.name.as_deref(), Some("dra-ns-class-resource"));
     }
 
     #[test]

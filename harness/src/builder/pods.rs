@@ -91,6 +91,16 @@ pub fn is_allocated(claim: &ResourceClaim) -> bool {
     claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
 }
 
+/// The name of the claim the scheduler created for the pod's extended resources
+/// (`status.extendedResourceClaimStatus.resourceClaimName`), if the status names one.
+pub fn extended_resource_claim_name(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+        .map(|s| s.resource_claim_name.clone())
+        .filter(|n| !n.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{PodResourceClaimStatus, PodStatus};
@@ -121,5 +131,17 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(pod_claim_names(&pod)["inline"].as_deref(), Some("p-inline-xyz"));
+    }
+
+    #[test]
+    fn extended_resource_claim_name_comes_from_the_status() {
+        let mut pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
+        assert_eq!(extended_resource_claim_name(&pod), None);
+        pod.status = serde_json::from_value(json!({"extendedResourceClaimStatus": {
+            "resourceClaimName": "p-extended-resources-abc",
+            "requestMappings": [{"containerName": "c", "resourceName": "r", "requestName": "container-0-request-0"}],
+        }}))
+        .unwrap();
+        assert_eq!(extended_resource_claim_name(&pod).as_deref(), Some("p-extended-resources-abc"));
     }
 }

@@ -20,6 +20,7 @@ macro_rules! fail {
 mod compatibility_groups;
 mod control_plane;
 mod crud;
+mod extended_resource;
 mod health;
 mod kubelet;
 mod kubelet_drivers;
@@ -41,4 +42,5 @@ pub fn register(registry: &mut Registry) {
     health::register(registry);
     compatibility_groups::register(registry);
     slice_controller::register(registry);
+    extended_resource::register(registry);
 }
