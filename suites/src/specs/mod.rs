@@ -23,6 +23,7 @@ mod crud;
 mod health;
 mod kubelet;
 mod kubelet_drivers;
+mod node_allocatable;
 mod slice_controller;
 
 use harness::framework::Registry;
@@ -39,4 +40,5 @@ pub fn register(registry: &mut Registry) {
     health::register(registry);
     compatibility_groups::register(registry);
     slice_controller::register(registry);
+    node_allocatable::register(registry);
 }
