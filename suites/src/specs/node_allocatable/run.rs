@@ -140,35 +140,74 @@ pub(super) fn test_pod(
 }
 
 /// Creates the pod and waits until it runs; skips when the scheduler finds no node with enough
-/// CPU or memory for it (the claims' node-allocatable resources included).
+/// CPU or memory for it (the claims' node-allocatable resources included) although no other pod
+/// on the devices' node requests any: the node is too small for the spec. While other pods there
+/// hold CPU or memory, it keeps waiting.
 pub(super) async fn start_pod(ctx: &Ctx, s: &Setup, pod: &Pod) -> SpecResult<Pod> {
     tracing::info!(pod = %serde_json::to_string(pod).unwrap_or_default(), "pod to create");
     s.b.create_pod(pod).await?;
-    let started = s
-        .b
-        .wait_pod(pod, "to run (or to be unschedulable for lack of CPU or memory)", POD_START_TIMEOUT, |p| {
-            match phase(p) {
+    let deadline = tokio::time::Instant::now() + POD_START_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let what = "to run (or to be unschedulable for lack of CPU or memory)";
+        let started =
+            s.b.wait_pod(pod, what, left, |p| match phase(p) {
                 "Running" => Verdict::Done,
                 "Succeeded" | "Failed" => {
                     Verdict::Fail(format!("the pod terminated with phase {}", phase(p)))
                 }
                 _ if insufficient(p).is_some() => Verdict::Done,
                 _ => Verdict::Pending,
-            }
-        })
-        .await?;
-    if let Some(message) = insufficient(&started) {
-        let allocatable = s.node.status.as_ref().and_then(|st| st.allocatable.as_ref());
-        let get = |k: &str| allocatable.and_then(|a| a.get(k)).map(|q| q.0.clone()).unwrap_or_default();
-        return Err(ctx.skip(format!(
-            "no node can fit the pod with what its claims add: the scheduler says {message:?}; node {} has \
-             {} CPU and {} memory allocatable (upstream's spec fails here: its pod never starts)",
-            s.node.name_any(),
-            get("cpu"),
-            get("memory"),
-        )));
+            })
+            .await?;
+        let Some(message) = insufficient(&started) else { return Ok(started) };
+        let others = requesting_pods(ctx, &s.node.name_any(), &pod.name_any()).await?;
+        if others.is_empty() {
+            let allocatable = s.node.status.as_ref().and_then(|st| st.allocatable.as_ref());
+            let get = |k: &str| allocatable.and_then(|a| a.get(k)).map(|q| q.0.clone()).unwrap_or_default();
+            return Err(ctx.skip(format!(
+                "no node can fit the pod with what its claims add: the scheduler says {message:?}; node {} has \
+                 {} CPU and {} memory allocatable and no other pod there requests any (upstream's spec fails \
+                 here: its pod never starts)",
+                s.node.name_any(),
+                get("cpu"),
+                get("memory"),
+            )));
+        }
+        tracing::info!(
+            ?others,
+            "the pod is unschedulable while other pods hold CPU or memory of the node; waiting"
+        );
+        if left.is_zero() {
+            fail!(
+                "pod {} stayed unschedulable ({message}) while other pods held the node: {others:?}",
+                pod.name_any()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(5).min(left)).await;
     }
-    Ok(started)
+}
+
+/// The pods on `node` other than `ours` that request CPU or memory (in containers or at pod
+/// level), as `namespace/name`.
+async fn requesting_pods(ctx: &Ctx, node: &str, ours: &str) -> anyhow::Result<Vec<String>> {
+    let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let pods = Api::<Pod>::all(ctx.client().clone()).list(&params).await?;
+    let requests = |r: Option<&k8s_openapi::api::core::v1::ResourceRequirements>| {
+        r.and_then(|r| r.requests.as_ref()).is_some_and(|m| m.contains_key("cpu") || m.contains_key("memory"))
+    };
+    Ok(pods
+        .items
+        .iter()
+        .filter(|p| !(p.namespace().as_deref() == Some(ctx.namespace()) && p.name_any() == ours))
+        .filter(|p| !matches!(phase(p), "Succeeded" | "Failed"))
+        .filter(|p| {
+            p.spec.as_ref().is_some_and(|s| {
+                requests(s.resources.as_ref()) || s.containers.iter().any(|c| requests(c.resources.as_ref()))
+            })
+        })
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect())
 }
 
 /// The scheduler's message when it found too little CPU or memory for the pod.
