@@ -57,13 +57,23 @@ fn infeasible(pod: &Pod) -> Option<String> {
     (c.reason.as_deref() == Some("Infeasible")).then(|| c.message.clone().unwrap_or_default())
 }
 
+/// The kubelet's error when the container runtime cannot write a CPU quota that cgroup v1
+/// refuses (a child's `cpu.cfs_quota_us` above its parent's is `EINVAL` there; cgroup v2's
+/// `cpu.max` has no such rule). The kubelet retries it forever.
+fn v1_quota_refused(pod: &Pod) -> Option<String> {
+    let c = condition(pod, "PodResizeInProgress")?;
+    let message = c.message.clone().unwrap_or_default();
+    (c.reason.as_deref() == Some("Error") && message.contains("cpu.cfs_quota_us: invalid argument"))
+        .then_some(message)
+}
+
 /// Upstream's `WaitForPodResizeActuation`: the kubelet observed the new generation, no resize is
 /// pending or in progress, the pod is ready. Skips when the node cannot fit the new size.
 async fn wait_actuated(ctx: &Ctx, pods: &Api<Pod>, name: &str) -> SpecResult<Pod> {
     let what =
         format!("pod {name}'s resize to be actuated (generation observed, no resize condition, ready)");
     let pod = harness::wait::existing(pods, name, what, POD_START_TIMEOUT, |p: &Pod| {
-        if infeasible(p).is_some() {
+        if infeasible(p).is_some() || v1_quota_refused(p).is_some() {
             return Verdict::Done;
         }
         let observed = p.status.as_ref().and_then(|s| s.observed_generation).unwrap_or(0);
@@ -73,6 +83,12 @@ async fn wait_actuated(ctx: &Ctx, pods: &Api<Pod>, name: &str) -> SpecResult<Pod
         Verdict::done_if(observed >= p.metadata.generation.unwrap_or(0) && !resizing && ready)
     })
     .await?;
+    if let Some(message) = v1_quota_refused(&pod) {
+        return Err(ctx.skip(format!(
+            "the kubelet cannot actuate this resize on the node's cgroup v1 hierarchy (a container's CFS quota \
+             above its pod's is invalid there): PodResizeInProgress says {message:?}"
+        )));
+    }
     if let Some(message) = infeasible(&pod) {
         let short = message.contains("Node didn't have enough") || message.contains("Insufficient");
         if short {
