@@ -12,12 +12,15 @@
 //! values (the tables in [`cases`]). Beyond upstream: the kubelet's recorded calls must show
 //! every claim of the pod prepared with its allocated devices before the pod runs, a resize
 //! must neither prepare nor unprepare anything, and every claim must be unprepared once the pod
-//! is gone; containers that use claims must see the claims' CDI environment.
+//! is gone; containers that use claims must see the claims' CDI environment, and the pod status
+//! (`nodeAllocatableResourceClaimStatuses`) must name the containers using each claim.
 //!
 //! What these machines cannot do is a skip with the reason, never a weaker check: pods whose
 //! CPU or memory (with what the claims add) no node can fit (the nodes have 2 CPUs; upstream's
-//! own specs never get their pods scheduled there), resizes the node cannot accommodate, and
-//! nodes without `hugepages-2Mi` (as upstream skips).
+//! own specs never get their pods scheduled there; a pod is only skipped so when no other pod
+//! on the node requests CPU or memory), resizes the API server refuses because the node cannot
+//! fit them, a resize whose CFS quota the node's cgroup v1 hierarchy refuses (the kubelet then
+//! retries forever), and nodes without `hugepages-2Mi` (as upstream skips).
 
 mod cases;
 mod cgroups;

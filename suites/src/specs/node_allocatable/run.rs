@@ -230,6 +230,36 @@ pub(super) async fn expect_prepared(s: &Setup, pod: &Pod, containers: &[Containe
     Ok(())
 }
 
+/// Beyond upstream: the pod status names, for every claim a container uses, the containers
+/// that use it (`status.nodeAllocatableResourceClaimStatuses`, which the kubelet's cgroup
+/// enforcement reads). Claims no container uses are not checked.
+pub(super) fn expect_claim_statuses(s: &Setup, pod: &Pod, containers: &[ContainerCase]) -> SpecResult {
+    let statuses = pod.status.as_ref().and_then(|st| st.node_allocatable_resource_claim_statuses.clone());
+    let statuses = statuses.unwrap_or_default();
+    for (pod_claim, claim) in &s.claims {
+        let mut users: Vec<String> = containers
+            .iter()
+            .filter(|c| c.claims.contains(&pod_claim.as_str()))
+            .map(|c| c.name.to_owned())
+            .collect();
+        if users.is_empty() {
+            continue;
+        }
+        users.sort();
+        let entry = statuses.iter().find(|e| e.resource_claim_name == claim.name_any());
+        let mut listed = entry.and_then(|e| e.containers.clone()).unwrap_or_default();
+        listed.sort();
+        expect!(
+            entry.is_some() && listed == users,
+            "status.nodeAllocatableResourceClaimStatuses of pod {} for claim {} ({pod_claim}): expected containers \
+             {users:?}, got {statuses:?}",
+            pod.name_any(),
+            claim.name_any()
+        );
+    }
+    Ok(())
+}
+
 /// Deletes the pod, then waits until the kubelet unprepared every claim.
 pub(super) async fn delete_and_expect_unprepared(s: &Setup, pod: &Pod) -> SpecResult {
     s.b.delete_pod_and_wait(pod).await?;
@@ -342,6 +372,7 @@ pub async fn cgroup_spec(ctx: Ctx, case: CgroupCase) -> SpecResult {
     let pod = test_pod(ctx.namespace(), case.pod_resources, &case.containers, &s.claims)?;
     let pod = start_pod(&ctx, &s, &pod).await?;
     expect_prepared(&s, &pod, &case.containers).await?;
+    expect_claim_statuses(&s, &pod, &case.containers)?;
 
     let r = Reader { client: ctx.client(), pod: &pod };
     let layout = r.layout().await.map_err(anyhow::Error::msg)?;

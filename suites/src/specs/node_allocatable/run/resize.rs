@@ -26,8 +26,8 @@ use super::{
         cases::{CPU_MEM, ContainerCase, Res, ResizeCase},
         cgroups::{Reader, milli},
     },
-    container_expectation, delete_and_expect_unprepared, expect_prepared, setup, start_pod, test_pod,
-    verify_container_cgroup, verify_pod_cgroup,
+    container_expectation, delete_and_expect_unprepared, expect_claim_statuses, expect_prepared, setup,
+    start_pod, test_pod, verify_container_cgroup, verify_pod_cgroup,
 };
 
 /// The container of every resize spec.
@@ -167,6 +167,7 @@ pub async fn resize_spec(ctx: Ctx, case: ResizeCase) -> SpecResult {
     let pod = test_pod(ctx.namespace(), case.pod_resources.0, &before, &s.claims)?;
     let pod = start_pod(&ctx, &s, &pod).await?;
     expect_prepared(&s, &pod, &before).await?;
+    expect_claim_statuses(&s, &pod, &before)?;
     let calls = s.driver.calls(&s.node.name_any());
     let prepares = calls.count(Method::NodePrepareResources);
 
