@@ -25,6 +25,7 @@ mod health;
 mod kubelet;
 mod kubelet_drivers;
 mod metadata;
+mod node_allocatable;
 mod slice_controller;
 
 use harness::framework::Registry;
@@ -43,4 +44,5 @@ pub fn register(registry: &mut Registry) {
     compatibility_groups::register(registry);
     slice_controller::register(registry);
     extended_resource::register(registry);
+    node_allocatable::register(registry);
 }

@@ -1,0 +1,96 @@
+//! `[sig-node] DRA Node Allocatable Resources ...`: upstream's
+//! test/e2e/common/node/dra_node_allocatable_resources.go (Kubernetes v1.37). A driver publishes
+//! devices whose `nodeAllocatableResources` map to CPU, memory or hugepages (per device, or as
+//! per-pod and per-container overhead); a pod with claims on them runs, and the kubelet must
+//! inflate the pod's and the containers' cgroups and the containers' OOM score adjustment by
+//! what the claims bring. Five specs then resize the running pod in place (container or pod
+//! level) and check the cgroups and the pod status again.
+//!
+//! As upstream: 1 to 4 nodes with the driver, the devices on the first; one external claim per
+//! pod claim; pod `tester-1` whose first container mounts the node's `/sys/fs/cgroup`; cgroup
+//! values read through exec (the pod's cgroup found by its UID), with upstream's expected
+//! values (the tables in [`cases`]). Beyond upstream: the kubelet's recorded calls must show
+//! every claim of the pod prepared with its allocated devices before the pod runs, a resize
+//! must neither prepare nor unprepare anything, and every claim must be unprepared once the pod
+//! is gone; containers that use claims must see the claims' CDI environment, and the pod status
+//! (`nodeAllocatableResourceClaimStatuses`) must name the containers using each claim.
+//!
+//! What these machines cannot do is a skip with the reason, never a weaker check: pods whose
+//! CPU or memory (with what the claims add) no node can fit (the nodes have 2 CPUs; upstream's
+//! own specs never get their pods scheduled there; a pod is only skipped so when no other pod
+//! on the node requests CPU or memory), resizes the API server refuses because the node cannot
+//! fit them, a resize whose CFS quota the node's cgroup v1 hierarchy refuses (the kubelet then
+//! retries forever), and nodes without `hugepages-2Mi` (as upstream skips).
+
+mod cases;
+mod cgroups;
+mod run;
+
+use harness::framework::{Label, Registry};
+
+use cases::{cgroup_cases, resize_cases};
+
+/// Upstream's `framework.WithSerial()`, `feature.DynamicResourceAllocation` and the two feature
+/// gates on the `Describe`, then at the end of every spec text the gates' levels, off by
+/// default, and the gates they depend on.
+const LABELS: [Label; 11] = [
+    Label::new("Feature:DynamicResourceAllocation"),
+    Label::new("FeatureGate:DRANodeAllocatableResources"),
+    Label::new("FeatureGate:InPlacePodLevelResourcesVerticalScaling"),
+    Label::trailing("Alpha"),
+    Label::trailing("Beta"),
+    Label::trailing("Feature:OffByDefault"),
+    Label::trailing("FeatureGate:DynamicResourceAllocation"),
+    Label::trailing("FeatureGate:InPlacePodVerticalScaling"),
+    Label::trailing("FeatureGate:NodeDeclaredFeatures"),
+    Label::trailing("FeatureGate:PodLevelResources"),
+    Label::trailing("Serial"),
+];
+
+/// Registers the specs under `[sig-node] DRA Node Allocatable Resources`, in upstream's order.
+pub fn register(registry: &mut Registry) {
+    registry.describe("[sig-node]", |r| {
+        r.context_with_labels("DRA Node Allocatable Resources", LABELS, |r| {
+            for case in cgroup_cases() {
+                let name =
+                    format!("verifies cgroup inflation and container OOM adjustment with {}", case.name);
+                r.it(&name, move |ctx| run::cgroup_spec(ctx, case.clone()));
+            }
+            for case in resize_cases() {
+                let name = format!("verifies cgroup settings and pod status after resize with {}", case.name);
+                r.it(&name, move |ctx| run::resize_spec(ctx, case.clone()));
+            }
+        });
+    });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    /// The full texts as upstream renders them (ginkgo `--dry-run -v` of v1.37.2).
+    #[test]
+    fn full_texts_match_upstream() {
+        let mut registry = Registry::new();
+        register(&mut registry);
+        registry.validate().unwrap();
+        let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();
+        assert_eq!(texts.len(), 18);
+        let head = "[sig-node] DRA Node Allocatable Resources [Feature:DynamicResourceAllocation] \
+                    [FeatureGate:DRANodeAllocatableResources] [FeatureGate:InPlacePodLevelResourcesVerticalScaling]";
+        let tail = "[Alpha] [Beta] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation] \
+                    [FeatureGate:InPlacePodVerticalScaling] [FeatureGate:NodeDeclaredFeatures] \
+                    [FeatureGate:PodLevelResources] [Serial]";
+        for name in [
+            "verifies cgroup inflation and container OOM adjustment with direct mappings",
+            "verifies cgroup inflation and container OOM adjustment with container-level CPU/Memory limits omitted (Burstable)",
+            "verifies cgroup inflation and container OOM adjustment with direct mapping multiple claims",
+            "verifies cgroup settings and pod status after resize with Pod level resize, container level request/limit present",
+            "verifies cgroup settings and pod status after resize with direct mappings with resize",
+        ] {
+            let want = format!("{head} {name} {tail}");
+            assert!(texts.contains(&want), "missing {want}\nhave {texts:#?}");
+        }
+    }
+}
