@@ -122,7 +122,8 @@ async fn require_pod_groups(ctx: &Ctx) -> SpecResult {
             return Err(ctx.skip(format!("the API server runs with feature gate {gate} off; {lane}")));
         }
     }
-    let request = Request::new("/apis/scheduling.k8s.io/v1beta1").get("", &Default::default())?;
+    // GET /apis/scheduling.k8s.io/v1beta1: the group version's resource list.
+    let request = Request::new("/apis/scheduling.k8s.io").get("v1beta1", &Default::default())?;
     let served = match ctx.client().request_text(request).await {
         Ok(text) => text.contains("\"podgroups\""),
         Err(kube::Error::Api(s)) if s.code == 404 => false,
