@@ -280,6 +280,46 @@ async fn passing_spec_leaves_nothing_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
+async fn a_spec_waiting_on_the_cluster_gets_progress_reports_naming_its_wait() {
+    let seen = Seen::default();
+    let s = seen.clone();
+    let mut reg = Registry::new();
+    reg.it("waits for a pod nobody creates", move |ctx: Ctx| {
+        let seen = s.clone();
+        async move {
+            seen.add("Namespace", ctx.namespace());
+            harness::framework::step("watch for the pod");
+            let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+            let waited = harness::wait::objects(
+                &pods,
+                watcher::Config::default(),
+                "a pod in the spec's namespace",
+                Duration::from_secs(3),
+                |pods| harness::wait::Verdict::done_if(!pods.is_empty()),
+            )
+            .await;
+            assert!(waited.is_err(), "nobody creates a pod, so the wait must time out: {waited:?}");
+            Ok(())
+        }
+    });
+    let run = run(reg, |o| {
+        o.poll_progress_after = Some(Duration::from_millis(800));
+        o.poll_progress_interval = Duration::from_millis(700);
+    })
+    .await;
+    let out = run.output.contents();
+    assert_eq!(run.report.exit_code(), 0, "{out}");
+    let reports: Vec<&str> = out.split("Automatically polling progress:\n").skip(1).collect();
+    assert!(!reports.is_empty(), "a report after 0.8 s of a 3 s wait: {out}");
+    let report = reports[0];
+    assert!(report.contains("waits for a pod nobody creates (Spec Runtime: "), "{report}");
+    assert!(report.contains("At [By Step] watch for the pod"), "{report}");
+    assert!(report.contains(" for: a pod in the spec's namespace (timeout 3s)"), "{report}");
+    assert_nothing_left(&run.client, &seen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster: run via cargo xtask test"]
 async fn timed_out_spec_is_cancelled_and_cleaned_up() {
     let seen = Seen::default();
     let cancelled = Arc::new(AtomicBool::new(false));
