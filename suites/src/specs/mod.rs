@@ -46,3 +46,14 @@ pub fn register(registry: &mut Registry) {
     extended_resource::register(registry);
     node_allocatable::register(registry);
 }
+
+/// The full texts `register` registers, after the registry's own validation (for the
+/// per-module spec-text tests).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+pub(crate) fn registered_texts(register: impl FnOnce(&mut Registry)) -> Vec<String> {
+    let mut registry = Registry::new();
+    register(&mut registry);
+    registry.validate().unwrap();
+    registry.specs().map(|s| s.full_text().to_owned()).collect()
+}

@@ -71,10 +71,7 @@ mod tests {
     /// The full texts as upstream renders them (ginkgo `--dry-run -v` of v1.37.2 dra.go).
     #[test]
     fn full_texts_match_upstream() {
-        let mut registry = Registry::new();
-        register(&mut registry);
-        registry.validate().unwrap();
-        let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();
+        let texts = crate::specs::registered_texts(register);
         let k = "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation]";
         let p = format!("{k} [FeatureGate:DRAPrioritizedList]");
         let dra = "[FeatureGate:DynamicResourceAllocation]";

@@ -72,10 +72,7 @@ mod tests {
     /// The full texts as upstream renders them (ginkgo `--dry-run -v` of v1.37.2).
     #[test]
     fn full_texts_match_upstream() {
-        let mut registry = Registry::new();
-        register(&mut registry);
-        registry.validate().unwrap();
-        let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();
+        let texts = crate::specs::registered_texts(register);
         assert_eq!(texts.len(), 18);
         let head = "[sig-node] DRA Node Allocatable Resources [Feature:DynamicResourceAllocation] \
                     [FeatureGate:DRANodeAllocatableResources] [FeatureGate:InPlacePodLevelResourcesVerticalScaling]";
