@@ -174,6 +174,9 @@ pub enum ProxiedError {
     /// The pod object cannot be used.
     #[error(transparent)]
     InvalidPod(#[from] InvalidPod),
+    /// The driver has no plugin configuration for the node (it was never started there).
+    #[error("no plugin configuration to start the plugin with")]
+    NotConfigured,
     /// The in-process plugin did not start.
     #[error("cannot start the plugin for proxy pod {pod}: {source}")]
     Plugin {

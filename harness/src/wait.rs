@@ -8,6 +8,11 @@
 //! Every wait ends with a [`WaitError`] naming what it waited for, after how long, and the last
 //! state it saw (the objects' status, or the last check's note).
 //!
+//! Inside a spec's body every wait also watches the spec's cancellation
+//! ([`spec_runner::current_cancellation`]): a spec that times out or fails at once
+//! ([`Ctx::fail_now`](spec_runner::Ctx::fail_now)) stops waiting at once, with
+//! [`WaitError::Cancelled`], instead of running on until the runner aborts it.
+//!
 //! ```no_run
 //! # async fn f(pods: kube::Api<k8s_openapi::api::core::v1::Pod>) -> Result<(), harness::wait::WaitError> {
 //! use std::time::Duration;
@@ -88,20 +93,42 @@ pub enum WaitError {
         /// The state that made it give up.
         last: String,
     },
+    /// The spec was cancelled (timed out, failed at once, interrupted) while waiting.
+    #[error("stopped waiting for {what} after {after:?}: the spec was cancelled; last seen: {last}")]
+    Cancelled {
+        /// What was waited for.
+        what: String,
+        /// How long it had waited.
+        after: Duration,
+        /// The last state seen.
+        last: String,
+    },
+}
+
+/// Completes when `token` is cancelled; never without one.
+async fn cancelled(token: Option<&tokio_util::sync::CancellationToken>) {
+    match token {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl WaitError {
     /// What the wait was for.
     pub fn what(&self) -> &str {
         match self {
-            WaitError::Timeout { what, .. } | WaitError::Failed { what, .. } => what,
+            WaitError::Timeout { what, .. }
+            | WaitError::Failed { what, .. }
+            | WaitError::Cancelled { what, .. } => what,
         }
     }
 
     /// The last state seen.
     pub fn last_seen(&self) -> &str {
         match self {
-            WaitError::Timeout { last, .. } | WaitError::Failed { last, .. } => last,
+            WaitError::Timeout { last, .. }
+            | WaitError::Failed { last, .. }
+            | WaitError::Cancelled { last, .. } => last,
         }
     }
 }
@@ -186,8 +213,18 @@ where
         }
         truncate(text)
     };
+    let cancel = spec_runner::current_cancellation();
+    let started = Instant::now();
     loop {
-        let event = match tokio::time::timeout_at(deadline, stream.try_next()).await {
+        let next = tokio::select! {
+            biased;
+            () = cancelled(cancel.as_ref()) => {
+                let last = describe_all(&current, &last_error);
+                return Err(WaitError::Cancelled { what, after: started.elapsed(), last });
+            }
+            next = tokio::time::timeout_at(deadline, stream.try_next()) => next,
+        };
+        let event = match next {
             Err(_) => {
                 let last = if initialized {
                     describe_all(&current, &last_error)
@@ -312,9 +349,18 @@ where
     let _waiting = spec_runner::waiting(what.clone(), Some(timeout));
     let deadline = Instant::now() + timeout;
     let mut last = "nothing yet (the first check did not finish)".to_owned();
+    let cancel = spec_runner::current_cancellation();
+    let begun = Instant::now();
     loop {
         let started = Instant::now();
-        match tokio::time::timeout_at(deadline, check()).await {
+        let attempt = tokio::select! {
+            biased;
+            () = cancelled(cancel.as_ref()) => {
+                return Err(WaitError::Cancelled { what, after: begun.elapsed(), last });
+            }
+            attempt = tokio::time::timeout_at(deadline, check()) => attempt,
+        };
+        match attempt {
             Ok(Attempt::Done(value)) => return Ok(value),
             Ok(Attempt::Retry(seen)) => last = truncate(seen),
             Ok(Attempt::Fail(reason)) => return Err(WaitError::Failed { what, reason, last }),
@@ -325,7 +371,13 @@ where
             // One last check right at the deadline would be no better than this one.
             return Err(WaitError::Timeout { what, timeout, last });
         }
-        tokio::time::sleep_until(next).await;
+        tokio::select! {
+            biased;
+            () = cancelled(cancel.as_ref()) => {
+                return Err(WaitError::Cancelled { what, after: begun.elapsed(), last });
+            }
+            () = tokio::time::sleep_until(next) => {}
+        }
     }
 }
 

@@ -65,6 +65,31 @@ struct Inner {
     sources: Mutex<Vec<Arc<dyn ArtifactSource>>>,
     artifacts_dir: PathBuf,
     deadline: Instant,
+    /// Cancelled by [`Ctx::fail_now`]; the message is the spec's failure.
+    fail_now: CancellationToken,
+    fail_message: Mutex<Option<String>>,
+}
+
+tokio::task_local! {
+    /// The cancellation token of the spec whose body runs in this task.
+    static BODY_TOKEN: CancellationToken;
+}
+
+/// Runs `fut` (a spec's body) with `token` as the task's spec cancellation, which
+/// [`current_cancellation`] finds.
+pub(crate) fn with_body_token<F: Future>(
+    token: CancellationToken,
+    fut: F,
+) -> impl Future<Output = F::Output> {
+    BODY_TOKEN.scope(token, fut)
+}
+
+/// The cancellation token of the spec whose body runs in the current task (cancelled when the
+/// spec times out, fails at once with [`Ctx::fail_now`], or the run is interrupted); `None`
+/// outside a spec's body (its cleanups, tasks it spawned, code outside the runner). Waits watch
+/// it so that a cancelled spec stops waiting at once.
+pub fn current_cancellation() -> Option<CancellationToken> {
+    BODY_TOKEN.try_with(CancellationToken::clone).ok()
 }
 
 /// Everything the runner knows when it creates a [`Ctx`].
@@ -102,6 +127,8 @@ impl Ctx {
                 sources: Mutex::default(),
                 artifacts_dir: p.artifacts_dir,
                 deadline: p.deadline,
+                fail_now: CancellationToken::new(),
+                fail_message: Mutex::new(None),
             }),
         }
     }
@@ -177,6 +204,27 @@ impl Ctx {
     /// Whether the spec is cancelled.
     pub fn is_cancelled(&self) -> bool {
         self.inner.token.is_cancelled()
+    }
+
+    /// Fails the spec at once with `message`, from anywhere (e.g. a background task that saw
+    /// that the spec cannot succeed any more): the runner cancels the body as after a timeout
+    /// (its waits stop, see [`current_cancellation`]), then runs the cleanups. The first
+    /// message wins; after the body returned this has no effect.
+    pub fn fail_now(&self, message: impl Into<String>) {
+        let message = message.into();
+        let mut slot = lock(&self.inner.fail_message);
+        if slot.is_none() {
+            tracing::error!("failing the spec at once: {message}");
+            *slot = Some(message);
+        }
+        drop(slot);
+        self.inner.fail_now.cancel();
+    }
+
+    /// Completes with the message of [`Ctx::fail_now`] once it was called.
+    pub(crate) async fn failed_now(&self) -> String {
+        self.inner.fail_now.cancelled().await;
+        lock(&self.inner.fail_message).clone().unwrap_or_default()
     }
 
     /// When the spec's timeout expires.

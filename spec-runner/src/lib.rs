@@ -140,7 +140,7 @@ pub use capture::{
 };
 pub use cleanup::CleanupFailure;
 pub use cluster::{ClusterInfo, KubeVersion, NodeInfo, PreflightError};
-pub use ctx::Ctx;
+pub use ctx::{Ctx, current_cancellation};
 pub use duration::{display as display_duration, parse as parse_duration};
 pub use error::{Skip, SpecError, SpecResult, skip};
 pub use json_report::{JsonConfig, render as json_report, write as write_json_report};

@@ -522,7 +522,12 @@ async fn execute(
     let body = spec.body.clone();
     let body_ctx = ctx.clone();
     state.set_phase(Phase::Body);
-    let mut task = tokio::spawn(state.scope(async move { body(body_ctx).await }).in_current_span());
+    let body_token = token.clone();
+    let mut task = tokio::spawn(
+        state
+            .scope(crate::ctx::with_body_token(body_token, async move { body(body_ctx).await }))
+            .in_current_span(),
+    );
     run.outcome = tokio::select! {
         // The spec's token is only cancelled here by an interrupt (timeouts
         // cancel it below): a body that returned because of it was interrupted.
@@ -540,6 +545,12 @@ async fn execute(
             state.set_phase(Phase::Cancelling);
             stop_body(&token, task, options.cancel_grace).await;
             Outcome::failed(FailureKind::Timeout, message)
+        }
+        message = ctx.failed_now() => {
+            tracing::error!(target: OUTCOME_TARGET, "failed: {message}; cancelling the spec");
+            state.set_phase(Phase::Cancelling);
+            stop_body(&token, task, options.cancel_grace).await;
+            Outcome::failed(FailureKind::Error, message)
         }
         () = env.interrupt.cancelled() => {
             tracing::warn!(target: OUTCOME_TARGET, "interrupted; cancelling the spec");

@@ -148,6 +148,10 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             "driver cluster tests (harness/tests/cluster/driver.rs)",
             vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
         ),
+        (
+            "fault cluster tests (harness/tests/cluster/faults.rs)",
+            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "faults::"],
+        ),
     ]
 }
 

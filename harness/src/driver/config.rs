@@ -69,6 +69,9 @@ pub struct DriverConfig {
     pub image: String,
     /// How long the kubelets get to register the plugins.
     pub registration_timeout: Duration,
+    /// How long the replacement of a lost proxy pod may take to be ready before the spec fails
+    /// (see [`Driver::proxy_moves`](super::Driver::proxy_moves)).
+    pub replacement_timeout: Duration,
     /// Device metadata: the versions each metadata file holds, in this order (upstream's
     /// `EnableDeviceMetadata` with `DeviceMetadataVersions`); `None`: off. Must include
     /// v1beta1 (see [`crate::plugin::MetadataConfig::new`]).
@@ -102,6 +105,7 @@ impl DriverConfig {
             kubelet_root_dir: DEFAULT_KUBELET_ROOT_DIR.to_owned(),
             image: DEFAULT_PROXY_IMAGE.to_owned(),
             registration_timeout: REGISTRATION_TIMEOUT,
+            replacement_timeout: super::PROXY_REPLACEMENT_TIMEOUT,
             device_metadata: None,
             reconcile_pool: None,
         }

@@ -21,6 +21,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A proxy pod that goes away while the spec runs (deleted, evicted) is replaced by its
+//! ReplicaSet, and the node's plugin moves to the replacement: see [`Driver::proxy_moves`] and
+//! [`PROXY_REPLACEMENT_TIMEOUT`] (without a ready replacement in time the spec fails at once).
+//!
 //! Teardown is registered on the [`Ctx`] while setting up, so it runs in reverse order also
 //! after a failed set-up: stop the plugins, scale the proxy pods to zero, delete RBAC and policy,
 //! delete the driver's slices when no kubelet will, then wait until every slice of the driver is
@@ -29,6 +33,7 @@
 mod config;
 mod deploy;
 mod error;
+mod failover;
 pub mod impersonate;
 mod nodes;
 pub mod proxy;
@@ -64,6 +69,7 @@ use sha2::{Digest as _, Sha256};
 
 pub use config::{DriverConfig, deployment_id, driver_name, service_account_name};
 pub use error::DriverError;
+pub use failover::{PROXY_REPLACEMENT_TIMEOUT, ProxyMove};
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{Nodes, TooFewNodes, unusable_reason};
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
@@ -102,10 +108,17 @@ struct NodeState {
     health: HealthState,
     /// The plugin's client: impersonates the ServiceAccount on this node (with RBAC).
     client: Option<kube::Client>,
-    /// The proxy pod (with kubelet).
-    pod: Option<Pod>,
+    /// The proxy pod (with kubelet): the current one, after a move its replacement.
+    pod: Mutex<Option<Pod>>,
     /// The running plugin (with kubelet), taken at teardown.
     plugin: Mutex<Option<RunningPlugin>>,
+    /// The plugin's configuration without the pod's rolling-update UID, for a restart in a
+    /// replacement pod.
+    plugin_config: Mutex<Option<PluginConfig>>,
+    /// Moves the plugin to a replacement pod when its proxy pod goes away; stopped at teardown.
+    supervisor: Mutex<Option<tokio_util::task::AbortOnDropHandle<()>>>,
+    /// The moves so far.
+    moves: Mutex<Vec<ProxyMove>>,
 }
 
 /// A node's running plugin and its share of the claim state of the driver on the node.
@@ -316,8 +329,11 @@ impl Driver {
                     calls: calls.get(node).cloned().unwrap_or_default(),
                     health: HealthState::new(),
                     client,
-                    pod,
+                    pod: Mutex::new(pod),
                     plugin: Mutex::new(None),
+                    plugin_config: Mutex::new(None),
+                    supervisor: Mutex::new(None),
+                    moves: Mutex::new(Vec::new()),
                 },
             );
         }
@@ -445,9 +461,10 @@ impl Driver {
         self.inner.per_node.get(node).and_then(|s| s.client.as_ref())
     }
 
-    /// The proxy pod on a node (with kubelet).
-    pub fn proxy_pod(&self, node: &str) -> Option<&Pod> {
-        self.inner.per_node.get(node).and_then(|s| s.pod.as_ref())
+    /// The proxy pod on a node (with kubelet): after the plugin moved to a replacement pod
+    /// (see [`Driver::proxy_moves`]), the replacement.
+    pub fn proxy_pod(&self, node: &str) -> Option<Pod> {
+        self.inner.per_node.get(node).and_then(|s| lock(&s.pod).clone())
     }
 
     /// A client acting as this driver's kubelet plugin in pod `pod_name` (`pod_uid`) on `node`,

@@ -15,16 +15,17 @@ impl Driver {
             .map_err(|source| DriverError::Metadata { driver: inner.name.clone(), source })
     }
 
-    /// Starts one proxied plugin per proxy pod and registers their stop, then the scale-down.
+    /// Starts one proxied plugin per proxy pod and registers their stop (the scale-down is
+    /// registered before), and per node the supervisor that moves the plugin to a replacement
+    /// pod (see [`Driver::proxy_moves`]).
     pub(super) async fn start_plugins(&self, ctx: &Ctx) -> Result<(), DriverError> {
         let inner = &self.inner;
         for (node, state) in &inner.per_node {
-            let Some(pod) = state.pod.clone() else { continue };
-            let claims_client = state.client.clone().unwrap_or_else(|| inner.admin.clone());
+            let Some(pod) = lock(&state.pod).clone() else { continue };
             // Kubelets before v1.36 may re-dial the DRA socket with an
             // `:authority` h2 rejects; an unknown version counts as old.
             let kubelet = ctx.cluster().nodes.iter().find(|n| n.name == *node).and_then(|n| n.kubelet());
-            let mut plugin = PluginConfig::new(&inner.name, node, "/cdi")
+            let plugin = PluginConfig::new(&inner.name, node, "/cdi")
                 .dra_endpoint(format!(
                     "{}/dra.sock",
                     proxy::plugin_data_dir(&inner.config.kubelet_root_dir, &inner.name)
@@ -37,39 +38,20 @@ impl Driver {
                     kubelet.map(|v| v.minor_version()),
                 ))
                 .metadata(self.metadata_config()?);
-            if inner.config.rolling_update {
-                let uid = pod.metadata.uid.clone().unwrap_or_default();
-                if uid.is_empty() {
-                    return Err(DriverError::MissingPodUid {
-                        driver: inner.name.clone(),
-                        pod: format!("{}/{}", inner.namespace, pod.metadata.name.clone().unwrap_or_default()),
-                    });
-                }
-                plugin = plugin.rolling_update_uid(uid);
-            }
+            *lock(&state.plugin_config) = Some(plugin);
             let claims = shared_claims::Lease::acquire(&inner.name, node);
-            let started = ProxiedPlugin::start(ProxiedPluginSpec {
-                client: inner.stream.clone(),
-                pod,
-                plugin,
-                claims: Arc::new(KubeClaims::new(claims_client)),
-                calls: state.calls.clone(),
-                health: state.health.clone(),
-                claim_state: claims.state().clone(),
-            })
-            .await
-            .map_err(|source| DriverError::Plugin {
-                driver: inner.name.clone(),
-                node: node.clone(),
-                source: Box::new(source),
-            })?;
+            let started = self.start_node_plugin(node, state, pod, claims.state().clone()).await?;
             *lock(&state.plugin) = Some(RunningPlugin { plugin: started, claims });
+            self.supervise(ctx, node);
             let this = self.clone();
             let node = node.clone();
             ctx.defer(
                 format!("stop the kubelet plugin of driver {} on node {node}", inner.name),
                 async move {
-                    let running = this.inner.per_node.get(&node).and_then(|s| lock(&s.plugin).take());
+                    let state = this.inner.per_node.get(&node);
+                    // No more moves first: the pods are about to go.
+                    drop(state.and_then(|s| lock(&s.supervisor).take()));
+                    let running = state.and_then(|s| lock(&s.plugin).take());
                     if let Some(running) = running {
                         this.stop_plugin(&node, running).await;
                     }
@@ -78,6 +60,48 @@ impl Driver {
             );
         }
         Ok(())
+    }
+
+    /// Starts the proxied plugin of `node` in `pod` with the node's configuration.
+    pub(super) async fn start_node_plugin(
+        &self,
+        node: &str,
+        state: &NodeState,
+        pod: Pod,
+        claim_state: crate::plugin::ClaimState,
+    ) -> Result<ProxiedPlugin, DriverError> {
+        let inner = &self.inner;
+        let mut plugin = lock(&state.plugin_config).clone().ok_or_else(|| DriverError::Plugin {
+            driver: inner.name.clone(),
+            node: node.to_owned(),
+            source: Box::new(ProxiedError::NotConfigured),
+        })?;
+        if inner.config.rolling_update {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if uid.is_empty() {
+                return Err(DriverError::MissingPodUid {
+                    driver: inner.name.clone(),
+                    pod: format!("{}/{}", inner.namespace, pod.metadata.name.clone().unwrap_or_default()),
+                });
+            }
+            plugin = plugin.rolling_update_uid(uid);
+        }
+        let claims_client = state.client.clone().unwrap_or_else(|| inner.admin.clone());
+        ProxiedPlugin::start(ProxiedPluginSpec {
+            client: inner.stream.clone(),
+            pod,
+            plugin,
+            claims: Arc::new(KubeClaims::new(claims_client)),
+            calls: state.calls.clone(),
+            health: state.health.clone(),
+            claim_state,
+        })
+        .await
+        .map_err(|source| DriverError::Plugin {
+            driver: inner.name.clone(),
+            node: node.to_owned(),
+            source: Box::new(source),
+        })
     }
 
     /// Waits until RBAC and the admission policy are in effect: the first node's identity may

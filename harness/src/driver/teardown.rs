@@ -15,6 +15,8 @@ impl Driver {
         }
         tracing::info!(driver = %inner.name, instance = %inner.config.instance_suffix, "stopping driver");
         for (node, state) in &inner.per_node {
+            // No more moves: the pods are about to go.
+            drop(lock(&state.supervisor).take());
             let running = lock(&state.plugin).take();
             if let Some(running) = running {
                 self.stop_plugin(node, running).await;
@@ -51,8 +53,7 @@ impl Driver {
         if !leftover_files && !remove_metadata_dir {
             return;
         }
-        let pod =
-            self.inner.per_node.get(node).and_then(|s| s.pod.as_ref()).map(crate::tunnel::PodRef::from_pod);
+        let pod = self.proxy_pod(node).as_ref().map(crate::tunnel::PodRef::from_pod);
         let Some(Ok(pod)) = pod else { return };
         let files = crate::podexec::PodFiles::new(Arc::new(crate::podexec::PodExec::new(
             self.inner.stream.clone(),

@@ -242,10 +242,10 @@ async fn run(
         let ran = began.elapsed();
         match ended {
             Ok(status) => {
-                tracing::debug!(process = %name, %status, ?ran, retry_in = ?backoff, "proxy process ended")
+                tracing::info!(process = %name, %status, ?ran, retry_in = ?backoff, "proxy process ended; restarting it")
             }
             Err(e) => {
-                tracing::debug!(process = %name, error = %e, ?ran, retry_in = ?backoff, "proxy process failed")
+                tracing::info!(process = %name, error = %e, ?ran, retry_in = ?backoff, "proxy process failed; restarting it")
             }
         }
         if ran >= config.max_backoff {

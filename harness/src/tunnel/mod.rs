@@ -532,7 +532,7 @@ async fn supervise(shared: Arc<Shared>, conn: Supervised) {
     tokio::pin!(settle);
     let mut settling = failure.is_some();
     let mut failure_message = None;
-    loop {
+    let ended = loop {
         let event = tokio::select! {
             biased;
             _ = &mut dropped => Event::Dropped,
@@ -543,7 +543,8 @@ async fn supervise(shared: Arc<Shared>, conn: Supervised) {
             _ = &mut settle, if settling => Event::Settled,
         };
         match event {
-            Event::Dropped | Event::Killed => break,
+            Event::Dropped => break "closed (its consumer dropped it: end of stream or an error)",
+            Event::Killed => break "killed",
             Event::Settled => {
                 settling = false;
                 shared.confirmed();
@@ -559,7 +560,7 @@ async fn supervise(shared: Arc<Shared>, conn: Supervised) {
                 }
             }
         }
-    }
+    };
     kill.cancel();
     drop(lock(&io).take());
     if let Some(teardown) = teardown
@@ -579,8 +580,14 @@ async fn supervise(shared: Arc<Shared>, conn: Supervised) {
             }
         }
     });
-    if !was_used && !stopping {
-        tracing::debug!(target = %shared.target, consecutive, "tunnel connection ended before it was used");
+    if !stopping {
+        // The dial loop replaces it (with backoff after failures): say why it went.
+        let cause = failure_message.as_deref().unwrap_or(ended);
+        if was_used {
+            tracing::info!(target = %shared.target, %cause, "tunnel connection ended after use; it is replaced");
+        } else {
+            tracing::info!(target = %shared.target, %cause, consecutive, "tunnel connection ended before it was used; it is replaced");
+        }
     }
 }
 

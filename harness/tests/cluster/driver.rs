@@ -36,7 +36,7 @@ use kube::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-fn kubeconfig() -> PathBuf {
+pub(crate) fn kubeconfig() -> PathBuf {
     match std::env::var_os("DRA_E2E_KUBECONFIG") {
         Some(path) if !path.is_empty() => PathBuf::from(path),
         _ => panic!(
@@ -47,10 +47,10 @@ fn kubeconfig() -> PathBuf {
 
 /// Names of what a spec created, for the checks after the run.
 #[derive(Default, Clone)]
-struct Created(Arc<Mutex<Vec<(&'static str, String)>>>);
+pub(crate) struct Created(Arc<Mutex<Vec<(&'static str, String)>>>);
 
 impl Created {
-    fn add(&self, kind: &'static str, name: impl Into<String>) {
+    pub(crate) fn add(&self, kind: &'static str, name: impl Into<String>) {
         self.0.lock().unwrap().push((kind, name.into()));
     }
     fn all(&self) -> Vec<(&'static str, String)> {
@@ -58,7 +58,7 @@ impl Created {
     }
 }
 
-async fn run(registry: Registry) -> (RunReport, String, Client) {
+pub(crate) async fn run(registry: Registry) -> (RunReport, String, Client) {
     init_tracing();
     let backend = Arc::new(KubeBackend::connect(Some(&kubeconfig())).await.unwrap());
     let client = backend.client();
@@ -77,7 +77,7 @@ async fn run(registry: Registry) -> (RunReport, String, Client) {
 }
 
 /// After the run every recorded object is gone.
-async fn assert_nothing_left(client: &Client, created: &Created) {
+pub(crate) async fn assert_nothing_left(client: &Client, created: &Created) {
     let all = created.all();
     assert!(!all.is_empty());
     for (kind, name) in all {

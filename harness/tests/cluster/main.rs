@@ -8,5 +8,6 @@ mod common;
 mod tunnel_support;
 
 mod driver;
+mod faults;
 mod framework;
 mod tunnel;

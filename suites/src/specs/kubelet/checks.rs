@@ -75,7 +75,9 @@ where
                 "could not observe {what}: the initial list did not complete within {duration:?}; {last}"
             )
         }
-        Err(e @ WaitError::Failed { .. }) => Err(anyhow::anyhow!("expected {what} for {duration:?}: {e}")),
+        Err(e @ (WaitError::Failed { .. } | WaitError::Cancelled { .. })) => {
+            Err(anyhow::anyhow!("expected {what} for {duration:?}: {e}"))
+        }
         Ok(_) => anyhow::bail!("internal error: the bounded watch for {what} ended early"),
     }
 }
