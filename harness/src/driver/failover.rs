@@ -19,7 +19,7 @@ use super::*;
 pub const PROXY_REPLACEMENT_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the plugin of a lost pod gets to stop (its pod is gone; its exec and port-forward
 /// calls fail at once).
-const STOP_LOST_TIMEOUT: Duration = Duration::from_secs(20);
+const STOP_LOST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One move of a node's plugin from a lost proxy pod to its replacement.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,10 +130,15 @@ impl Driver {
         tracing::warn!(driver = %inner.name, %node, pod = %lost_name, %reason, "proxy pod lost; moving the plugin to its replacement");
         // Stopped meanwhile (teardown): nothing to move.
         let Some(RunningPlugin { plugin: old, claims }) = lock(&state.plugin).take() else { return Ok(()) };
-        if tokio::time::timeout(STOP_LOST_TIMEOUT, old.stop()).await.is_err() {
-            tracing::warn!(driver = %inner.name, %node, "the plugin of the lost proxy pod did not stop within {STOP_LOST_TIMEOUT:?}; dropped");
-        }
-
+        // The old plugin stops while the ReplicaSet brings up the replacement.
+        let stop_old = async {
+            let began = std::time::Instant::now();
+            if tokio::time::timeout(STOP_LOST_TIMEOUT, old.stop()).await.is_err() {
+                tracing::warn!(driver = %inner.name, %node, "the plugin of the lost proxy pod did not stop within {STOP_LOST_TIMEOUT:?}; dropped");
+            } else {
+                tracing::info!(driver = %inner.name, %node, took = ?began.elapsed(), "the plugin of the lost proxy pod stopped");
+            }
+        };
         let lost_uid = lost.metadata.uid.clone();
         let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), &inner.namespace);
         let instance = format!("{}{}", inner.name, inner.config.instance_suffix);
@@ -141,10 +146,16 @@ impl Driver {
         let what =
             format!("a ready replacement of proxy pod {lost_name} of driver {} on node {node}", inner.name);
         let timeout = inner.config.replacement_timeout;
-        let found = wait::objects(&pods, config, what, timeout, |pods| {
-            Verdict::done_if(pods.iter().any(|p| is_replacement(p, node, lost_uid.as_deref())))
-        })
-        .await;
+        let replacement = async {
+            let began = std::time::Instant::now();
+            let found = wait::objects(&pods, config, what, timeout, |pods| {
+                Verdict::done_if(pods.iter().any(|p| is_replacement(p, node, lost_uid.as_deref())))
+            })
+            .await;
+            tracing::info!(driver = %inner.name, %node, took = ?began.elapsed(), ok = found.is_ok(), "waited for the replacement proxy pod");
+            found
+        };
+        let ((), found) = tokio::join!(stop_old, replacement);
         let fail = |detail: String| {
             format!(
                 "proxy pod {lost_name} of driver {} on node {node} was deleted at {} ({reason}); no replacement ready after {timeout:?}: {detail}",

@@ -531,6 +531,8 @@ async fn supervise(shared: Arc<Shared>, conn: Supervised) {
     let settle = tokio::time::sleep(shared.config.settle);
     tokio::pin!(settle);
     let mut settling = failure.is_some();
+    // Whether it was ever good (established and not failed): only the end of those is news.
+    let mut confirmed = failure.is_none();
     let mut failure_message = None;
     let ended = loop {
         let event = tokio::select! {
@@ -547,6 +549,7 @@ async fn supervise(shared: Arc<Shared>, conn: Supervised) {
             Event::Killed => break "killed",
             Event::Settled => {
                 settling = false;
+                confirmed = true;
                 shared.confirmed();
             }
             Event::Failure(message) => {
@@ -585,8 +588,10 @@ async fn supervise(shared: Arc<Shared>, conn: Supervised) {
         let cause = failure_message.as_deref().unwrap_or(ended);
         if was_used {
             tracing::info!(target = %shared.target, %cause, "tunnel connection ended after use; it is replaced");
+        } else if confirmed {
+            tracing::info!(target = %shared.target, %cause, consecutive, "idle tunnel connection ended; it is replaced");
         } else {
-            tracing::info!(target = %shared.target, %cause, consecutive, "tunnel connection ended before it was used; it is replaced");
+            tracing::debug!(target = %shared.target, %cause, consecutive, "tunnel connection ended before it was used");
         }
     }
 }
