@@ -148,6 +148,10 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             "driver cluster tests (harness/tests/cluster/driver.rs)",
             vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
         ),
+        (
+            "leftovers cluster test: a SIGKILLed run, a cleaning run, a live run (suites/tests/leftovers.rs)",
+            vec!["test", "--workspace", "--test", "leftovers", "--", "--ignored"],
+        ),
     ]
 }
 
