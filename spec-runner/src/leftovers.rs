@@ -164,7 +164,7 @@ pub async fn find(client: &Client, own_run: Option<&str>) -> Result<Leftovers, L
             let list = match api.list_metadata(&labelled).await {
                 Ok(list) => list,
                 // Kinds that cannot be listed by us (or went away since discovery) hold nothing of ours.
-                Err(kube::Error::Api(s)) if matches!(s.code, 403 | 404 | 405) => continue,
+                Err(kube::Error::Api(s)) if (403..=405).contains(&s.code) => continue,
                 Err(source) => {
                     return Err(LeftoverError::Kube { what: format!("list {}", resource.plural), source });
                 }
@@ -226,7 +226,7 @@ fn gone_run(run_id: String, why: String, objects: Vec<Leftover>) -> GoneRun {
         objects.iter().filter(|o| o.resource.kind == "Namespace").map(|o| o.name.clone()).collect();
     let (inside, mut objects): (Vec<_>, Vec<_>) =
         objects.into_iter().partition(|o| o.namespace.as_ref().is_some_and(|ns| namespaces.contains(ns)));
-    objects.sort_by(|a, b| (a.order(), a.describe()).cmp(&(b.order(), b.describe())));
+    objects.sort_by_key(|o| (o.order(), o.describe()));
     GoneRun { run_id, why, objects, inside_namespaces: inside.len() }
 }
 

@@ -36,6 +36,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_dra-e2e");
 const KILLED_FOCUS: &str = r"kubelet \[Feature:DynamicResourceAllocation\] must call NodePrepareResources even if not used by any container";
 /// A short control-plane spec (a namespace, a DeviceClass, claims).
 const LIVE_FOCUS: &str = r"\] control plane supports claim and class parameters";
+/// How often the live run repeats LIVE_FOCUS (about 7 s each): it must outlive A's Lease
+/// (30 s) and B's sweep.
+const LIVE_REPEAT: &str = "10";
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn kubeconfig() -> PathBuf {
@@ -199,9 +202,8 @@ async fn a_killed_runs_leftovers_are_removed_by_the_next_run_and_a_live_run_is_u
     let orphan = format!("dra-e2e-leftovers-test-orphan-{suffix}");
     let orphan_run = format!("no-lease-{suffix}");
     cluster_role(&roles, &plain, None).await;
-    cluster_role(&roles, &orphan, Some(&orphan_run)).await;
 
-    let result = tokio::spawn(scenario(client.clone(), plain.clone(), orphan.clone())).await;
+    let result = tokio::spawn(scenario(client.clone(), plain.clone(), orphan.clone(), orphan_run)).await;
 
     for name in [&plain, &orphan] {
         let _ = roles.delete(name, &DeleteParams::default()).await;
@@ -211,7 +213,7 @@ async fn a_killed_runs_leftovers_are_removed_by_the_next_run_and_a_live_run_is_u
     }
 }
 
-async fn scenario(client: Client, plain: String, orphan: String) {
+async fn scenario(client: Client, plain: String, orphan: String, orphan_run: String) {
     let roles = Api::<ClusterRole>::all(client.clone());
 
     // A: SIGKILLed once its driver's RBAC, namespace and a pod of the spec exist.
@@ -220,6 +222,14 @@ async fn scenario(client: Client, plain: String, orphan: String) {
         has(o, "ClusterRole") && has(o, "ClusterRoleBinding") && has(o, "Namespace") && has(o, "Pod")
     })
     .await;
+
+    // C: a live run side by side, started while A still lives (a new run removes gone runs'
+    // leftovers itself), long enough to outlive B's sweep.
+    let mut live = Run::start(&["--focus", LIVE_FOCUS, "--repeat", LIVE_REPEAT]).await;
+    wait_for_objects(&client, &live.id, "the live run's namespace", |o| has(o, "Namespace")).await;
+    // After C's own sweep: a run without a Lease, whose objects the next run removes.
+    cluster_role(&roles, &orphan, Some(&orphan_run)).await;
+
     killed.child.start_kill().unwrap();
     let killed_at = Instant::now();
     killed.child.wait().await.unwrap();
@@ -233,10 +243,6 @@ async fn scenario(client: Client, plain: String, orphan: String) {
     )
     .await;
 
-    // C: a live run side by side.
-    let mut live = Run::start(&["--focus", LIVE_FOCUS, "--repeat", "3"]).await;
-    wait_for_objects(&client, &live.id, "the live run's namespace", |o| has(o, "Namespace")).await;
-
     // Report only.
     let (code, report) = run_to_end(&["cleanup", "--keep-leftovers"]).await;
     println!("cleanup --keep-leftovers:\n{report}");
@@ -249,6 +255,7 @@ async fn scenario(client: Client, plain: String, orphan: String) {
     assert!(roles.get_opt(&orphan).await.unwrap().is_some(), "--keep-leftovers removed {orphan}");
 
     // B: the next run reports and removes A's leftovers, and passes.
+    assert!(live.child.try_wait().unwrap().is_none(), "the live run ended before the next run's sweep");
     let started = Instant::now();
     let mut next = Run::start(&["--focus", LIVE_FOCUS]).await;
     let code = next.wait().await;
@@ -284,6 +291,13 @@ async fn scenario(client: Client, plain: String, orphan: String) {
     let code = live.wait().await;
     let output = live.output();
     assert_eq!(code, 0, "the live run failed:\n{output}");
+    assert!(
+        output
+            .lines()
+            .any(|l| l.starts_with("Live runs on this cluster (not touched): ") && l.contains(&killed.id)),
+        "the live run did not see the killed run live at its start:\n{output}"
+    );
+    assert!(!output.contains(&format!("  run {} ", killed.id)), "{output}");
     assert_eq!(objects_of(&client, &live.id).await, Vec::<String>::new());
     assert_eq!(objects_of(&client, &next.id).await, Vec::<String>::new());
 }
