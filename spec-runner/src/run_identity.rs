@@ -193,9 +193,10 @@ async fn renew(api: Api<Lease>, name: String, stop: CancellationToken) {
     }
 }
 
-/// How long ago `lease` expired at `now` (`None`: it is live).
+/// How long ago `lease` expired at `now` (`None`: it is live). A Lease without a renewal or
+/// acquire time counts as expired.
 pub fn expired_for(lease: &Lease, now: Timestamp) -> Option<Duration> {
-    let spec = lease.spec.as_ref()?;
+    let Some(spec) = lease.spec.as_ref() else { return Some(Duration::ZERO) };
     let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()).map(|t| t.0);
     let secs =
         spec.lease_duration_seconds.map_or(LEASE_DURATION.as_secs(), |s| u64::try_from(s).unwrap_or(0));
