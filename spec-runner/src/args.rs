@@ -102,6 +102,11 @@ pub struct RunnerArgs {
     /// Kubeconfig of the cluster (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
+
+    /// Only report the objects that runs which are gone (their Lease expired) left behind;
+    /// by default a run removes them before its specs start.
+    #[arg(long)]
+    pub keep_leftovers: bool,
 }
 
 impl RunnerArgs {
@@ -158,10 +163,21 @@ pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
     if let Some(code) = before_the_cluster(&registry, &args) {
         return code;
     }
-    match KubeBackend::connect(args.kubeconfig.as_deref()).await {
-        Ok(backend) => run_on(registry, args, Arc::new(backend)).await,
-        Err(e) => usage_error(&e.to_string()),
+    let backend = match KubeBackend::connect(args.kubeconfig.as_deref()).await {
+        Ok(backend) => backend,
+        Err(e) => return usage_error(&e.to_string()),
+    };
+    // The run's Lease and identity, and the sweep of gone runs' leftovers (run_guard).
+    let lease = super::run_guard::begin(&backend, args.keep_leftovers).await;
+    let backend = match &lease {
+        Some(lease) => backend.with_run_identity(lease.run_id()),
+        None => backend,
+    };
+    let code = run_on(registry, args, Arc::new(backend)).await;
+    if let Some(lease) = lease {
+        lease.release().await;
     }
+    code
 }
 
 /// [`run`] against any backend (`--kubeconfig` is not used): for test binaries that run the

@@ -116,6 +116,16 @@ impl KubeBackend {
         Self { stream_client: client.clone(), client, server: server.into() }
     }
 
+    /// The same backend whose clients stamp every object they create with the run's identity
+    /// ([`super::run_identity::stamp`]).
+    pub fn with_run_identity(self, run_id: &str) -> Self {
+        Self {
+            client: super::run_identity::stamp(self.client, run_id),
+            stream_client: super::run_identity::stamp(self.stream_client, run_id),
+            server: self.server,
+        }
+    }
+
     fn classify(&self, error: kube::Error) -> PreflightError {
         let server = self.server.clone();
         match error {

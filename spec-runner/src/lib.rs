@@ -97,11 +97,21 @@
 //! `-p N`, `--timeout 10m`, `--list`, `--junit FILE`, `--artifacts DIR`,
 //! `--repeat N`, `--kubeconfig PATH`, `--seed N`, `--randomize-all`, `--fail-fast`,
 //! `--flake-attempts N`, `--json-report FILE`, `--poll-progress-after D`,
-//! `--poll-progress-interval D`, `-v`, `--succinct`. SIGUSR1 prints a progress report of every
+//! `--poll-progress-interval D`, `-v`, `--succinct`, `--keep-leftovers`. SIGUSR1 prints a progress report of every
 //! running spec (see [`waiting`] and [`step`] for what it names). Before any spec runs, preflight checks
 //! within seconds that the cluster answers and serves `resource.k8s.io/v1`.
 //! Specs labelled `Serial` run alone after the others. Exit codes: 0 nothing
 //! failed, 1 a spec failed, 2 usage or configuration error, 130 interrupted.
+//!
+//! # Run identity and leftovers
+//!
+//! On a real cluster ([`run`]) every object a run creates carries the label
+//! [`RUN_LABEL`]`=<run id>`, and the run holds a Lease `kube-system/dra-e2e-run-<run id>`
+//! ([`LEASE_DURATION`] 30 s, renewed every [`RENEW_EVERY`] 10 s, deleted on a clean exit).
+//! Before its specs, a run removes the objects of runs whose Lease expired or is gone (a
+//! SIGKILLed run's), and says what it found; `--keep-leftovers` only reports them, and
+//! [`cleanup`] (`dra-e2e cleanup`) does the same on its own. Objects of live runs and objects
+//! without the label are never touched.
 //!
 //! On failure, `<artifacts>/<spec name>[-attempt-N]/` holds `failure.txt`,
 //! `spec.log`, `events.yaml`, `pods.yaml`, `logs/<pod>/<container>.log` and a
@@ -121,12 +131,15 @@ mod junit;
 mod kube_backend;
 mod label;
 mod label_filter;
+mod leftovers;
 mod monitor;
 mod names;
 mod order;
 mod outcome;
 mod progress;
 mod registry;
+mod run_guard;
+mod run_identity;
 mod runner;
 mod selection;
 mod spec_end;
@@ -150,10 +163,18 @@ pub use kube_backend::{
 };
 pub use label::Label;
 pub use label_filter::{LabelFilter, LabelFilterError};
+pub use leftovers::{
+    GoneRun, Leftover, LeftoverError, Leftovers, find as find_leftovers, remove as remove_leftovers,
+};
 pub use monitor::{Monitor, WaitGuard, step, waiting};
 pub use outcome::OUTCOME_TARGET;
 pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
 pub use progress::{Output, OutputBuffer, Verbosity};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
+pub use run_guard::{CleanupArgs, SWEEP_TIMEOUT, cleanup};
+pub use run_identity::{
+    LEASE_DURATION, LEASE_NAMESPACE, LEASE_PREFIX, RENEW_EVERY, RUN_INFO_ANNOTATION, RUN_LABEL, RunLease,
+    lease_name, new_run_id, stamp as stamp_run_identity,
+};
 pub use runner::{RunOptions, run_with_backend};
 pub use selection::{Selection, SelectionError};

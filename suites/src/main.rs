@@ -3,6 +3,7 @@
 //! ```sh
 //! dra-e2e --kubeconfig ~/.kube/config --focus 'control plane' -p 4 --junit junit.xml
 //! dra-e2e --list --label-filter 'DRA && !Slow'
+//! dra-e2e cleanup --kubeconfig ~/.kube/config   # remove what killed runs left behind
 //! dra-e2e kubelet-plugin --driver-name D --node-name N --plugin-dir P --registry-dir R --cdi-dir C
 //! ```
 
@@ -31,6 +32,9 @@ struct Cli {
 enum Command {
     /// Run the test DRA kubelet plugin on local sockets until Ctrl-C.
     KubeletPlugin(kubelet_plugin_cmd::KubeletPluginArgs),
+    /// Remove the objects of runs that are gone (their Lease expired: killed runs) and exit;
+    /// objects of live runs and objects without a run identity are never touched.
+    Cleanup(harness::framework::CleanupArgs),
 }
 
 #[tokio::main]
@@ -46,6 +50,7 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::Cleanup(args)) => harness::framework::cleanup(args).await,
         None => {
             let mut registry = Registry::new();
             harness::suite::configure(&mut registry);

@@ -98,7 +98,9 @@ pub fn target_dir(repo: &Path) -> PathBuf {
 /// Runs `dra-e2e` with `args` against `kubeconfig`; returns its exit code. Ctrl-C reaches the
 /// runner too (same process group); we wait for it to finish its clean-up.
 pub async fn run_runner(runner: &Path, kubeconfig: &Path, args: &[String]) -> Result<i32> {
+    let (subcommand, args) = split_subcommand(args);
     let mut child = tokio::process::Command::new(runner)
+        .args(subcommand)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)
@@ -114,6 +116,15 @@ pub async fn run_runner(runner: &Path, kubeconfig: &Path, args: &[String]) -> Re
                 eprintln!("interrupted: waiting for dra-e2e to clean up");
             }
         }
+    }
+}
+
+/// A leading `cleanup` (`cargo xtask e2e --kubeconfig K cleanup`) is `dra-e2e`'s subcommand: it
+/// goes before `--kubeconfig`, the rest after it.
+fn split_subcommand(args: &[String]) -> (&[String], &[String]) {
+    match args.first() {
+        Some(first) if first == "cleanup" => args.split_at(1),
+        _ => (&[], args),
     }
 }
 
@@ -187,6 +198,9 @@ mod tests {
         assert!(args.keep_cluster);
         assert_eq!(args.kubeconfig, Some(PathBuf::from("/k")));
         assert_eq!(args.passthrough, strings(&["--focus", "DRA", "-p", "4", "--skip", "Slow"]));
+        assert_eq!(split_subcommand(&args.passthrough), (&[][..], &args.passthrough[..]));
+        let cleanup = strings(&["cleanup", "--keep-leftovers"]);
+        assert_eq!(split_subcommand(&cleanup), (&cleanup[..1], &cleanup[1..]));
     }
 
     #[test]

@@ -152,6 +152,10 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             "fault cluster tests (harness/tests/cluster/faults.rs)",
             vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "faults::"],
         ),
+        (
+            "leftovers cluster test: a SIGKILLed run, a cleaning run, a live run (suites/tests/leftovers.rs)",
+            vec!["test", "--workspace", "--test", "leftovers", "--", "--ignored"],
+        ),
     ]
 }
 
