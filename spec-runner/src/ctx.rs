@@ -19,6 +19,7 @@ use super::{
     cleanup::CleanupStack,
     cluster::ClusterInfo,
     error::{SpecError, SpecResult},
+    phases::SetupMark,
 };
 
 /// The per-spec context: admin client, the spec's own namespace, a unique
@@ -65,6 +66,7 @@ struct Inner {
     sources: Mutex<Vec<Arc<dyn ArtifactSource>>>,
     artifacts_dir: PathBuf,
     deadline: Instant,
+    setup: Arc<SetupMark>,
 }
 
 /// Everything the runner knows when it creates a [`Ctx`].
@@ -82,6 +84,7 @@ pub(crate) struct CtxParts {
     pub(crate) cleanup_timeout: Duration,
     pub(crate) artifacts_dir: PathBuf,
     pub(crate) deadline: Instant,
+    pub(crate) setup: Arc<SetupMark>,
 }
 
 impl Ctx {
@@ -102,6 +105,7 @@ impl Ctx {
                 sources: Mutex::default(),
                 artifacts_dir: p.artifacts_dir,
                 deadline: p.deadline,
+                setup: p.setup,
             }),
         }
     }
@@ -239,6 +243,13 @@ impl Ctx {
         let name = name.into();
         let kind = K::kind(&K::DynamicType::default()).into_owned();
         self.defer(format!("delete {kind} {name}"), async move { delete_and_wait(api, &kind, &name).await });
+    }
+
+    /// Marks the end of the spec's set-up (the harness calls it once its driver has every
+    /// node's plugin registered): the report's `setup` phase runs from the body's start to the
+    /// last such mark, the `body` phase from there. A spec that never marks has no set-up phase.
+    pub fn setup_done(&self) {
+        self.inner.setup.mark();
     }
 
     /// Adds files to this spec's artifacts if it fails (e.g. recorded gRPC calls).
