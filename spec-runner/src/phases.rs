@@ -106,7 +106,7 @@ mod tests {
             cleanup: Some(Duration::from_secs(5)),
             deferred: None,
         };
-        assert_eq!(a.line(), "set-up 3.2s, body 10.0s, cleanup 5.0s");
+        assert_eq!(a.line(), "set-up 3.2s, body 10s, cleanup 5s");
         assert!(Phases::default().is_empty());
         assert_eq!(Phases::default().line(), "");
         a.add(&Phases { body: Some(Duration::from_secs(1)), ..Phases::default() });
