@@ -20,6 +20,7 @@ type spec struct {
 	Failure     string
 	Flaky       bool
 	StartBefore bool
+	Entries     []string
 }
 
 type summary struct {
@@ -85,6 +86,7 @@ func main() {
 			Failure:     s.Failure.Message,
 			Flaky:       s.State == types.SpecStatePassed && s.NumAttempts > 1,
 			StartBefore: !s.StartTime.After(s.EndTime),
+			Entries:     entries(s.ReportEntries),
 		})
 	}
 	enc := json.NewEncoder(os.Stdout)
@@ -92,4 +94,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// entries renders report entries as "name=value (visibility)", the value as ginkgo decodes it.
+func entries(list types.ReportEntries) []string {
+	out := []string{}
+	for _, e := range list {
+		out = append(out, fmt.Sprintf("%s=%v (%s)", e.Name, e.GetRawValue(), e.Visibility))
+	}
+	return out
 }

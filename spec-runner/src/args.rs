@@ -32,10 +32,12 @@ pub struct RunnerArgs {
     #[arg(long, value_name = "EXPR")]
     pub label_filter: Option<String>,
 
-    /// How many specs run at the same time.
-    #[arg(short = 'p', long = "procs", value_name = "N", default_value_t = 1,
+    /// How many specs run at the same time (`Serial` specs always run alone); `-p 1` runs one
+    /// at a time. Default: as ginkgo's `-p`, the CPUs (one less above 4), at least 2, since
+    /// specs mostly wait on the cluster.
+    #[arg(short = 'p', long = "procs", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
-    pub procs: u32,
+    pub procs: Option<u32>,
 
     /// Default timeout of a spec (specs may set their own), e.g. 90s, 10m, 1h.
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration::parse)]
@@ -113,7 +115,8 @@ impl RunnerArgs {
     /// The run options these flags stand for (progress on stdout).
     pub fn options(&self) -> RunOptions {
         RunOptions {
-            procs: usize::try_from(self.procs).unwrap_or(usize::MAX),
+            procs: self.procs.map_or_else(default_procs, |p| usize::try_from(p).unwrap_or(usize::MAX)),
+            procs_is_default: self.procs.is_none(),
             default_timeout: self.timeout,
             repeat: self.repeat,
             artifacts: self.artifacts.clone(),
@@ -141,6 +144,17 @@ impl RunnerArgs {
     pub fn selection(&self) -> Result<Selection, super::selection::SelectionError> {
         Selection::new(&self.focus, &self.skip, self.label_filter.as_deref())
     }
+}
+
+/// The default `-p`: as ginkgo's `-p`, the CPUs (one less above 4, for the runner itself), but
+/// at least 2: a spec mostly waits on the cluster, so two share a CPU well.
+pub fn default_procs() -> usize {
+    procs_for_cpus(std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+}
+
+fn procs_for_cpus(cpus: usize) -> usize {
+    let procs = if cpus > 4 { cpus - 1 } else { cpus };
+    procs.max(2)
 }
 
 /// How often the run says what it is cleaning up after the first Ctrl-C.
@@ -291,4 +305,26 @@ fn install_panic_hook() {
             .unwrap_or_else(|| "a panic with a non-string payload".to_owned());
         tracing::error!(target: super::outcome::OUTCOME_TARGET, "panicked{location}: {message}");
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        runner: RunnerArgs,
+    }
+
+    #[test]
+    fn the_default_procs_follow_the_cpus_and_are_at_least_two() {
+        assert_eq!([1, 2, 3, 4, 5, 8].map(procs_for_cpus), [2, 2, 3, 4, 4, 7]);
+        let default = Cli::parse_from(["dra-e2e"]).runner.options();
+        assert_eq!((default.procs, default.procs_is_default), (default_procs(), true));
+        let serial = Cli::parse_from(["dra-e2e", "-p", "1"]).runner.options();
+        assert_eq!((serial.procs, serial.procs_is_default), (1, false));
+    }
 }

@@ -19,6 +19,7 @@ use super::{
     cleanup::CleanupStack,
     cluster::ClusterInfo,
     error::{SpecError, SpecResult},
+    phases::SetupMark,
 };
 
 /// The per-spec context: admin client, the spec's own namespace, a unique
@@ -68,6 +69,7 @@ struct Inner {
     /// Cancelled by [`Ctx::fail_now`]; the message is the spec's failure.
     fail_now: CancellationToken,
     fail_message: Mutex<Option<String>>,
+    setup: Arc<SetupMark>,
 }
 
 tokio::task_local! {
@@ -107,6 +109,7 @@ pub(crate) struct CtxParts {
     pub(crate) cleanup_timeout: Duration,
     pub(crate) artifacts_dir: PathBuf,
     pub(crate) deadline: Instant,
+    pub(crate) setup: Arc<SetupMark>,
 }
 
 impl Ctx {
@@ -129,6 +132,7 @@ impl Ctx {
                 deadline: p.deadline,
                 fail_now: CancellationToken::new(),
                 fail_message: Mutex::new(None),
+                setup: p.setup,
             }),
         }
     }
@@ -287,6 +291,13 @@ impl Ctx {
         let name = name.into();
         let kind = K::kind(&K::DynamicType::default()).into_owned();
         self.defer(format!("delete {kind} {name}"), async move { delete_and_wait(api, &kind, &name).await });
+    }
+
+    /// Marks the end of the spec's set-up (the harness calls it once its driver has every
+    /// node's plugin registered): the report's `setup` phase runs from the body's start to the
+    /// last such mark, the `body` phase from there. A spec that never marks has no set-up phase.
+    pub fn setup_done(&self) {
+        self.inner.setup.mark();
     }
 
     /// Adds files to this spec's artifacts if it fails (e.g. recorded gRPC calls).

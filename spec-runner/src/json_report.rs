@@ -89,6 +89,62 @@ struct Spec<'a> {
     max_must_pass_repeatedly: u32,
     #[serde(skip_serializing_if = "str::is_empty")]
     captured_ginkgo_writer_output: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    report_entries: Vec<Entry>,
+}
+
+/// A ginkgo `types.ReportEntry`: here the spec's phases, `phase:<name>` with seconds as value.
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Entry {
+    visibility: &'static str,
+    location: Location,
+    time: String,
+    timeline_location: TimelineLocation,
+    name: String,
+    value: EntryValue,
+}
+
+/// ginkgo's `types.CodeLocation`: dra-e2e knows none, and every field is optional.
+#[derive(Serialize)]
+struct Location {}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct TimelineLocation {
+    time: String,
+}
+
+/// ginkgo's `types.ReportEntryValue`: the value as JSON and as text.
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct EntryValue {
+    #[serde(rename = "AsJSON")]
+    as_json: String,
+    representation: String,
+}
+
+/// The spec's phases (`phase:<name>`) and what it waited for (`wait:<what>`) as report entries
+/// with seconds as values, timed at the spec's end; visible only with `-v` or on failure in
+/// ginkgo's own output.
+fn phase_entries(report: &SpecReport) -> Vec<Entry> {
+    let at = rfc3339(report.started + report.duration);
+    let phases = report.phases.entries().map(|(name, d)| (format!("phase:{name}"), d));
+    let waits = report.waits.iter().map(|(what, d)| (format!("wait:{what}"), *d));
+    phases
+        .chain(waits)
+        .map(|(name, d)| {
+            let secs = format!("{:.3}", d.as_secs_f64());
+            Entry {
+                visibility: "failure-or-verbose",
+                location: Location {},
+                time: at.clone(),
+                timeline_location: TimelineLocation { time: at.clone() },
+                name,
+                value: EntryValue { as_json: secs.clone(), representation: secs },
+            }
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -140,6 +196,7 @@ fn spec<'a>(report: &'a SpecReport, config: &JsonConfig) -> Spec<'a> {
         max_flake_attempts: config.flake_attempts,
         max_must_pass_repeatedly: 1,
         captured_ginkgo_writer_output: &report.log,
+        report_entries: phase_entries(report),
     }
 }
 
@@ -195,6 +252,7 @@ mod tests {
     };
 
     use super::*;
+    use crate::phases::Phases;
 
     /// Builds spec-runner/ginkgo-json-check (ginkgo's own types) once per test process.
     fn checker() -> &'static Path {
@@ -230,6 +288,8 @@ mod tests {
             artifacts: None,
             tries,
             earlier_failures: vec![],
+            phases: Default::default(),
+            waits: Vec::new(),
         }
     }
 
@@ -237,7 +297,16 @@ mod tests {
     fn ginkgos_own_types_decode_the_report_strictly() {
         let run = RunReport {
             specs: vec![
-                spec("[sig-node] [DRA] kubelet passes", &["sig-node", "DRA"], Outcome::Passed, 1),
+                SpecReport {
+                    phases: Phases {
+                        setup: Some(Duration::from_millis(1250)),
+                        body: Some(Duration::from_millis(200)),
+                        cleanup: Some(Duration::from_millis(50)),
+                        deferred: None,
+                    },
+                    waits: vec![("pod tester-1 to run".into(), Duration::from_secs(2))],
+                    ..spec("[sig-node] [DRA] kubelet passes", &["sig-node", "DRA"], Outcome::Passed, 1)
+                },
                 spec("[sig-node] [DRA] flakes", &["DRA"], Outcome::Passed, 2),
                 spec("[sig-node] [DRA] skips", &[], Outcome::Skipped { reason: "needs 2 nodes".into() }, 1),
                 spec(
@@ -295,6 +364,16 @@ mod tests {
         assert_eq!(specs[0]["Labels"], serde_json::json!(["sig-node", "DRA"]));
         assert_eq!(specs[0]["RunTimeNs"], 1_500_000_000u64);
         assert!(specs.iter().all(|s| s["StartBefore"] == true));
+        assert_eq!(
+            specs[0]["Entries"],
+            serde_json::json!([
+                "phase:setup=1.25 (failure-or-verbose)",
+                "phase:body=0.2 (failure-or-verbose)",
+                "phase:cleanup=0.05 (failure-or-verbose)",
+                "wait:pod tester-1 to run=2 (failure-or-verbose)"
+            ])
+        );
+        assert_eq!(specs[1]["Entries"], serde_json::json!([]));
         assert_eq!(specs[1]["Flaky"], true);
         assert_eq!(
             (specs[2]["State"].as_str(), specs[2]["Failure"].as_str()),

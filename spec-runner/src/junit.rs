@@ -57,6 +57,9 @@ pub fn report(run: &RunReport) -> Report {
         if spec.tries > 1 {
             case.add_property(Property::new("tries", spec.tries.to_string()));
         }
+        for (name, d) in spec.phases.entries() {
+            case.add_property(Property::new(format!("phase:{name}"), format!("{:.3}", d.as_secs_f64())));
+        }
         if let Some(dir) = &spec.artifacts {
             case.add_property(Property::new("artifacts", dir.display().to_string()));
         }
@@ -115,6 +118,8 @@ mod tests {
             artifacts: None,
             tries: 1,
             earlier_failures: vec![],
+            phases: Default::default(),
+            waits: Vec::new(),
         }
     }
 
@@ -199,6 +204,27 @@ mod tests {
             .map(|p| p.value.as_str())
             .collect();
         assert_eq!(attempts, if repeat > 1 { vec!["3"] } else { vec![] });
+    }
+
+    #[test]
+    fn phases_are_properties_in_seconds() {
+        let mut run = run(1);
+        run.specs[0].phases = crate::Phases {
+            setup: Some(Duration::from_millis(2500)),
+            body: Some(Duration::from_millis(1000)),
+            cleanup: Some(Duration::from_millis(125)),
+            deferred: None,
+        };
+        let xml = report(&run).to_string().unwrap();
+        for property in [
+            r#"<property name="phase:setup" value="2.500"/>"#,
+            r#"<property name="phase:body" value="1.000"/>"#,
+            r#"<property name="phase:cleanup" value="0.125"/>"#,
+        ] {
+            assert!(xml.contains(property), "{property} missing in {xml}");
+        }
+        assert!(!xml.contains("phase:deferred"), "{xml}");
+        assert_eq!(xml.matches("phase:").count(), 3, "only the first spec has phases: {xml}");
     }
 
     #[test]

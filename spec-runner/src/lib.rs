@@ -136,10 +136,12 @@ mod monitor;
 mod names;
 mod order;
 mod outcome;
+mod phases;
 mod progress;
 mod registry;
 mod run_guard;
 mod run_identity;
+mod requirements;
 mod runner;
 mod selection;
 mod spec_end;
@@ -169,6 +171,7 @@ pub use leftovers::{
 pub use monitor::{Monitor, WaitGuard, step, waiting};
 pub use outcome::OUTCOME_TARGET;
 pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
+pub use phases::Phases;
 pub use progress::{Output, OutputBuffer, Verbosity};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
 pub use run_guard::{CleanupArgs, SWEEP_TIMEOUT, cleanup};
@@ -176,5 +179,6 @@ pub use run_identity::{
     LEASE_DURATION, LEASE_NAMESPACE, LEASE_PREFIX, RENEW_EVERY, RUN_INFO_ANNOTATION, RUN_LABEL, RunLease,
     lease_name, new_run_id, stamp as stamp_run_identity,
 };
+pub use requirements::Precheck;
 pub use runner::{RunOptions, run_with_backend};
 pub use selection::{Selection, SelectionError};

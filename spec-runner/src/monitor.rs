@@ -73,6 +73,8 @@ pub(crate) struct SpecState {
     phase: Mutex<(Phase, Instant)>,
     step: Mutex<Option<(String, Instant)>>,
     waits: Mutex<Vec<Wait>>,
+    /// Time spent in each finished wait, by what it waited for.
+    waited: Mutex<BTreeMap<String, Duration>>,
     cleanups: Arc<CleanupStack>,
     /// Where `-v` prints phases and steps as they happen.
     verbose: Option<Output>,
@@ -95,9 +97,22 @@ impl SpecState {
             phase: Mutex::new((Phase::Setup, now)),
             step: Mutex::new(None),
             waits: Mutex::new(Vec::new()),
+            waited: Mutex::new(BTreeMap::new()),
             cleanups,
             verbose,
         })
+    }
+
+    /// The finished waits that took at least `at_least` in all, longest first: what the spec
+    /// waited for, and how long.
+    pub(crate) fn waited(&self, at_least: Duration) -> Vec<(String, Duration)> {
+        let mut waited: Vec<(String, Duration)> = lock(&self.waited)
+            .iter()
+            .filter(|(_, d)| **d >= at_least)
+            .map(|(w, d)| (w.clone(), *d))
+            .collect();
+        waited.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        waited
     }
 
     /// Enters a phase (and says so with `-v`).
@@ -294,7 +309,11 @@ impl std::fmt::Debug for WaitGuard {
 impl Drop for WaitGuard {
     fn drop(&mut self) {
         if let Some(state) = &self.state {
-            lock(&state.waits).retain(|w| w.id != self.id);
+            let mut waits = lock(&state.waits);
+            if let Some(at) = waits.iter().position(|w| w.id == self.id) {
+                let wait = waits.remove(at);
+                *lock(&state.waited).entry(wait.what).or_default() += wait.since.elapsed();
+            }
         }
     }
 }

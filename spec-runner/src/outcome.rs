@@ -5,7 +5,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use super::duration;
+use super::{duration, phases::Phases};
 
 /// Target of the runner's per-spec outcome messages: in spec logs, but off
 /// on the console by default (the progress lines already say it).
@@ -100,6 +100,12 @@ pub struct SpecReport {
     pub tries: u32,
     /// The failures of the tries before the last, one line each (with their artifact folder).
     pub earlier_failures: Vec<String>,
+    /// Where the last try's time went (empty for a spec that never started or was skipped
+    /// before its namespace existed).
+    pub phases: Phases,
+    /// What the last try waited for at least a second in all (the waits progress reports name,
+    /// [`waiting`](crate::waiting)), longest first.
+    pub waits: Vec<(String, Duration)>,
 }
 
 impl SpecReport {
@@ -142,6 +148,15 @@ impl RunReport {
     /// Spec runs that passed on a retry (counted as passed too).
     pub fn flaky(&self) -> usize {
         self.specs.iter().filter(|s| s.is_flaky()).count()
+    }
+
+    /// Every spec run's phases added up.
+    pub fn phase_sums(&self) -> Phases {
+        let mut sum = Phases::default();
+        for s in &self.specs {
+            sum.add(&s.phases);
+        }
+        sum
     }
 
     /// Spec runs that were skipped.

@@ -110,6 +110,15 @@ pub(crate) fn spec_block(
             }
         }
     }
+    let mut block = outcome_block(report, repeat, flake_attempts);
+    if verbosity == Verbosity::Verbose && !report.phases.is_empty() {
+        let _ = writeln!(block, "  phases: {}", report.phases.line());
+    }
+    block
+}
+
+/// The outcome line of a finished spec, with a failure's details and log.
+fn outcome_block(report: &SpecReport, repeat: u32, flake_attempts: u32) -> String {
     let secs = report.duration.as_secs_f64();
     let text = format!("{}{}", report.full_text, attempt_suffix(report, repeat));
     match &report.outcome {
@@ -191,6 +200,10 @@ pub(crate) fn summary(report: &RunReport, not_run: usize) -> String {
     } else if not_run > 0 {
         let _ = writeln!(out, "\n--fail-fast: {not_run} spec run(s) did not start after a failure.");
     }
+    let phases = report.phase_sums();
+    if !phases.is_empty() {
+        let _ = writeln!(out, "Phases (summed over the spec runs): {}", phases.line());
+    }
     let _ = writeln!(out, "{}", report.summary_line());
     out
 }
@@ -199,6 +212,7 @@ pub(crate) struct RunHeader<'a> {
     pub(crate) selected: usize,
     pub(crate) total: usize,
     pub(crate) procs: usize,
+    pub(crate) procs_is_default: bool,
     pub(crate) repeat: u32,
     pub(crate) randomize_all: bool,
     pub(crate) seed: u64,
@@ -216,8 +230,9 @@ pub(crate) fn header(h: &RunHeader<'_>) -> String {
     if h.repeat > 1 {
         line.push_str(&format!(" {} times", h.repeat));
     }
+    let default = if h.procs_is_default { " (the default -p; -p 1 runs one at a time)" } else { "" };
     line.push_str(&format!(
-        ", {} in parallel, against {} ({}, {ready} ready node{})\n",
+        ", {} in parallel{default}, against {} ({}, {ready} ready node{})\n",
         h.procs,
         h.cluster.server,
         h.cluster.server_version,

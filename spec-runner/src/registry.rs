@@ -8,6 +8,7 @@ use super::{
     ctx::Ctx,
     error::SpecResult,
     label::{ALWAYS_TRAILING, Label},
+    requirements::{Precheck, Requirement},
 };
 
 /// A spec body, type-erased and shareable (a spec may run several times with `--repeat`).
@@ -56,6 +57,8 @@ pub(crate) type Body = Arc<dyn Fn(Ctx) -> BoxFuture<'static, SpecResult> + Send 
 pub struct Registry {
     specs: Vec<SpecDef>,
     containers: Vec<Container>,
+    /// Requirements of every spec registered after them at the top level.
+    top_requirements: Vec<Requirement>,
     problems: Vec<String>,
     hooks: SuiteHooks,
     /// Top-level containers registered so far, and the one being registered.
@@ -78,12 +81,16 @@ pub(crate) struct SuiteHooks {
 struct Container {
     text: String,
     labels: Vec<Label>,
+    /// Requirements of every spec registered in it from now on ([`Registry::requires`]).
+    requirements: Vec<Requirement>,
 }
 
 /// A registered spec: its description and its body.
 pub(crate) struct SpecDef {
     pub(crate) info: SpecInfo,
     pub(crate) body: Body,
+    /// Decided before the spec's namespace is created (its containers' first).
+    pub(crate) requirements: Vec<Requirement>,
 }
 
 /// The description of a registered spec.
@@ -261,7 +268,7 @@ impl Registry {
             self.top_level.1 = Some(self.top_level.0);
             self.top_level.0 += 1;
         }
-        self.containers.push(Container { text, labels });
+        self.containers.push(Container { text, labels, requirements: Vec::new() });
         body(self);
         self.containers.pop();
         if outermost {
@@ -309,7 +316,11 @@ impl Registry {
         };
         info.render();
         let body: Body = Arc::new(move |ctx| body(ctx).boxed());
-        self.specs.push(SpecDef { info, body });
+        let requirements = (self.top_requirements.iter())
+            .chain(self.containers.iter().flat_map(|c| c.requirements.iter()))
+            .cloned()
+            .collect();
+        self.specs.push(SpecDef { info, body, requirements });
         let last = self.specs.len() - 1;
         SpecHandle { registry: self, index: last }
     }
@@ -346,6 +357,23 @@ impl Registry {
     /// does not serve it fails preflight with one sentence that ends with `hint`, and no spec runs.
     pub fn require_api(&mut self, group_version: impl Into<String>, hint: impl Into<String>) {
         self.hooks.required_apis.push((group_version.into(), hint.into()));
+    }
+
+    /// Every spec registered after this in the current container (all specs at the top level)
+    /// requires what `requirement` decides, before anything is created for it: `Ok` runs the
+    /// spec, a skip ([`SpecError::skip`](crate::SpecError::skip)) skips it in well under a second
+    /// (no namespace is created), any other error fails it. Use it for what the cluster must
+    /// have (nodes, their allocatable resources, gates), so a cluster without it costs nothing.
+    pub fn requires<F, Fut>(&mut self, requirement: F)
+    where
+        F: Fn(Precheck) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = SpecResult> + Send + 'static,
+    {
+        let requirement: Requirement = Arc::new(move |pre| requirement(pre).boxed());
+        match self.containers.last_mut() {
+            Some(c) => c.requirements.push(requirement),
+            None => self.top_requirements.push(requirement),
+        }
     }
 
     /// Runs `hook` for every spec once its [`Ctx`] exists, before its body (a suite-wide
@@ -385,6 +413,18 @@ impl SpecHandle<'_> {
     /// Adds one label.
     pub fn label(self, label: impl Into<Label>) -> Self {
         self.labels([label.into()])
+    }
+
+    /// This spec requires what `requirement` decides before anything is created for it (see
+    /// [`Registry::requires`]); checked after its containers' requirements.
+    pub fn requires<F, Fut>(self, requirement: F) -> Self
+    where
+        F: Fn(Precheck) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = SpecResult> + Send + 'static,
+    {
+        let requirement: Requirement = Arc::new(move |pre| requirement(pre).boxed());
+        self.registry.specs[self.index].requirements.push(requirement);
+        self
     }
 
     /// Overrides the default `--timeout` for this spec.

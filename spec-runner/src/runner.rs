@@ -30,11 +30,16 @@ use super::{
     names, order,
     outcome::OUTCOME_TARGET,
     outcome::{FailureKind, Outcome, RunReport, SpecReport},
+    phases::{Phases, SetupMark},
     progress::{self, Output, Verbosity},
     registry::{Registry, SpecDef, SuiteHooks},
+    requirements::{self, Precheck},
     selection::Selection,
     spec_end::{body_outcome, runner_failure, stop_body, write_failure_files},
 };
+
+/// Waits at least this long (in all, per name) go into the report.
+const REPORTED_WAIT: Duration = Duration::from_secs(1);
 
 /// How long creating a spec's namespace may take.
 const NAMESPACE_CREATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,6 +49,8 @@ const NAMESPACE_CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct RunOptions {
     /// Specs running at the same time (`-p`).
     pub procs: usize,
+    /// Whether `procs` is the default (no `-p`); the run's first lines say so.
+    pub procs_is_default: bool,
     /// Timeout of a spec body unless the spec sets its own (`--timeout`).
     pub default_timeout: Duration,
     /// How many times the selection runs (`--repeat`).
@@ -90,6 +97,7 @@ impl Default for RunOptions {
     fn default() -> Self {
         Self {
             procs: 1,
+            procs_is_default: false,
             default_timeout: Duration::from_secs(600),
             repeat: 1,
             artifacts: PathBuf::from("target/e2e/artifacts"),
@@ -194,6 +202,7 @@ pub async fn run_with_backend(
         selected: specs.len(),
         total,
         procs: options.procs,
+        procs_is_default: options.procs_is_default,
         repeat: options.repeat,
         randomize_all: options.randomize_all,
         seed,
@@ -242,6 +251,8 @@ pub async fn run_with_backend(
                 artifacts: None,
                 tries: 0,
                 earlier_failures: Vec::new(),
+                phases: Default::default(),
+                waits: Vec::new(),
             });
         }
     }
@@ -393,6 +404,8 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
         artifacts,
         tries: try_number,
         earlier_failures: Vec::new(),
+        phases: run.phases,
+        waits: state.waited(REPORTED_WAIT),
     };
     env.options.output.block(&progress::spec_block(
         &report,
@@ -445,6 +458,8 @@ pub(crate) struct Execution {
     pub(crate) problems: Vec<String>,
     /// Whether the artifact folder was already emptied for this run.
     pub(crate) dir_ready: bool,
+    /// Where the time went.
+    pub(crate) phases: Phases,
 }
 
 async fn execute(
@@ -458,7 +473,20 @@ async fn execute(
     let info = &spec.info;
     let options = &env.options;
     tracing::info!("starting {:?} (attempt {attempt})", info.full_text());
-    let mut run = Execution { outcome: Outcome::Passed, problems: Vec::new(), dir_ready: false };
+    let mut run = Execution {
+        outcome: Outcome::Passed,
+        problems: Vec::new(),
+        dir_ready: false,
+        phases: Phases::default(),
+    };
+
+    // Requirements first: a spec the cluster cannot run creates nothing.
+    let pre = Precheck::new(env.backend.client(), env.cluster.clone());
+    if let Some(outcome) = state.scope(requirements::check(info, &spec.requirements, pre)).await {
+        tracing::info!(target: OUTCOME_TARGET, "requirements not met, nothing created: {outcome:?}");
+        run.outcome = outcome;
+        return run;
+    }
 
     let request = NamespaceRequest {
         generate_name: names::namespace_prefix(info.name()),
@@ -500,6 +528,7 @@ async fn execute(
     let timeout = info.timeout().unwrap_or(options.default_timeout);
     let deadline = Instant::now() + timeout;
     let token = env.interrupt.child_token();
+    let setup_mark = Arc::new(SetupMark::default());
     let ctx = Ctx::new(CtxParts {
         client: env.backend.client(),
         stream_client: env.backend.stream_client(),
@@ -514,6 +543,7 @@ async fn execute(
         cleanup_timeout: options.cleanup_timeout,
         artifacts_dir: dir.to_owned(),
         deadline,
+        setup: setup_mark.clone(),
     });
 
     for hook in &env.hooks.before_each {
@@ -522,6 +552,7 @@ async fn execute(
     let body = spec.body.clone();
     let body_ctx = ctx.clone();
     state.set_phase(Phase::Body);
+    let body_start = Instant::now();
     let body_token = token.clone();
     let mut task = tokio::spawn(
         state
@@ -559,6 +590,8 @@ async fn execute(
             Outcome::failed(FailureKind::Interrupted, "interrupted (Ctrl-C) while running")
         }
     };
+    let (setup, body) = setup_mark.split(body_start, Instant::now());
+    (run.phases.setup, run.phases.body) = (setup, Some(body));
 
     // Collect what the cluster looks like now, before cleanups change it.
     if matches!(&run.outcome, Outcome::Failed { kind, .. } if *kind != FailureKind::Interrupted) {
@@ -574,7 +607,9 @@ async fn execute(
         run.dir_ready = true;
     }
 
+    let cleanup_start = Instant::now();
     let failures = cleanups.run_all_watched(Some(state)).await;
+    run.phases.cleanup = Some(cleanup_start.elapsed());
     token.cancel();
     if !failures.is_empty() {
         let list: Vec<String> = failures.iter().map(ToString::to_string).collect();

@@ -32,6 +32,8 @@ pub(crate) fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::
         artifacts: None,
         tries: 1,
         earlier_failures: Vec::new(),
+        phases: Default::default(),
+        waits: Vec::new(),
     }
 }
 

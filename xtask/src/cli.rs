@@ -4,7 +4,9 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{e2e, image_archive, kind, kubectl, local, overrides::OverrideArgs, provider::Provider, test};
+use crate::{
+    bench, e2e, image_archive, kind, kubectl, local, overrides::OverrideArgs, provider::Provider, test,
+};
 
 /// Bad input from the user (a missing file, no cluster to talk to, a flag for the wrong
 /// provider): one sentence, and `cargo xtask` exits with 2.
@@ -74,6 +76,15 @@ pub enum Command {
     #[command(disable_help_flag = true)]
     E2e {
         /// Own flags (--provider, --kubeconfig, --keep-cluster, --name, --image) and dra-e2e's flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Measure the suites: `cargo xtask bench suites [--kubeconfig PATH] [dra-e2e flags: --focus,
+    /// --skip, -p, ...]` runs the selection, then prints the wall time, the phase sums, the
+    /// slowest specs with what they waited for and the driver set-up time's p50 and p99.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// `suites`, then the flags of `cargo xtask e2e`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -185,6 +196,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
         Command::E2e { args } => e2e::run(args).await,
+        Command::Bench { args } => bench::run(args).await,
         Command::Test(args) => test::run(args).await,
         Command::Kubectl { args } => kubectl::run(args).await,
         Command::NetnsForward { netns, listen, connect } => {

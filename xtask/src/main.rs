@@ -3,6 +3,7 @@
 //! Data flows one way: xtask makes a cluster and hands its kubeconfig to the `dra-e2e` binary; the
 //! harness never knows which provider made the cluster.
 
+mod bench;
 mod cli;
 mod cluster_config;
 mod e2e;

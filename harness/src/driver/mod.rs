@@ -367,6 +367,8 @@ impl Driver {
             driver.wait_registered().await?;
         }
         tracing::info!(driver = %driver.inner.name, "driver is ready");
+        // The spec's set-up phase ends here (with its last driver, when it starts several).
+        ctx.setup_done();
         Ok(driver)
     }
 

@@ -15,7 +15,8 @@
 //! is gone; containers that use claims must see the claims' CDI environment, and the pod status
 //! (`nodeAllocatableResourceClaimStatuses`) must name the containers using each claim.
 //!
-//! What these machines cannot do is a skip with the reason, never a weaker check: pods whose
+//! What these machines cannot do is a skip with the reason, never a weaker check, decided before
+//! anything is deployed where the nodes' allocatable CPU and hugepages tell ([`fits`]): pods whose
 //! CPU or memory (with what the claims add) no node can fit (the nodes have 2 CPUs; upstream's
 //! own specs never get their pods scheduled there; a pod is only skipped so when no other pod
 //! on the node requests CPU or memory), resizes the API server refuses because the node cannot
@@ -24,6 +25,7 @@
 
 mod cases;
 mod cgroups;
+mod fits;
 mod run;
 
 use harness::framework::{Label, Registry};
@@ -54,11 +56,15 @@ pub fn register(registry: &mut Registry) {
             for case in cgroup_cases() {
                 let name =
                     format!("verifies cgroup inflation and container OOM adjustment with {}", case.name);
-                r.it(&name, move |ctx| run::cgroup_spec(ctx, case.clone()));
+                let needs = case.clone();
+                r.it(&name, move |ctx| run::cgroup_spec(ctx, case.clone()))
+                    .requires(move |pre| fits::cgroup_case_fits(pre, needs.clone()));
             }
             for case in resize_cases() {
                 let name = format!("verifies cgroup settings and pod status after resize with {}", case.name);
-                r.it(&name, move |ctx| run::resize_spec(ctx, case.clone()));
+                let needs = case.clone();
+                r.it(&name, move |ctx| run::resize_spec(ctx, case.clone()))
+                    .requires(move |pre| fits::resize_case_fits(pre, needs.clone()));
             }
         });
     });

@@ -1,0 +1,202 @@
+//! Requirements decided before any object exists, and per-spec phase timing, without a cluster:
+//! in-memory specs on a backend that counts the namespaces the runner asks for.
+// Helpers outside `#[test]` functions unwrap too: a panic there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use harness::framework::{
+    ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, Ctx, FailureKind, NamespaceRequest, NodeInfo,
+    Outcome, Output, Precheck, PreflightError, Registry, RunOptions, RunReport, Selection, Skip,
+    SpecNamespace, Verbosity, init_tracing, run_with_backend,
+};
+use tokio_util::sync::CancellationToken;
+
+/// One ready node with kubelet v1.37.2; records every namespace created and deleted.
+#[derive(Default, Clone)]
+struct Counting(Arc<Mutex<Vec<String>>>);
+
+impl Counting {
+    fn journal(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl ClusterBackend for Counting {
+    async fn preflight(&self) -> Result<ClusterInfo, PreflightError> {
+        Ok(ClusterInfo {
+            server: "https://counting".into(),
+            server_version: "v1.37.2".into(),
+            api_versions: ["v1".to_owned(), "resource.k8s.io/v1".to_owned()].into(),
+            nodes: vec![NodeInfo { name: "node".into(), kubelet_version: "v1.37.2".into(), ready: true }],
+        })
+    }
+
+    fn client(&self) -> kube::Client {
+        // Every request fails: these specs never talk to an API server.
+        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+            Err::<http::Response<http_body_util::Empty<bytes::Bytes>>, _>(std::io::Error::other(
+                "no cluster in this test",
+            ))
+        });
+        kube::Client::new(service, "default")
+    }
+
+    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
+        let name = format!("{}x", request.generate_name);
+        self.0.lock().unwrap().push(format!("create {name}"));
+        Ok(SpecNamespace { name, uid: "uid".into() })
+    }
+
+    async fn delete_namespace(&self, ns: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
+        self.0.lock().unwrap().push(format!("delete {}", ns.name));
+        Ok(())
+    }
+
+    async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+async fn run(registry: Registry, backend: Counting, verbosity: Verbosity) -> (RunReport, String) {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (output, buffer) = Output::capture();
+    let options = RunOptions {
+        procs: 2,
+        default_timeout: Duration::from_secs(30),
+        artifacts: dir.path().join("artifacts"),
+        output,
+        seed: Some(1),
+        verbosity,
+        ..RunOptions::default()
+    };
+    let report =
+        run_with_backend(registry, &Selection::all(), options, Arc::new(backend), CancellationToken::new())
+            .await;
+    (report, buffer.contents())
+}
+
+fn outcome<'a>(report: &'a RunReport, name: &str) -> &'a Outcome {
+    let spec = report
+        .specs
+        .iter()
+        .find(|s| s.full_text.ends_with(name) || s.full_text.contains(&format!(" {name} [")));
+    let spec = spec.unwrap_or_else(|| panic!("no spec {name:?}: {:?} {:?}", report.error, report.specs));
+    &spec.outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_whose_requirements_skip_creates_no_namespace() {
+    let mut reg = Registry::new();
+    reg.describe("[requirements]", |r| {
+        r.it("needs a newer kubelet", async |_| panic!("the body of a skipped spec ran"))
+            .labels(["KubeletMinVersion:1.99"]);
+        r.it("runs on this kubelet", async |_| Ok(())).labels(["KubeletMinVersion:1.37"]);
+        r.it("needs hugepages", async |_| panic!("the body of a skipped spec ran")).requires(
+            async |pre: Precheck| {
+                let nodes = pre.cluster().ready_nodes().count();
+                Err(Skip::because(format!("none of the {nodes} nodes has hugepages-2Mi")))
+            },
+        );
+        r.it("cannot decide", async |_| panic!("the body of an undecided spec ran"))
+            .requires(async |_| Err(anyhow::anyhow!("the API server said no").into()));
+        r.context("in a small cluster", |r| {
+            r.requires(async |pre: Precheck| {
+                pre.cluster().require_nodes(4)?;
+                Ok(())
+            });
+            r.it("needs four nodes", async |_| panic!("the body of a skipped spec ran"));
+            r.it("needs four nodes too", async |_| panic!("the body of a skipped spec ran"));
+        });
+        r.it("runs after the context", async |_| Ok(()));
+    });
+    let backend = Counting::default();
+    let (report, _) = run(reg, backend.clone(), Verbosity::Normal).await;
+
+    assert_eq!(
+        outcome(&report, "needs a newer kubelet"),
+        &Outcome::Skipped { reason: "needs kubelet v1.99 or newer, but node has v1.37.2".into() }
+    );
+    assert_eq!(
+        outcome(&report, "needs hugepages"),
+        &Outcome::Skipped { reason: "none of the 1 nodes has hugepages-2Mi".into() }
+    );
+    for name in ["needs four nodes", "needs four nodes too"] {
+        assert_eq!(
+            outcome(&report, name),
+            &Outcome::Skipped { reason: "needs 4 ready nodes, the cluster has 1".into() },
+            "{name}"
+        );
+    }
+    let Outcome::Failed { kind, message, .. } = outcome(&report, "cannot decide") else {
+        panic!("{:?}", report.specs)
+    };
+    assert_eq!(*kind, FailureKind::Setup);
+    assert!(message.contains("the API server said no"), "{message}");
+
+    // Only the two specs that ran had a namespace; the others cost nothing.
+    let mut journal = backend.journal();
+    journal.sort();
+    assert_eq!(
+        journal,
+        [
+            "create dra-runs-after-the-conte-x",
+            "create dra-runs-on-this-kubelet-x",
+            "delete dra-runs-after-the-conte-x",
+            "delete dra-runs-on-this-kubelet-x",
+        ]
+    );
+    for s in report.specs.iter().filter(|s| matches!(s.outcome, Outcome::Skipped { .. })) {
+        assert!(s.phases.is_empty(), "{:?}", s.phases);
+        assert!(s.duration < Duration::from_secs(1), "{} took {:?}", s.full_text, s.duration);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phases_split_the_spec_at_the_end_of_its_set_up() {
+    let mut reg = Registry::new();
+    reg.describe("[phases]", |r| {
+        r.it("sets up", async |ctx: Ctx| {
+            ctx.defer("slow cleanup", async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(())
+            });
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            ctx.setup_done();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(())
+        });
+        r.it("has no set-up", async |_| {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(())
+        });
+    });
+    let (report, output) = run(reg, Counting::default(), Verbosity::Verbose).await;
+
+    let spec = |name: &str| report.specs.iter().find(|s| s.full_text.ends_with(name)).unwrap();
+    let ms = |d: Option<Duration>| d.map(|d| d.as_millis());
+    let sets_up = spec("sets up").phases;
+    assert!(ms(sets_up.setup).is_some_and(|t| (400..1000).contains(&t)), "{sets_up:?}");
+    assert!(ms(sets_up.body).is_some_and(|t| (200..800).contains(&t)), "{sets_up:?}");
+    assert!(ms(sets_up.cleanup).is_some_and(|t| (300..900).contains(&t)), "{sets_up:?}");
+    assert_eq!(sets_up.deferred, None);
+    let plain = spec("has no set-up").phases;
+    assert_eq!(plain.setup, None);
+    assert!(ms(plain.body).is_some_and(|t| t >= 100), "{plain:?}");
+
+    // `-v` prints each spec's phases; the summary adds them up.
+    let lines: Vec<&str> = output.lines().filter(|l| l.starts_with("  phases: ")).collect();
+    assert_eq!(lines.len(), 2, "{output}");
+    assert!(lines.iter().any(|l| l.starts_with("  phases: set-up ")), "{output}");
+    assert!(lines.iter().any(|l| l.starts_with("  phases: body ")), "{output}");
+    let sums = report.phase_sums();
+    assert_eq!(sums.setup, sets_up.setup);
+    assert_eq!(sums.body, Some(sets_up.body.unwrap() + plain.body.unwrap()));
+    assert!(output.contains(&format!("Phases (summed over the spec runs): {}\n", sums.line())), "{output}");
+}

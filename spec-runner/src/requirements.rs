@@ -1,0 +1,99 @@
+//! Requirements decided before a spec creates anything: what a spec (or its container) declares
+//! with [`SpecHandle::requires`](crate::SpecHandle::requires) or
+//! [`Registry::requires`](crate::Registry::requires), and what its labels say
+//! (`KubeletMinVersion:1.34`, upstream's `WithKubeletMinVersion`). The runner checks them before
+//! the spec's namespace exists, so a spec the cluster cannot run is skipped in well under a
+//! second instead of creating and deleting a namespace (about 5 s).
+
+use std::{sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+
+use super::{
+    cluster::ClusterInfo,
+    error::{SpecError, SpecResult},
+    monitor,
+    outcome::{FailureKind, Outcome},
+    registry::SpecInfo,
+};
+
+/// How long a spec's requirements may take to decide.
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The label prefix of upstream's `WithKubeletMinVersion`.
+const KUBELET_MIN_VERSION: &str = "KubeletMinVersion:";
+
+/// What a requirement can look at: the admin client (read what you need, create nothing) and
+/// what preflight found.
+#[derive(Clone)]
+pub struct Precheck {
+    client: kube::Client,
+    cluster: Arc<ClusterInfo>,
+}
+
+impl Precheck {
+    pub(crate) fn new(client: kube::Client, cluster: Arc<ClusterInfo>) -> Self {
+        Self { client, cluster }
+    }
+
+    /// The admin client, for reads (nodes' allocatable resources, feature gates, ...).
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// What preflight found: API versions, nodes, kubelet and server versions.
+    pub fn cluster(&self) -> &ClusterInfo {
+        &self.cluster
+    }
+}
+
+/// A requirement: `Ok` to run the spec, a skip ([`SpecError::skip`]) to skip it with that
+/// reason, any other error fails it (as a set-up failure) without running its body.
+pub(crate) type Requirement = Arc<dyn Fn(Precheck) -> BoxFuture<'static, SpecResult> + Send + Sync>;
+
+/// What the labels require (`KubeletMinVersion:major.minor`).
+fn label_requirements(info: &SpecInfo, cluster: &ClusterInfo) -> SpecResult {
+    for label in info.labels() {
+        let Some(version) = label.strip_prefix(KUBELET_MIN_VERSION) else { continue };
+        let parsed = version.split_once('.').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+        let Some((major, minor)) = parsed else {
+            return Err(SpecError::fail(format!(
+                "label {label:?}: expected {KUBELET_MIN_VERSION}<major>.<minor>"
+            )));
+        };
+        cluster.require_kubelet_version(major, minor)?;
+    }
+    Ok(())
+}
+
+/// Checks a spec's requirements: `None` to run it, else its outcome (skipped, or failed when a
+/// requirement could not be decided).
+pub(crate) async fn check(info: &SpecInfo, requirements: &[Requirement], pre: Precheck) -> Option<Outcome> {
+    let result = async {
+        label_requirements(info, pre.cluster())?;
+        for requirement in requirements {
+            let _waiting = monitor::waiting("the spec's requirements to be decided", Some(CHECK_TIMEOUT));
+            match tokio::time::timeout(CHECK_TIMEOUT, requirement(pre.clone())).await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(SpecError::fail(format!(
+                        "deciding the spec's requirements took longer than {}",
+                        super::duration::display(CHECK_TIMEOUT)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => None,
+        Err(e) => match e.skip_reason() {
+            Some(reason) => Some(Outcome::Skipped { reason: reason.to_owned() }),
+            None => Some(Outcome::failed(
+                FailureKind::Setup,
+                format!("cannot decide the spec's requirements: {e}"),
+            )),
+        },
+    }
+}

@@ -1,0 +1,223 @@
+//! `cargo xtask bench suites [--kubeconfig PATH] [dra-e2e flags: --focus, --skip, -p, ...]`: runs
+//! a selection of the suites like `cargo xtask e2e` (with `--json-report`), reads the report and
+//! prints where the time went: the wall time, the phase sums (`phase:*` report entries), the
+//! slowest specs with what they waited for longest (`wait:*` entries, the waits progress reports
+//! name) and the driver set-up time's p50 and p99 (`phase:setup`). It measures; nothing in it
+//! asserts a duration.
+
+use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+use crate::e2e;
+
+/// How many of the slowest specs the summary lists.
+const SLOWEST: usize = 10;
+/// How many waits it lists per slow spec.
+const WAITS_PER_SPEC: usize = 3;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Report {
+    run_time: u64,
+    spec_reports: Vec<Spec>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Spec {
+    leaf_node_text: String,
+    state: String,
+    run_time: u64,
+    #[serde(default)]
+    report_entries: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Entry {
+    name: String,
+    value: EntryValue,
+}
+
+#[derive(Deserialize)]
+struct EntryValue {
+    #[serde(rename = "AsJSON")]
+    as_json: String,
+}
+
+impl Spec {
+    /// Seconds of the entries whose names start with `prefix`, by the rest of the name.
+    fn entries(&self, prefix: &str) -> Vec<(&str, f64)> {
+        self.report_entries
+            .iter()
+            .filter_map(|e| Some((e.name.strip_prefix(prefix)?, e.value.as_json.parse().ok()?)))
+            .collect()
+    }
+}
+
+/// `cargo xtask bench ...`.
+pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
+    let Some((what, rest)) = raw.split_first() else { bail!("usage: cargo xtask bench suites [flags]") };
+    if what != "suites" {
+        bail!("unknown benchmark {what:?}: the one there is is `cargo xtask bench suites`");
+    }
+    let args = e2e::parse(rest.to_vec())?;
+    let Some(kubeconfig) = args.kubeconfig.clone().or_else(|| std::env::var_os("KUBECONFIG").map(Into::into))
+    else {
+        bail!("cargo xtask bench suites needs a running cluster: pass --kubeconfig PATH (or set KUBECONFIG)");
+    };
+    if args.passthrough.iter().any(|a| a == "--json-report" || a.starts_with("--json-report=")) {
+        bail!("cargo xtask bench suites writes its own --json-report; leave it out");
+    }
+    let repo = crate::repo::repo_root();
+    let runner = e2e::build_runner(&repo, e2e::Build::Binary)?;
+    let dir = tempfile::tempdir().context("create a folder for the report")?;
+    let report_path = dir.path().join("bench.json");
+    let mut passthrough = args.passthrough.clone();
+    passthrough.extend(["--json-report".to_owned(), report_path.display().to_string()]);
+    let code = e2e::run_runner(&runner, &kubeconfig, &passthrough).await?;
+    let report = read(&report_path)?;
+    print!("{}", summary(&report));
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+fn read(path: &Path) -> Result<Report> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("read the run's report {}", path.display()))?;
+    let mut reports: Vec<Report> =
+        serde_json::from_str(&text).with_context(|| format!("parse the run's report {}", path.display()))?;
+    reports.pop().context("the run's report holds no suite")
+}
+
+fn secs(ns: u64) -> f64 {
+    Duration::from_nanos(ns).as_secs_f64()
+}
+
+/// The `q`-quantile (0..=1) of sorted values, nearest rank.
+fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted.get(rank - 1).copied()
+}
+
+/// What the bench prints after the run.
+fn summary(report: &Report) -> String {
+    let mut out = String::from("\n== bench suites ==\n");
+    let mut states: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &report.spec_reports {
+        *states.entry(s.state.as_str()).or_default() += 1;
+    }
+    let states: Vec<String> = states.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    let _ = writeln!(
+        out,
+        "wall time {:.1}s; {} spec runs: {}",
+        secs(report.run_time),
+        report.spec_reports.len(),
+        states.join(", ")
+    );
+
+    let mut sums: BTreeMap<&str, f64> = BTreeMap::new();
+    for s in &report.spec_reports {
+        for (phase, v) in s.entries("phase:") {
+            *sums.entry(phase).or_default() += v;
+        }
+    }
+    let order = ["setup", "body", "cleanup", "deferred"];
+    let phases: Vec<String> =
+        order.iter().filter_map(|p| sums.get(p).map(|v| format!("{p} {v:.1}s"))).collect();
+    let _ = writeln!(
+        out,
+        "phase sums: {}",
+        if phases.is_empty() { "none".to_owned() } else { phases.join(", ") }
+    );
+
+    let mut setups: Vec<f64> =
+        report.spec_reports.iter().flat_map(|s| s.entries("phase:setup")).map(|(_, v)| v).collect();
+    setups.sort_by(f64::total_cmp);
+    match (quantile(&setups, 0.5), quantile(&setups, 0.99)) {
+        (Some(p50), Some(p99)) => {
+            let _ = writeln!(out, "driver set-up over {} specs: p50 {p50:.1}s, p99 {p99:.1}s", setups.len());
+        }
+        _ => out.push_str("driver set-up: no spec deployed a driver\n"),
+    }
+
+    let mut slow: Vec<&Spec> = report.spec_reports.iter().collect();
+    slow.sort_by_key(|s| std::cmp::Reverse(s.run_time));
+    let _ = writeln!(out, "slowest {}:", SLOWEST.min(slow.len()));
+    for s in slow.iter().take(SLOWEST) {
+        let phases: Vec<String> = s.entries("phase:").iter().map(|(p, v)| format!("{p} {v:.1}s")).collect();
+        let _ = writeln!(
+            out,
+            "  {:>7.1}s {} {} [{}]",
+            secs(s.run_time),
+            s.state,
+            s.leaf_node_text,
+            phases.join(", ")
+        );
+        let mut waits = s.entries("wait:");
+        waits.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (what, v) in waits.iter().take(WAITS_PER_SPEC) {
+            let _ = writeln!(out, "           waited {v:.1}s for {what}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, v: f64) -> Entry {
+        Entry { name: name.into(), value: EntryValue { as_json: format!("{v}") } }
+    }
+
+    fn spec(text: &str, secs: u64, entries: Vec<Entry>) -> Spec {
+        Spec {
+            leaf_node_text: text.into(),
+            state: "passed".into(),
+            run_time: secs * 1_000_000_000,
+            report_entries: entries,
+        }
+    }
+
+    #[test]
+    fn quantiles_take_the_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!((quantile(&v, 0.5), quantile(&v, 0.99)), (Some(50.0), Some(99.0)));
+        assert_eq!(quantile(&[3.0], 0.99), Some(3.0));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn the_summary_sums_phases_and_names_the_longest_waits() {
+        let report = Report {
+            run_time: 60_000_000_000,
+            spec_reports: vec![
+                spec("fast", 2, vec![entry("phase:body", 2.0)]),
+                spec(
+                    "slow",
+                    40,
+                    vec![
+                        entry("phase:setup", 10.0),
+                        entry("phase:body", 25.0),
+                        entry("phase:cleanup", 5.0),
+                        entry("wait:pod tester-1 to run", 20.0),
+                        entry("wait:the plugins to register", 9.0),
+                    ],
+                ),
+            ],
+        };
+        let text = summary(&report);
+        assert!(text.contains("wall time 60.0s; 2 spec runs: 2 passed\n"), "{text}");
+        assert!(text.contains("phase sums: setup 10.0s, body 27.0s, cleanup 5.0s\n"), "{text}");
+        assert!(text.contains("driver set-up over 1 specs: p50 10.0s, p99 10.0s\n"), "{text}");
+        let slow = text.find("40.0s passed slow").unwrap();
+        assert!(slow < text.find("2.0s passed fast").unwrap(), "{text}");
+        assert!(text.contains("waited 20.0s for pod tester-1 to run\n"), "{text}");
+    }
+}
