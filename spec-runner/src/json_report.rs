@@ -230,6 +230,7 @@ mod tests {
             artifacts: None,
             tries,
             earlier_failures: vec![],
+            deferred: vec![],
         }
     }
 

@@ -115,6 +115,7 @@ mod tests {
             artifacts: None,
             tries: 1,
             earlier_failures: vec![],
+            deferred: vec![],
         }
     }
 
