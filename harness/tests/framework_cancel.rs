@@ -48,7 +48,11 @@ impl ClusterBackend for Trivial {
         Ok(SpecNamespace { name: format!("{}x", request.generate_name), uid: "uid".into() })
     }
 
-    async fn delete_namespace(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
+    async fn delete_namespace(&self, _: &SpecNamespace) -> Result<(), ClusterError> {
+        Ok(())
+    }
+
+    async fn wait_namespace_gone(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
         Ok(())
     }
 

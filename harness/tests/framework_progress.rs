@@ -54,7 +54,11 @@ impl ClusterBackend for Trivial {
         Ok(SpecNamespace { name: format!("{}x", request.generate_name), uid: "uid".into() })
     }
 
-    async fn delete_namespace(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
+    async fn delete_namespace(&self, _: &SpecNamespace) -> Result<(), ClusterError> {
+        Ok(())
+    }
+
+    async fn wait_namespace_gone(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
         Ok(())
     }
 
@@ -154,6 +158,7 @@ async fn verbose_prints_each_specs_start_phases_and_steps() {
         "  [passes with steps] STEP: check the thing\n",
         "  [passes with steps] cleanup: remove the thing\n",
         "  [passes with steps] cleanup: delete namespace dra-passes-with-steps-x\n",
+        "  [passes with steps] deferred checks: namespace dra-passes-with-steps-x to be gone\n",
         "s] [progress] passes with steps\n",
     ];
     let mut at = start;

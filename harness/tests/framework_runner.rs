@@ -100,12 +100,17 @@ impl ClusterBackend for FakeCluster {
         Ok(SpecNamespace { name, uid: format!("uid-{n}") })
     }
 
-    async fn delete_namespace(
+    async fn delete_namespace(&self, namespace: &SpecNamespace) -> Result<(), ClusterError> {
+        self.journal.push(format!("delete {}", namespace.name));
+        Ok(())
+    }
+
+    async fn wait_namespace_gone(
         &self,
         namespace: &SpecNamespace,
         _timeout: Duration,
     ) -> Result<(), ClusterError> {
-        self.journal.push(format!("delete {}", namespace.name));
+        self.journal.push(format!("gone {}", namespace.name));
         Ok(())
     }
 
@@ -310,6 +315,7 @@ async fn reports_every_outcome_and_always_cleans_up() {
         "cleanup fail second".to_owned(),
         "cleanup fail first".to_owned(),
         format!("delete {fail_ns}"),
+        format!("gone {fail_ns}"),
     ];
     let positions: Vec<_> = order.iter().map(|e| journal.position(e)).collect();
     assert!(positions.is_sorted(), "{order:?} at {positions:?} in {entries:?}");

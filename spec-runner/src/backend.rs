@@ -78,8 +78,12 @@ pub trait ClusterBackend: Send + Sync + 'static {
     /// Creates a spec's namespace (privileged pod security, labels marking it as ours).
     async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError>;
 
-    /// Deletes a spec's namespace and waits until it is gone.
-    async fn delete_namespace(
+    /// Deletes a spec's namespace (asks for it; an already-gone namespace is fine).
+    async fn delete_namespace(&self, namespace: &SpecNamespace) -> Result<(), ClusterError>;
+
+    /// Waits until a deleted namespace is gone, at most `timeout` (the runner does this as a
+    /// deferred check, after the spec's worker slot is released).
+    async fn wait_namespace_gone(
         &self,
         namespace: &SpecNamespace,
         timeout: Duration,

@@ -41,6 +41,8 @@ pub(crate) struct CleanupStack {
     entries: Mutex<Vec<Cleanup>>,
     /// Run before `entries`, first registered first.
     first: Mutex<std::collections::VecDeque<Cleanup>>,
+    /// Run after every cleanup, once the spec's worker slot is released.
+    pub(crate) checks: super::deferred::DeferredChecks,
 }
 
 impl CleanupStack {

@@ -280,9 +280,33 @@ impl Ctx {
         self.inner.cleanups.push_first(what.into(), self.inner.cleanup_timeout, cleanup);
     }
 
+    /// Registers a deferred check: a pure wait on the cluster after the spec's body and
+    /// cleanups (something going away, such as a namespace or a departed driver's
+    /// ResourceSlices) that needs no worker slot. Deferred checks start after every cleanup has
+    /// run (cleanups may register them too), once the spec's slot is released so that the next
+    /// spec can start; they run at the same time, each bounded by `timeout`, and one that fails
+    /// or times out fails the spec (the report names it and says after how long). The run ends
+    /// only when every deferred check has finished. Only for checks whose subject no later spec
+    /// can see (its own namespace, objects with the spec's unique names).
+    ///
+    /// ```no_run
+    /// # fn f(ctx: spec_runner::Ctx) {
+    /// ctx.defer_check("the driver's ResourceSlices to be gone", std::time::Duration::from_secs(60), async move {
+    ///     // poll the cluster until they are gone
+    ///     Ok(())
+    /// });
+    /// # }
+    /// ```
+    pub fn defer_check<F>(&self, what: impl Into<String>, timeout: Duration, check: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.inner.cleanups.checks.push(what.into(), timeout, check);
+    }
+
     /// Registers a cleanup that deletes an object (usually cluster-scoped:
-    /// DeviceClass, ClusterRole, ValidatingAdmissionPolicy, ResourceSlice) and
-    /// waits until it is gone. Already-gone objects are fine.
+    /// DeviceClass, ClusterRole, ValidatingAdmissionPolicy, ResourceSlice), and a deferred check
+    /// (see [`Ctx::defer_check`]) that waits until it is gone. Already-gone objects are fine.
     pub fn delete_at_cleanup<K>(&self, api: Api<K>, name: impl Into<String>)
     where
         K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -290,7 +314,13 @@ impl Ctx {
     {
         let name = name.into();
         let kind = K::kind(&K::DynamicType::default()).into_owned();
-        self.defer(format!("delete {kind} {name}"), async move { delete_and_wait(api, &kind, &name).await });
+        let (cleanups, timeout) = (self.inner.cleanups.clone(), self.inner.cleanup_timeout);
+        self.defer(format!("delete {kind} {name}"), async move {
+            let Some(uid) = delete(&api, &kind, &name).await? else { return Ok(()) };
+            let what = format!("{kind} {name} to be gone");
+            cleanups.checks.push(what, timeout, async move { wait_gone(api, &kind, &name, &uid).await });
+            Ok(())
+        });
     }
 
     /// Marks the end of the spec's set-up (the harness calls it once its driver has every
@@ -319,23 +349,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Deletes an object and waits until it is gone (the caller bounds the wait).
-async fn delete_and_wait<K>(api: Api<K>, kind: &str, name: &str) -> anyhow::Result<()>
+/// Deletes an object; returns its uid while it is still there (being deleted).
+async fn delete<K>(api: &Api<K>, kind: &str, name: &str) -> anyhow::Result<Option<String>>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let uid = match api.delete(name, &DeleteParams::background()).await {
-        Ok(either) => either.left().and_then(|obj| obj.meta().uid.clone()),
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(either) => Ok(either.left().and_then(|obj| obj.meta().uid.clone())),
         Err(kube::Error::Api(status)) if status.code == 404 => {
             tracing::debug!("{kind} {name} was already gone");
-            return Ok(());
+            Ok(None)
         }
-        Err(e) => return Err(e).with_context(|| format!("delete {kind} {name}")),
-    };
-    let Some(uid) = uid else { return Ok(()) };
-    // The cleanup's own timeout bounds this wait.
+        Err(e) => Err(e).with_context(|| format!("delete {kind} {name}")),
+    }
+}
+
+/// Waits until the object with `uid` is gone (the caller bounds the wait).
+async fn wait_gone<K>(api: Api<K>, kind: &str, name: &str, uid: &str) -> anyhow::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
     let _waiting = super::monitor::waiting(format!("{kind} {name} to be gone"), None);
-    kube::runtime::wait::await_condition(api, name, kube::runtime::conditions::is_deleted(&uid))
+    kube::runtime::wait::await_condition(api, name, kube::runtime::conditions::is_deleted(uid))
         .await
         .with_context(|| format!("wait for {kind} {name} to be gone"))?;
     tracing::debug!("{kind} {name} is gone");

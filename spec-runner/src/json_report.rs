@@ -290,6 +290,7 @@ mod tests {
             earlier_failures: vec![],
             phases: Default::default(),
             waits: Vec::new(),
+            deferred: vec![],
         }
     }
 

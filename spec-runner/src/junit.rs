@@ -120,6 +120,7 @@ mod tests {
             earlier_failures: vec![],
             phases: Default::default(),
             waits: Vec::new(),
+            deferred: vec![],
         }
     }
 

@@ -230,22 +230,23 @@ impl ClusterBackend for KubeBackend {
         Ok(SpecNamespace { name, uid })
     }
 
-    async fn delete_namespace(
+    async fn delete_namespace(&self, namespace: &SpecNamespace) -> Result<(), ClusterError> {
+        let api = Api::<Namespace>::all(self.client.clone());
+        match api.delete(&namespace.name, &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(source) => {
+                Err(ClusterError::Kube { what: format!("delete namespace {}", namespace.name), source })
+            }
+        }
+    }
+
+    async fn wait_namespace_gone(
         &self,
         namespace: &SpecNamespace,
         timeout: Duration,
     ) -> Result<(), ClusterError> {
         let api = Api::<Namespace>::all(self.client.clone());
-        match api.delete(&namespace.name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(source) => {
-                return Err(ClusterError::Kube {
-                    what: format!("delete namespace {}", namespace.name),
-                    source,
-                });
-            }
-        }
         let gone = kube::runtime::wait::await_condition(
             api.clone(),
             &namespace.name,

@@ -124,6 +124,7 @@ mod capture;
 mod cleanup;
 mod cluster;
 mod ctx;
+mod deferred;
 mod duration;
 mod error;
 mod json_report;
@@ -170,7 +171,7 @@ pub use leftovers::{
 };
 pub use monitor::{Monitor, WaitGuard, step, waiting};
 pub use outcome::OUTCOME_TARGET;
-pub use outcome::{FailureKind, Outcome, RunReport, SpecReport};
+pub use outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};
 pub use phases::Phases;
 pub use progress::{Output, OutputBuffer, Verbosity};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};

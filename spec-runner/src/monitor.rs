@@ -54,6 +54,8 @@ pub(crate) enum Phase {
     Artifacts,
     /// Running a cleanup.
     Cleanup(String),
+    /// Its slot released, waiting for its deferred checks (their names).
+    Deferred(String),
 }
 
 /// One wait in progress.
@@ -123,6 +125,7 @@ impl SpecState {
             Phase::Cancelling => Some("cancelled; waiting for the body to return".to_owned()),
             Phase::Artifacts => Some("collecting artifacts".to_owned()),
             Phase::Cleanup(what) => Some(format!("cleanup: {what}")),
+            Phase::Deferred(what) => Some(format!("deferred checks: {what}")),
         };
         *lock(&self.phase) = (phase, Instant::now());
         if let Some(line) = line {
@@ -153,6 +156,7 @@ impl SpecState {
             Phase::Cancelling => "[It] (cancelled, waiting for it to return)".to_owned(),
             Phase::Artifacts => "[ReportAfterEach] collecting artifacts".to_owned(),
             Phase::Cleanup(what) => format!("[DeferCleanup] {what}"),
+            Phase::Deferred(what) => format!("[DeferCleanup] (deferred checks) {what}"),
         };
         let _ = writeln!(out, "    In {node} (Node Runtime: {})", display(now - since));
         if let Some((step, since)) = lock(&self.step).as_ref() {
@@ -181,6 +185,7 @@ impl SpecState {
             Phase::Body | Phase::Cancelling => "waiting for the cancelled body to return".to_owned(),
             Phase::Artifacts => "collecting artifacts".to_owned(),
             Phase::Cleanup(what) => format!("cleanup {what:?}"),
+            Phase::Deferred(what) => format!("deferred checks {what:?}"),
         };
         let mut line = format!("  {}: {doing} (for {})", self.full_text, display(now - since));
         if let Some(wait) = lock(&self.waits).last() {
@@ -198,8 +203,17 @@ impl SpecState {
     fn left(&self) -> Vec<String> {
         let (phase, since) = lock(&self.phase).clone();
         let mut left = Vec::new();
-        if let Phase::Cleanup(what) = phase {
-            left.push(format!("{what:?} (running for {})", display(Instant::now() - since)));
+        match phase {
+            Phase::Cleanup(what) => {
+                left.push(format!("{what:?} (running for {})", display(Instant::now() - since)));
+            }
+            Phase::Deferred(what) => {
+                left.push(format!(
+                    "deferred checks {what:?} (running for {})",
+                    display(Instant::now() - since)
+                ));
+            }
+            _ => {}
         }
         left.extend(self.cleanups.pending().iter().map(|w| format!("{w:?}")));
         left

@@ -24,7 +24,7 @@ pub enum FailureKind {
     Interrupted,
     /// The runner could not set the spec up (its namespace).
     Setup,
-    /// The body passed (or skipped) but a cleanup failed.
+    /// The body passed (or skipped) but a cleanup or a deferred check failed.
     Cleanup,
 }
 
@@ -90,7 +90,7 @@ pub struct SpecReport {
     pub outcome: Outcome,
     /// When it started (the Unix epoch for a spec that never started).
     pub started: SystemTime,
-    /// From start to the end of the last cleanup.
+    /// From start to the end of the last cleanup (while it held its worker slot).
     pub duration: Duration,
     /// The captured log.
     pub log: String,
@@ -106,6 +106,29 @@ pub struct SpecReport {
     /// What the last try waited for at least a second in all (the waits progress reports name,
     /// [`waiting`](crate::waiting)), longest first.
     pub waits: Vec<(String, Duration)>,
+    /// The deferred checks of the last try (run after its worker slot was released; not part
+    /// of `duration`), in registration order.
+    pub deferred: Vec<CheckReport>,
+}
+
+/// What one deferred check (see [`Ctx::defer_check`](super::Ctx::defer_check)) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckReport {
+    /// What it checks, as registered (`namespace x to be gone`).
+    pub what: String,
+    /// How long it ran.
+    pub duration: Duration,
+    /// Why it failed; `None` when it held.
+    pub error: Option<String>,
+}
+
+impl CheckReport {
+    /// `deferred check "what" failed after 1.2s: error`, or `None` when it held.
+    pub fn failure(&self) -> Option<String> {
+        self.error.as_ref().map(|e| {
+            format!("deferred check {:?} failed after {}: {e}", self.what, duration::display(self.duration))
+        })
+    }
 }
 
 impl SpecReport {

@@ -1,7 +1,7 @@
 //! Where a spec's time went: set-up (from the body's start until the harness says its driver is
 //! ready, [`Ctx::setup_done`](crate::Ctx::setup_done)), body (the rest of the body), cleanup (the
-//! cleanups, the namespace's deletion included) and deferred checks (filled by the runner's
-//! deferred phase once it exists). Printed per spec with `-v`, summed in the run's summary,
+//! cleanups, the namespace's deletion request included) and deferred checks (after the worker slot
+//! was released: the namespace and deleted objects gone, …; wall time, the checks run at once). Printed per spec with `-v`, summed in the run's summary,
 //! written as JUnit properties and as ginkgo report entries named `phase:<name>`.
 
 use std::{
@@ -20,7 +20,7 @@ pub struct Phases {
     pub setup: Option<Duration>,
     /// The body after its set-up (the whole body when it marked none).
     pub body: Option<Duration>,
-    /// The cleanups, the namespace's deletion included.
+    /// The cleanups, the namespace's deletion request included.
     pub cleanup: Option<Duration>,
     /// Checks run after the spec's worker slot was released.
     pub deferred: Option<Duration>,

@@ -89,6 +89,18 @@ pub enum Verbosity {
     Verbose,
 }
 
+/// ` (+ 12.30s deferred checks)`: how long the spec's deferred checks ran after its slot was
+/// released (the longest, as they run at the same time); empty without any, or when they took
+/// less than would show (`0.00s`).
+fn deferred_suffix(report: &SpecReport) -> String {
+    match report.deferred.iter().map(|c| c.duration).max() {
+        Some(longest) if longest >= std::time::Duration::from_millis(5) => {
+            format!(" (+ {:.2}s deferred checks)", longest.as_secs_f64())
+        }
+        _ => String::new(),
+    }
+}
+
 fn attempt_suffix(report: &SpecReport, repeat: u32) -> String {
     if repeat > 1 { format!(" (attempt {}/{repeat})", report.attempt) } else { String::new() }
 }
@@ -120,7 +132,7 @@ pub(crate) fn spec_block(
 /// The outcome line of a finished spec, with a failure's details and log.
 fn outcome_block(report: &SpecReport, repeat: u32, flake_attempts: u32) -> String {
     let secs = report.duration.as_secs_f64();
-    let text = format!("{}{}", report.full_text, attempt_suffix(report, repeat));
+    let text = format!("{}{}{}", report.full_text, attempt_suffix(report, repeat), deferred_suffix(report));
     match &report.outcome {
         // ginkgo's words for a spec that passed on a retry.
         Outcome::Passed if report.tries > 1 => {

@@ -23,19 +23,20 @@ use super::{
     cleanup::CleanupStack,
     cluster::ClusterInfo,
     ctx::{Ctx, CtxParts},
+    deferred::Slot,
     duration,
     json_report::{self, JsonConfig},
     junit,
     monitor::{self, Monitor, Phase, SpecState},
     names, order,
     outcome::OUTCOME_TARGET,
-    outcome::{FailureKind, Outcome, RunReport, SpecReport},
+    outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport},
     phases::{Phases, SetupMark},
     progress::{self, Output, Verbosity},
     registry::{Registry, SpecDef, SuiteHooks},
     requirements::{self, Precheck},
     selection::Selection,
-    spec_end::{body_outcome, runner_failure, stop_body, write_failure_files},
+    spec_end::{body_outcome, runner_failure, stop_body, with_failures, write_failure_files},
 };
 
 /// Waits at least this long (in all, per name) go into the report.
@@ -253,6 +254,7 @@ pub async fn run_with_backend(
                 earlier_failures: Vec::new(),
                 phases: Default::default(),
                 waits: Vec::new(),
+                deferred: Vec::new(),
             });
         }
     }
@@ -283,7 +285,9 @@ pub async fn run_with_backend(
     report
 }
 
-/// Runs the non-serial specs of one attempt, at most `procs` at a time, in the run's order.
+/// Runs the non-serial specs of one attempt, at most `procs` at a time, in the run's order. A
+/// spec holds its slot for its body and cleanups; its deferred checks run after it released the
+/// slot, and this returns only when every spec's deferred checks have finished.
 async fn run_parallel(
     env: &Arc<Env>,
     specs: &[Arc<SpecDef>],
@@ -303,11 +307,8 @@ async fn run_parallel(
         let Ok(permit) = permit else { break };
         started.insert(spec.info.index());
         let (env, task_spec) = (env.clone(), spec.clone());
-        let handle = set.spawn(async move {
-            let report = run_tries(env, task_spec, attempt).await;
-            drop(permit);
-            report
-        });
+        let slot = Slot::held(semaphore.clone(), permit);
+        let handle = set.spawn(run_tries(env, task_spec, attempt, slot));
         tasks.insert(handle.id(), spec.clone());
     }
     let mut reports = Vec::new();
@@ -326,7 +327,7 @@ async fn run_parallel(
 
 /// Runs one spec in its own task (so nothing in it can take the runner down).
 async fn spawn_spec(env: &Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
-    match tokio::spawn(run_tries(env.clone(), spec.clone(), attempt)).await {
+    match tokio::spawn(run_tries(env.clone(), spec.clone(), attempt, Slot::serial())).await {
         Ok(report) => report,
         Err(e) => runner_failure(&spec, attempt, &e),
     }
@@ -334,14 +335,20 @@ async fn spawn_spec(env: &Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecRep
 
 /// Runs a spec up to `--flake-attempts` times, until it does not fail (or the run is
 /// interrupted); the report is the last run's, with the failures before it. A spec that still
-/// fails stops new specs with `--fail-fast`.
-async fn run_tries(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
+/// fails stops new specs with `--fail-fast`. A try's deferred checks end before the next try
+/// starts (they can fail it); the next try takes the slot again.
+async fn run_tries(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, mut slot: Slot) -> SpecReport {
     let mut earlier = Vec::new();
     for try_number in 1.. {
-        let mut report = run_spec(env.clone(), spec.clone(), attempt, try_number).await;
+        let mut report = run_spec(env.clone(), spec.clone(), attempt, try_number, &mut slot).await;
         let retry = report.outcome.is_failed()
             && try_number < env.options.flake_attempts
-            && !env.interrupt.is_cancelled();
+            && !env.interrupt.is_cancelled()
+            && tokio::select! {
+                biased;
+                () = env.interrupt.cancelled() => false,
+                taken = slot.acquire() => taken,
+            };
         if retry {
             if let Outcome::Failed { message, .. } = &report.outcome {
                 let at = report.artifacts.as_ref().map(|d| format!(" (artifacts: {})", d.display()));
@@ -361,8 +368,14 @@ async fn run_tries(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecRepor
 }
 
 /// One spec run, start to end: captured log, namespace, body, artifacts,
-/// cleanups, failure files, progress line.
-async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u32) -> SpecReport {
+/// cleanups, then (its slot released) deferred checks, failure files, progress line.
+async fn run_spec(
+    env: Arc<Env>,
+    spec: Arc<SpecDef>,
+    attempt: u32,
+    try_number: u32,
+    slot: &mut Slot,
+) -> SpecReport {
     let id = capture::new_spec_id();
     capture::begin(id);
     let span = tracing::error_span!(target: SPEC_SPAN_TARGET, "spec", spec_id = id, name = %spec.info.name());
@@ -382,9 +395,40 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
         env.options.output.block(&format!("START {}{again}\n", spec.info.full_text()));
     }
     let running = Running::start(&env, state.clone());
-    let run = execute(&env, &spec, attempt, &dir, &state, cleanups).instrument(span).await;
-    drop(running);
+    let mut run =
+        execute(&env, &spec, attempt, &dir, &state, cleanups.clone()).instrument(span.clone()).await;
     let duration = started.elapsed();
+    let deferred = if cleanups.checks.is_empty() {
+        Vec::new()
+    } else {
+        // A spec that failed for good stops new specs before its slot frees one (--fail-fast).
+        if run.outcome.is_failed()
+            && try_number >= env.options.flake_attempts
+            && env.options.fail_fast
+            && !env.stop_new.is_cancelled()
+        {
+            tracing::warn!("--fail-fast: a spec failed, no new spec starts");
+            env.stop_new.cancel();
+        }
+        slot.release();
+        let checks_start = Instant::now();
+        let reports = cleanups.checks.run_all(Some(&state)).instrument(span.clone()).await;
+        run.phases.deferred = Some(checks_start.elapsed());
+        reports
+    };
+    run.outcome = with_failures(run.outcome, deferred.iter().filter_map(CheckReport::failure).collect());
+    span.in_scope(|| {
+        tracing::info!(
+            target: OUTCOME_TARGET,
+            "finished: {}",
+            match &run.outcome {
+                Outcome::Passed => "passed".to_owned(),
+                Outcome::Skipped { reason } => format!("skipped ({reason})"),
+                Outcome::Failed { kind, .. } => format!("failed ({})", kind.as_str()),
+            }
+        );
+    });
+    drop(running);
     let log = capture::take(id);
     let artifacts = if run.outcome.is_failed() {
         write_failure_files(&dir, &run, &log).await;
@@ -406,6 +450,7 @@ async fn run_spec(env: Arc<Env>, spec: Arc<SpecDef>, attempt: u32, try_number: u
         earlier_failures: Vec::new(),
         phases: run.phases,
         waits: state.waited(REPORTED_WAIT),
+        deferred,
     };
     env.options.output.block(&progress::spec_block(
         &report,
@@ -518,12 +563,17 @@ async fn execute(
     state.verbose_line(&format!("created namespace {}", namespace.name));
 
     let (backend, ns, ns_timeout) = (env.backend.clone(), namespace.clone(), options.namespace_timeout);
-    // First registered, so it runs last; its own timeout covers the wait inside.
-    cleanups.push(
-        format!("delete namespace {}", namespace.name),
-        ns_timeout + Duration::from_secs(15),
-        async move { backend.delete_namespace(&ns, ns_timeout).await.map_err(anyhow::Error::from) },
-    );
+    let stack = cleanups.clone();
+    // First registered, so it runs last; waiting until the namespace is gone is a deferred check
+    // (bounded by its own timeout inside).
+    cleanups.push(format!("delete namespace {}", namespace.name), options.cleanup_timeout, async move {
+        backend.delete_namespace(&ns).await?;
+        let what = format!("namespace {} to be gone", ns.name);
+        stack.checks.push(what, ns_timeout + Duration::from_secs(15), async move {
+            backend.wait_namespace_gone(&ns, ns_timeout).await.map_err(anyhow::Error::from)
+        });
+        Ok(())
+    });
 
     let timeout = info.timeout().unwrap_or(options.default_timeout);
     let deadline = Instant::now() + timeout;
@@ -611,27 +661,6 @@ async fn execute(
     let failures = cleanups.run_all_watched(Some(state)).await;
     run.phases.cleanup = Some(cleanup_start.elapsed());
     token.cancel();
-    if !failures.is_empty() {
-        let list: Vec<String> = failures.iter().map(ToString::to_string).collect();
-        run.outcome = match run.outcome {
-            Outcome::Failed { kind, message, details } => Outcome::Failed {
-                kind,
-                message: format!("{message}; and {}", list.join("; ")),
-                details: format!("{details}\n\n{}", list.join("\n")),
-            },
-            Outcome::Passed | Outcome::Skipped { .. } => {
-                Outcome::failed(FailureKind::Cleanup, list.join("; "))
-            }
-        };
-    }
-    tracing::info!(
-        target: OUTCOME_TARGET,
-        "finished: {}",
-        match &run.outcome {
-            Outcome::Passed => "passed".to_owned(),
-            Outcome::Skipped { reason } => format!("skipped ({reason})"),
-            Outcome::Failed { kind, .. } => format!("failed ({})", kind.as_str()),
-        }
-    );
+    run.outcome = with_failures(run.outcome, failures.iter().map(ToString::to_string).collect());
     run
 }

@@ -1,5 +1,6 @@
 //! The end of a spec run: what its body's task ended with, stopping a body that was cancelled,
-//! the failure files of a failed spec, and the report of a spec whose task failed.
+//! failed cleanups and deferred checks, the failure files of a failed spec, and the report of a
+//! spec whose task failed.
 
 use std::{path::Path, time::Duration};
 
@@ -34,6 +35,22 @@ pub(crate) fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::
         earlier_failures: Vec::new(),
         phases: Default::default(),
         waits: Vec::new(),
+        deferred: Vec::new(),
+    }
+}
+
+/// `outcome` with failed cleanups or deferred checks added (a passed or skipped spec fails).
+pub(crate) fn with_failures(outcome: Outcome, list: Vec<String>) -> Outcome {
+    if list.is_empty() {
+        return outcome;
+    }
+    match outcome {
+        Outcome::Failed { kind, message, details } => Outcome::Failed {
+            kind,
+            message: format!("{message}; and {}", list.join("; ")),
+            details: format!("{details}\n\n{}", list.join("\n")),
+        },
+        Outcome::Passed | Outcome::Skipped { .. } => Outcome::failed(FailureKind::Cleanup, list.join("; ")),
     }
 }
 

@@ -226,12 +226,14 @@ impl Driver {
         }
 
         let slices_api: Api<ResourceSlice> = Api::all(admin.clone());
-        // Registered first, so it runs last.
+        // A pure wait after the teardown (the kubelets wipe the slices of a driver whose plugins
+        // went away), on slices of this spec's own driver name: a deferred check, run after the
+        // spec's worker slot is released.
         if config.expect_slice_removal {
             let api = slices_api.clone();
             let driver = name.clone();
-            ctx.defer_with_timeout(
-                format!("wait until the ResourceSlices of driver {name} are gone"),
+            ctx.defer_check(
+                format!("the ResourceSlices of driver {name} to be gone"),
                 SLICE_REMOVAL_TIMEOUT + Duration::from_secs(30),
                 async move {
                     wait_slices_gone(&api, &driver, SLICE_REMOVAL_TIMEOUT).await?;

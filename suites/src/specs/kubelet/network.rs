@@ -105,9 +105,11 @@ async fn retry_prepare(ctx: Ctx) -> SpecResult {
     b.create_pod(&pod).await?;
     b.create_template(&template).await?;
 
-    // The kubelet calls, fails, and calls again while it fails.
-    let what = "two failed NodePrepareResources calls";
-    let failed = |log: &CallLog| log.injected(Method::NodePrepareResources) >= 2;
+    // The kubelet calls and fails. As upstream, the failure is lifted after the first call:
+    // the kubelet retries only at its next pod resync (60-90 s), so waiting for a second failed
+    // call would cost a minute.
+    let what = "a failed NodePrepareResources call";
+    let failed = |log: &CallLog| log.injected(Method::NodePrepareResources) >= 1;
     let log = calls.wait_for(what, failed, POD_START_TIMEOUT).await?;
     let failing = log.count(Method::NodePrepareResources);
     expect!(log.succeeded(Method::NodePrepareResources) == 0, "a call got through the fault:\n{log}");
@@ -120,7 +122,7 @@ async fn retry_prepare(ctx: Ctx) -> SpecResult {
     let first_ok = history.first_prepared().map(|c| c.id).unwrap_or_default();
     let last_failure = log.last(Method::NodePrepareResources).map(|r| r.id).unwrap_or_default();
     expect!(
-        history.prepare_failures() >= 2 && first_ok > last_failure,
+        history.prepare_failures() >= 1 && first_ok > last_failure,
         "expected failed prepares of claim {claim}, then a successful one: {history}"
     );
     Ok(())

@@ -1,0 +1,239 @@
+//! Deferred checks without a cluster: they run after the spec released its worker slot, fail
+//! the spec that registered them (saying which check, after how long), and run also after Ctrl-C.
+// Helpers outside `#[test]` functions unwrap too: a panic there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use harness::framework::{
+    ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, Ctx, FailureKind, NamespaceRequest, NodeInfo,
+    Outcome, Output, PreflightError, Registry, RunOptions, RunReport, Selection, SpecNamespace, init_tracing,
+    run_with_backend,
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// What happened, in order.
+#[derive(Default, Clone)]
+struct Journal(Arc<Mutex<Vec<String>>>);
+
+impl Journal {
+    fn push(&self, entry: impl Into<String>) {
+        self.0.lock().unwrap().push(entry.into());
+    }
+    fn entries(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A cluster of one node whose namespaces are entries in a journal.
+struct Fake(Journal);
+
+#[async_trait]
+impl ClusterBackend for Fake {
+    async fn preflight(&self) -> Result<ClusterInfo, PreflightError> {
+        Ok(ClusterInfo {
+            server: "https://fake".into(),
+            server_version: "v1.37.2".into(),
+            api_versions: ["v1".to_owned()].into(),
+            nodes: vec![NodeInfo { name: "node".into(), kubelet_version: "v1.37.2".into(), ready: true }],
+        })
+    }
+
+    fn client(&self) -> kube::Client {
+        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+            Err::<http::Response<http_body_util::Empty<bytes::Bytes>>, _>(std::io::Error::other(
+                "no cluster in this test",
+            ))
+        });
+        kube::Client::new(service, "default")
+    }
+
+    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
+        let name = format!("{}x", request.generate_name);
+        self.0.push(format!("create {name}"));
+        Ok(SpecNamespace { name, uid: "uid".into() })
+    }
+
+    async fn delete_namespace(&self, namespace: &SpecNamespace) -> Result<(), ClusterError> {
+        self.0.push(format!("delete {}", namespace.name));
+        Ok(())
+    }
+
+    async fn wait_namespace_gone(&self, namespace: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
+        self.0.push(format!("gone {}", namespace.name));
+        Ok(())
+    }
+
+    async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+async fn run(reg: Registry, journal: &Journal, procs: usize, interrupt: CancellationToken) -> RunReport {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (output, _buffer) = Output::capture();
+    let options = RunOptions {
+        procs,
+        default_timeout: Duration::from_secs(30),
+        artifacts: dir.path().join("artifacts"),
+        output,
+        seed: Some(7),
+        ..RunOptions::default()
+    };
+    run_with_backend(reg, &Selection::all(), options, Arc::new(Fake(journal.clone())), interrupt).await
+}
+
+/// The bodies that started, and a way to wait for a set of them.
+#[derive(Default, Clone)]
+struct Started(Arc<(Mutex<BTreeSet<String>>, Notify)>);
+
+impl Started {
+    fn add(&self, name: &str) {
+        self.0.0.lock().unwrap().insert(name.to_owned());
+        self.0.1.notify_waiters();
+    }
+    async fn wait_for(&self, names: &[&str]) {
+        loop {
+            let notified = self.0.1.notified();
+            if names.iter().all(|n| self.0.0.lock().unwrap().contains(*n)) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_check_runs_after_the_slot_is_released() {
+    // With -p 1 each spec's check waits until the other spec's body has started: both can hold
+    // only if a spec's slot is released before its deferred checks run.
+    let (journal, started) = (Journal::default(), Started::default());
+    let mut reg = Registry::new();
+    for name in ["first", "second"] {
+        let (started, j) = (started.clone(), journal.clone());
+        reg.it(name, move |ctx: Ctx| {
+            let (started, j) = (started.clone(), j.clone());
+            async move {
+                started.add(name);
+                ctx.defer_check(format!("{name}: both bodies started"), Duration::from_secs(5), async move {
+                    started.wait_for(&["first", "second"]).await;
+                    j.push(format!("check {name} held"));
+                    Ok(())
+                });
+                Ok(())
+            }
+        });
+    }
+    let report = run(reg, &journal, 1, CancellationToken::new()).await;
+    assert_eq!((report.passed(), report.failed()), (2, 0), "{:?}", report.specs);
+    for spec in &report.specs {
+        let checks: Vec<_> = spec.deferred.iter().map(|c| (c.what.as_str(), c.error.is_none())).collect();
+        let name = spec.full_text.as_str();
+        assert_eq!(
+            checks,
+            [
+                (format!("{name}: both bodies started").as_str(), true),
+                (&*format!("namespace dra-{name}-x to be gone"), true)
+            ],
+        );
+    }
+    let entries = journal.entries();
+    assert!(entries.contains(&"check first held".to_owned()), "{entries:?}");
+    assert!(entries.contains(&"check second held".to_owned()), "{entries:?}");
+    assert!(entries.contains(&"gone dra-first-x".to_owned()), "{entries:?}");
+    assert!(entries.contains(&"gone dra-second-x".to_owned()), "{entries:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_deferred_check_fails_its_spec_saying_which_and_after_how_long() {
+    let journal = Journal::default();
+    let mut reg = Registry::new();
+    reg.it("times out", async |ctx: Ctx| {
+        ctx.defer_check("pod x to be gone", Duration::from_millis(200), std::future::pending());
+        Ok(())
+    });
+    reg.it("fails from a cleanup", async |ctx: Ctx| {
+        let c = ctx.clone();
+        // A cleanup that deletes something registers the wait for it to be gone.
+        ctx.defer("delete thing y", async move {
+            c.defer_check("thing y to be gone", Duration::from_secs(5), async {
+                Err(anyhow::anyhow!("thing y still has a finalizer"))
+            });
+            Ok(())
+        });
+        Ok(())
+    });
+    let report = run(reg, &journal, 2, CancellationToken::new()).await;
+    assert_eq!((report.passed(), report.failed()), (0, 2));
+    let spec = |text: &str| report.specs.iter().find(|s| s.full_text == text).unwrap();
+
+    let timed_out = spec("times out");
+    let Outcome::Failed { kind: FailureKind::Cleanup, message, .. } = &timed_out.outcome else {
+        panic!("{:?}", timed_out.outcome)
+    };
+    assert!(
+        message.starts_with("deferred check \"pod x to be gone\" failed after 2")
+            && message.ends_with(": did not hold within 200ms"),
+        "{message}"
+    );
+    let check = &timed_out.deferred[0];
+    assert!(check.duration >= Duration::from_millis(200), "{check:?}");
+    assert_eq!(check.error.as_deref(), Some("did not hold within 200ms"));
+    assert!(timed_out.duration < check.duration + Duration::from_secs(1), "the slot time excludes the check");
+
+    let failed = spec("fails from a cleanup");
+    let Outcome::Failed { kind: FailureKind::Cleanup, message, .. } = &failed.outcome else {
+        panic!("{:?}", failed.outcome)
+    };
+    assert!(
+        message.starts_with("deferred check \"thing y to be gone\" failed after ")
+            && message.ends_with(": thing y still has a finalizer"),
+        "{message}"
+    );
+    // The namespace's own check ran too, and held.
+    assert!(
+        journal.entries().contains(&"gone dra-fails-from-a-cleanup-x".to_owned()),
+        "{:?}",
+        journal.entries()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_ctrl_c_cleanups_and_deferred_checks_still_run() {
+    let journal = Journal::default();
+    let interrupt = CancellationToken::new();
+    let mut reg = Registry::new();
+    let (j, trigger) = (journal.clone(), interrupt.clone());
+    reg.it("interrupted", move |ctx: Ctx| {
+        let (j, trigger) = (j.clone(), trigger.clone());
+        async move {
+            ctx.defer_check("slices to be gone", Duration::from_secs(5), async move {
+                j.push("check ran");
+                Ok(())
+            });
+            trigger.cancel();
+            ctx.cancelled().await;
+            Ok(())
+        }
+    });
+    let report = run(reg, &journal, 1, interrupt).await;
+    assert!(report.interrupted);
+    let spec = &report.specs[0];
+    assert!(
+        matches!(spec.outcome, Outcome::Failed { kind: FailureKind::Interrupted, .. }),
+        "{:?}",
+        spec.outcome
+    );
+    assert_eq!(spec.deferred.len(), 2, "{:?}", spec.deferred);
+    let entries = journal.entries();
+    for e in ["delete dra-interrupted-x", "check ran", "gone dra-interrupted-x"] {
+        assert!(entries.contains(&e.to_owned()), "{e} in {entries:?}");
+    }
+}

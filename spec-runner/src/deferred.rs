@@ -1,0 +1,180 @@
+//! Deferred checks: what a spec waits for after its body and cleanups, once it no longer needs
+//! its worker slot (namespaces and cluster-scoped objects going away, the kubelet wiping a
+//! departed driver's ResourceSlices). They run after the slot is released, at the same time,
+//! each bounded by its own timeout, and a failing one still fails its spec.
+
+use std::{
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use futures::{FutureExt as _, future::BoxFuture};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Instant,
+};
+use tracing::Instrument as _;
+
+use super::{
+    cleanup::panic_message,
+    duration,
+    monitor::{Phase, SpecState},
+    outcome::{CheckReport, OUTCOME_TARGET},
+};
+
+/// One registered deferred check.
+struct Check {
+    what: String,
+    timeout: Duration,
+    run: BoxFuture<'static, anyhow::Result<()>>,
+}
+
+/// The deferred checks of one spec run.
+#[derive(Default)]
+pub(crate) struct DeferredChecks {
+    checks: Mutex<Vec<Check>>,
+}
+
+impl DeferredChecks {
+    /// Registers a check; it starts only once the spec's cleanups have run.
+    pub(crate) fn push<F>(&self, what: String, timeout: Duration, check: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        tracing::debug!(what = %what, "registered deferred check");
+        self.checks.lock().unwrap_or_else(PoisonError::into_inner).push(Check {
+            what,
+            timeout,
+            run: check.boxed(),
+        });
+    }
+
+    /// Whether no check is registered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.checks.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
+    }
+
+    /// Runs every registered check at the same time, each in its own task (so panics are
+    /// caught) with its own timeout, and returns what each did, in registration order.
+    pub(crate) async fn run_all(&self, state: Option<&Arc<SpecState>>) -> Vec<CheckReport> {
+        let checks = std::mem::take(&mut *self.checks.lock().unwrap_or_else(PoisonError::into_inner));
+        if checks.is_empty() {
+            return Vec::new();
+        }
+        if let Some(state) = state {
+            let names: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
+            state.set_phase(Phase::Deferred(names.join(", ")));
+        }
+        let runs = checks.into_iter().map(|Check { what, timeout, run }| {
+            let span = tracing::info_span!("deferred", what = %what);
+            let task = match state {
+                Some(state) => tokio::spawn(state.scope(run).instrument(span.clone())),
+                None => tokio::spawn(run.instrument(span.clone())),
+            };
+            run_one(what, timeout, task, span)
+        });
+        futures::future::join_all(runs).await
+    }
+}
+
+async fn run_one(
+    what: String,
+    timeout: Duration,
+    mut task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    span: tracing::Span,
+) -> CheckReport {
+    let started = Instant::now();
+    span.in_scope(|| tracing::info!("running deferred check"));
+    let error = match tokio::time::timeout(timeout, &mut task).await {
+        Ok(Ok(Ok(()))) => None,
+        Ok(Ok(Err(e))) => Some(format!("{e:#}")),
+        Ok(Err(join)) if join.is_panic() => Some(format!("panicked: {}", panic_message(join.into_panic()))),
+        Ok(Err(join)) => Some(format!("its task was cancelled: {join}")),
+        Err(_) => {
+            task.abort();
+            Some(format!("did not hold within {}", duration::display(timeout)))
+        }
+    };
+    let took = started.elapsed();
+    match &error {
+        None => span.in_scope(|| tracing::info!(took = %duration::display(took), "deferred check held")),
+        Some(error) => span.in_scope(|| {
+            tracing::error!(target: OUTCOME_TARGET, error = %error, took = %duration::display(took), "deferred check failed");
+        }),
+    }
+    CheckReport { what, duration: took, error }
+}
+
+/// A spec's worker slot: held while the spec needs it (body, cleanups), released before its
+/// deferred checks, taken again for a retry (`--flake-attempts`). Serial specs have no
+/// semaphore: they run alone anyway.
+pub(crate) struct Slot {
+    semaphore: Option<Arc<Semaphore>>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Slot {
+    /// A slot holding `permit` of `semaphore`.
+    pub(crate) fn held(semaphore: Arc<Semaphore>, permit: OwnedSemaphorePermit) -> Self {
+        Self { semaphore: Some(semaphore), permit: Some(permit) }
+    }
+
+    /// The slot of a serial spec: nothing to hold.
+    pub(crate) fn serial() -> Self {
+        Self { semaphore: None, permit: None }
+    }
+
+    /// Lets the next spec start.
+    pub(crate) fn release(&mut self) {
+        self.permit = None;
+    }
+
+    /// Takes the slot again (if it was released); `false` when the semaphore was closed.
+    pub(crate) async fn acquire(&mut self) -> bool {
+        match (&self.semaphore, &self.permit) {
+            (Some(semaphore), None) => match semaphore.clone().acquire_owned().await {
+                Ok(permit) => {
+                    self.permit = Some(permit);
+                    true
+                }
+                Err(_) => false,
+            },
+            _ => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn checks_run_at_the_same_time_and_report_each_outcome() {
+        let checks = DeferredChecks::default();
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let (b1, b2) = (barrier.clone(), barrier.clone());
+        checks.push("a".into(), Duration::from_secs(5), async move {
+            b1.wait().await;
+            Ok(())
+        });
+        checks.push("b".into(), Duration::from_secs(5), async move {
+            b2.wait().await;
+            Err(anyhow::anyhow!("still there"))
+        });
+        checks.push("hangs".into(), Duration::from_millis(50), std::future::pending());
+        checks.push("panics".into(), Duration::from_secs(5), async { panic!("boom") });
+        let got = checks.run_all(None).await;
+        let got: Vec<_> = got.iter().map(|c| (c.what.as_str(), c.error.as_deref())).collect();
+        assert_eq!(
+            got,
+            [
+                ("a", None),
+                ("b", Some("still there")),
+                ("hangs", Some("did not hold within 50ms")),
+                ("panics", Some("panicked: boom")),
+            ]
+        );
+        assert!(checks.is_empty(), "each check runs once");
+    }
+}
