@@ -140,9 +140,9 @@ mod outcome;
 mod phases;
 mod progress;
 mod registry;
+mod requirements;
 mod run_guard;
 mod run_identity;
-mod requirements;
 mod runner;
 mod selection;
 mod spec_end;
@@ -175,11 +175,11 @@ pub use outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};
 pub use phases::Phases;
 pub use progress::{Output, OutputBuffer, Verbosity};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
+pub use requirements::Precheck;
 pub use run_guard::{CleanupArgs, SWEEP_TIMEOUT, cleanup};
 pub use run_identity::{
     LEASE_DURATION, LEASE_NAMESPACE, LEASE_PREFIX, RENEW_EVERY, RUN_INFO_ANNOTATION, RUN_LABEL, RunLease,
     lease_name, new_run_id, stamp as stamp_run_identity,
 };
-pub use requirements::Precheck;
 pub use runner::{RunOptions, run_with_backend};
 pub use selection::{Selection, SelectionError};
