@@ -15,6 +15,7 @@ mod overrides;
 mod progress;
 mod provider;
 mod repo;
+mod skew;
 mod test;
 mod wait;
 
