@@ -21,7 +21,7 @@ use super::{
     backend::{ClusterBackend, NamespaceRequest},
     capture::{self, SPEC_SPAN_TARGET},
     cleanup::CleanupStack,
-    cluster::ClusterInfo,
+    cluster::{self, ClusterInfo},
     ctx::{Ctx, CtxParts},
     duration,
     json_report::{self, JsonConfig},
@@ -459,6 +459,15 @@ async fn execute(
     let options = &env.options;
     tracing::info!("starting {:?} (attempt {attempt})", info.full_text());
     let mut run = Execution { outcome: Outcome::Passed, problems: Vec::new(), dir_ready: false };
+
+    // Upstream's `WithKubeletMinVersion`: decided from preflight's nodes before anything exists.
+    if let Some(reason) =
+        cluster::kubelet_min_version(info.labels()).and_then(|min| env.cluster.kubelet_min_version_skip(min))
+    {
+        tracing::info!(target: OUTCOME_TARGET, "skipped: {reason}");
+        run.outcome = Outcome::Skipped { reason };
+        return run;
+    }
 
     let request = NamespaceRequest {
         generate_name: names::namespace_prefix(info.name()),

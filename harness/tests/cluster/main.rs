@@ -9,4 +9,5 @@ mod tunnel_support;
 
 mod driver;
 mod framework;
+mod skew;
 mod tunnel;
