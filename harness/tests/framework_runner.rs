@@ -76,6 +76,7 @@ impl ClusterBackend for FakeCluster {
                 name: "127.0.0.1".into(),
                 kubelet_version: "v1.37.2".into(),
                 ready: true,
+                schedulable: true,
             }],
         })
     }
@@ -769,4 +770,29 @@ async fn invalid_registry_is_a_configuration_error() {
     let run = run(reg, Journal::default(), |_| {}).await;
     assert_eq!(run.report.exit_code(), 2);
     assert_eq!(run.report.error.as_deref(), Some("invalid spec registration: two specs are named \"twice\""));
+}
+
+/// Upstream's `WithKubeletMinVersion`: a spec whose `KubeletMinVersion` (its own or its
+/// context's) no schedulable node's kubelet meets is skipped with the reason before its
+/// namespace is created; one that a node meets runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_min_version_no_node_meets_skips_before_the_namespace() {
+    let journal = Journal::default();
+    let mut reg = Registry::new();
+    reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
+        r.context_with_labels("new kubelets", ["KubeletMinVersion:1.38"], |r| {
+            r.it("needs 1.38", async |_ctx| Ok(()));
+        });
+        r.it("needs 1.37", async |_ctx| Ok(())).label("KubeletMinVersion:1.37");
+    });
+    let run = run(reg, journal.clone(), |_| {}).await;
+    assert_eq!(
+        run.spec("needs 1.38").outcome,
+        Outcome::Skipped {
+            reason: "needs kubelet v1.38 or newer (KubeletMinVersion:1.38), but 127.0.0.1 has v1.37.2".into()
+        }
+    );
+    assert_eq!(run.spec("needs 1.37").outcome, Outcome::Passed);
+    let created: Vec<String> = journal.entries().into_iter().filter(|e| e.starts_with("create ")).collect();
+    assert_eq!(created.len(), 1, "only the spec that runs gets a namespace: {created:?}");
 }

@@ -48,6 +48,25 @@ pub struct NodeInfo {
     pub kubelet_version: String,
     /// Whether the `Ready` condition is `True`.
     pub ready: bool,
+    /// Whether a test pod can land there: not cordoned and no `NoSchedule`/`NoExecute` taint
+    /// (the tainted control plane of a kind cluster is not).
+    pub schedulable: bool,
+}
+
+/// The label key of upstream's `framework.WithKubeletMinVersion("1.34")`: `KubeletMinVersion:1.34`.
+pub const KUBELET_MIN_VERSION: &str = "KubeletMinVersion";
+
+/// The kubelet version a spec with these labels needs: the highest `KubeletMinVersion:X` among
+/// them (inherited ones included), `None` when it has none. A value that does not parse as
+/// `major.minor[.patch]` counts as none.
+pub fn kubelet_min_version(labels: &[String]) -> Option<KubeVersion> {
+    labels
+        .iter()
+        .filter_map(|label| {
+            let (key, value) = label.split_once(':')?;
+            (key.trim() == KUBELET_MIN_VERSION).then(|| KubeVersion::parse(value)).flatten()
+        })
+        .max()
 }
 
 impl NodeInfo {
@@ -141,18 +160,34 @@ impl ClusterInfo {
         Err(SpecError::skip(format!("needs {count} ready nodes, the cluster has {ready}")))
     }
 
-    /// Skips unless every ready node's kubelet is at least `major.minor`
-    /// (upstream's `WithKubeletMinVersion`).
+    /// Skips unless some ready schedulable node's kubelet is at least `major.minor` (upstream's
+    /// `WithKubeletMinVersion`). The runner checks a spec's `KubeletMinVersion` label the same
+    /// way before it starts ([`ClusterInfo::kubelet_min_version_skip`]), and node selection
+    /// (`harness::driver::Nodes`) then picks only such nodes.
     pub fn require_kubelet_version(&self, major: u32, minor: u32) -> SpecResult {
-        let old: Vec<String> = self
-            .ready_nodes()
-            .filter(|n| n.kubelet().is_none_or(|v| v.minor_version() < (major, minor)))
-            .map(|n| format!("{} has {}", n.name, n.kubelet_version))
-            .collect();
-        if old.is_empty() {
-            return Ok(());
+        match self.kubelet_min_version_skip(KubeVersion { major, minor, patch: 0 }) {
+            None => Ok(()),
+            Some(reason) => Err(SpecError::skip(reason)),
         }
-        Err(SpecError::skip(format!("needs kubelet v{major}.{minor} or newer, but {}", old.join(", "))))
+    }
+
+    /// Why no node can run a spec that needs kubelet `min`, or `None` if a ready schedulable
+    /// node's kubelet is at least `min` (`1.34` means any v1.34 patch).
+    pub fn kubelet_min_version_skip(&self, min: KubeVersion) -> Option<String> {
+        let usable: Vec<&NodeInfo> = self.ready_nodes().filter(|n| n.schedulable).collect();
+        if usable.iter().any(|n| n.kubelet().is_some_and(|v| v >= min)) {
+            return None;
+        }
+        let wanted = if min.patch == 0 { format!("v{}.{}", min.major, min.minor) } else { min.to_string() };
+        let found: Vec<String> =
+            usable.iter().map(|n| format!("{} has {}", n.name, n.kubelet_version)).collect();
+        Some(format!(
+            "needs kubelet {wanted} or newer ({KUBELET_MIN_VERSION}:{}.{}{}), but {}",
+            min.major,
+            min.minor,
+            if min.patch == 0 { String::new() } else { format!(".{}", min.patch) },
+            if found.is_empty() { "no node is ready and schedulable".to_owned() } else { found.join(", ") }
+        ))
     }
 
     /// Skips unless the API server is at least `major.minor`.
@@ -245,15 +280,20 @@ mod tests {
 
     use super::*;
 
+    fn node(name: &str, kubelet: &str, ready: bool) -> NodeInfo {
+        NodeInfo { name: name.into(), kubelet_version: kubelet.into(), ready, schedulable: true }
+    }
+
     fn cluster() -> ClusterInfo {
         ClusterInfo {
             server: "https://127.0.0.1:6443".into(),
             server_version: "v1.37.2".into(),
             api_versions: ["v1", "resource.k8s.io/v1", "resource.k8s.io/v1beta1"].map(String::from).into(),
             nodes: vec![
-                NodeInfo { name: "a".into(), kubelet_version: "v1.37.2".into(), ready: true },
-                NodeInfo { name: "b".into(), kubelet_version: "v1.33.1".into(), ready: true },
-                NodeInfo { name: "c".into(), kubelet_version: "v1.30.0".into(), ready: false },
+                node("a", "v1.37.2", true),
+                node("b", "v1.33.1", true),
+                node("c", "v1.30.0", false),
+                NodeInfo { schedulable: false, ..node("control-plane", "v1.38.0", true) },
             ],
         }
     }
@@ -299,17 +339,45 @@ mod tests {
                 "needs API resource.k8s.io/v1beta2, which the cluster does not serve (it serves resource.k8s.io/v1, resource.k8s.io/v1beta1)"
             )
         );
-        assert!(c.require_nodes(2).is_ok());
+        assert!(c.require_nodes(3).is_ok());
         assert_eq!(
-            c.require_nodes(3).unwrap_err().skip_reason(),
-            Some("needs 3 ready nodes, the cluster has 2")
+            c.require_nodes(4).unwrap_err().skip_reason(),
+            Some("needs 4 ready nodes, the cluster has 3")
         );
+        // One node new enough is enough: node selection takes that one.
         assert!(c.require_kubelet_version(1, 33).is_ok());
+        assert!(c.require_kubelet_version(1, 37).is_ok());
+        // The unschedulable control plane's newer kubelet does not count; neither does the
+        // node that is not ready.
         assert_eq!(
-            c.require_kubelet_version(1, 34).unwrap_err().skip_reason(),
-            Some("needs kubelet v1.34 or newer, but b has v1.33.1")
+            c.require_kubelet_version(1, 38).unwrap_err().skip_reason(),
+            Some("needs kubelet v1.38 or newer (KubeletMinVersion:1.38), but a has v1.37.2, b has v1.33.1")
+        );
+        assert_eq!(
+            c.kubelet_min_version_skip(KubeVersion { major: 1, minor: 37, patch: 3 }).as_deref(),
+            Some(
+                "needs kubelet v1.37.3 or newer (KubeletMinVersion:1.37.3), but a has v1.37.2, b has v1.33.1"
+            )
         );
         assert!(c.require_server_version(1, 37).is_ok());
         assert!(c.require_server_version(1, 38).unwrap_err().is_skip());
+    }
+
+    #[rstest]
+    #[case(&[], None)]
+    #[case(&["Slow", "KubeletMinVersion:1.34"], Some((1, 34, 0)))]
+    #[case(&["KubeletMinVersion:1.33", "KubeletMinVersion:1.36", "KubeletMinVersion: 1.35.2"], Some((1, 36, 0)))]
+    #[case(&["KubeletMinVersion:1.35.2"], Some((1, 35, 2)))]
+    #[case(&["KubeletMinVersion:soon", "FeatureGate:X"], None)]
+    #[case(&["kubeletminversion:1.34"], None)]
+    fn the_min_kubelet_version_is_the_highest_label(
+        #[case] labels: &[&str],
+        #[case] expected: Option<(u32, u32, u32)>,
+    ) {
+        let labels: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+        assert_eq!(
+            kubelet_min_version(&labels),
+            expected.map(|(major, minor, patch)| KubeVersion { major, minor, patch })
+        );
     }
 }

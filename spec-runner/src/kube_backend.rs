@@ -164,10 +164,14 @@ impl KubeBackend {
 
 fn node_info(node: Node) -> NodeInfo {
     let status = node.status.unwrap_or_default();
+    let spec = node.spec.unwrap_or_default();
+    let tainted =
+        spec.taints.unwrap_or_default().iter().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
     NodeInfo {
         name: node.metadata.name.unwrap_or_default(),
         kubelet_version: status.node_info.map(|i| i.kubelet_version).unwrap_or_default(),
         ready: status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True"),
+        schedulable: !spec.unschedulable.unwrap_or(false) && !tainted,
     }
 }
 

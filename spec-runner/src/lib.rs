@@ -155,7 +155,9 @@ pub use capture::{
     init_tracing,
 };
 pub use cleanup::CleanupFailure;
-pub use cluster::{ClusterInfo, KubeVersion, NodeInfo, PreflightError};
+pub use cluster::{
+    ClusterInfo, KUBELET_MIN_VERSION, KubeVersion, NodeInfo, PreflightError, kubelet_min_version,
+};
 pub use ctx::{Ctx, current_cancellation};
 pub use duration::{display as display_duration, parse as parse_duration};
 pub use error::{Skip, SpecError, SpecResult, skip};

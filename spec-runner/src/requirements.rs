@@ -10,7 +10,7 @@ use std::{sync::Arc, time::Duration};
 use futures::future::BoxFuture;
 
 use super::{
-    cluster::ClusterInfo,
+    cluster::{ClusterInfo, kubelet_min_version},
     error::{SpecError, SpecResult},
     monitor,
     outcome::{FailureKind, Outcome},
@@ -19,9 +19,6 @@ use super::{
 
 /// How long a spec's requirements may take to decide.
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The label prefix of upstream's `WithKubeletMinVersion`.
-const KUBELET_MIN_VERSION: &str = "KubeletMinVersion:";
 
 /// What a requirement can look at: the admin client (read what you need, create nothing) and
 /// what preflight found.
@@ -51,19 +48,13 @@ impl Precheck {
 /// reason, any other error fails it (as a set-up failure) without running its body.
 pub(crate) type Requirement = Arc<dyn Fn(Precheck) -> BoxFuture<'static, SpecResult> + Send + Sync>;
 
-/// What the labels require (`KubeletMinVersion:major.minor`).
+/// What the labels require: the highest `KubeletMinVersion:X` (upstream's
+/// `WithKubeletMinVersion`) met by some ready schedulable node, which node selection then picks.
 fn label_requirements(info: &SpecInfo, cluster: &ClusterInfo) -> SpecResult {
-    for label in info.labels() {
-        let Some(version) = label.strip_prefix(KUBELET_MIN_VERSION) else { continue };
-        let parsed = version.split_once('.').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-        let Some((major, minor)) = parsed else {
-            return Err(SpecError::fail(format!(
-                "label {label:?}: expected {KUBELET_MIN_VERSION}<major>.<minor>"
-            )));
-        };
-        cluster.require_kubelet_version(major, minor)?;
+    match kubelet_min_version(info.labels()).and_then(|min| cluster.kubelet_min_version_skip(min)) {
+        Some(reason) => Err(SpecError::skip(reason)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Checks a spec's requirements: `None` to run it, else its outcome (skipped, or failed when a

@@ -44,6 +44,9 @@ pub struct ClusterConfig {
     /// The roles of `nodes`, in order (`control-plane`, `worker`); kind's default (one control
     /// plane) when the file lists none.
     pub node_roles: Vec<String>,
+    /// The `image` of each of `nodes`, in order (`kindest/node:vX.Y.Z` sets that node's kubelet
+    /// version for the local provider, see [`crate::skew`]).
+    pub node_images: Vec<Option<String>>,
 }
 
 /// The path of `kind.yaml` in this repository.
@@ -67,10 +70,12 @@ struct KindFile {
     nodes: Vec<KindNode>,
 }
 
-/// One entry of kind's `nodes` (only the role is read here).
+/// One entry of kind's `nodes` (only the role and the image are read here).
 #[derive(Debug, Deserialize)]
 struct KindNode {
     role: String,
+    #[serde(default)]
+    image: Option<String>,
 }
 
 impl ClusterConfig {
@@ -95,6 +100,7 @@ impl ClusterConfig {
             file.api_version
         );
 
+        let node_images: Vec<Option<String>> = file.nodes.iter().map(|n| n.image.clone()).collect();
         let node_roles = if file.nodes.is_empty() {
             vec!["control-plane".to_string()]
         } else {
@@ -110,6 +116,7 @@ impl ClusterConfig {
             feature_gates: file.feature_gates,
             runtime_config: file.runtime_config,
             node_roles,
+            node_images,
             ..ClusterConfig::default()
         };
         let mut init_kubelet = Vec::new();

@@ -16,6 +16,7 @@ mod overrides;
 mod progress;
 mod provider;
 mod repo;
+mod skew;
 mod test;
 mod wait;
 

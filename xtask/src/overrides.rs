@@ -1,16 +1,20 @@
-//! Feature gates and API versions a cluster gets on top of `kind.yaml`'s: what upstream's CI lanes
-//! do by appending lines to kind.yaml's `featureGates`, as `cluster up --feature-gates A=true,B=true
-//! --runtime-config group/version=true`. The local cluster records them with its state, so a later
-//! `cluster up` knows whether the running cluster already has them.
+//! Feature gates, API versions and worker kubelet versions a cluster gets on top of `kind.yaml`'s:
+//! what upstream's CI lanes do by appending lines to kind.yaml's `featureGates`, as `cluster up
+//! --feature-gates A=true,B=true --runtime-config group/version=true`, and version skew as
+//! `--kubelet-version v1.34.3` (see [`crate::skew`]). The local cluster records them with its
+//! state, so a later `cluster up` knows whether the running cluster already has them.
 
 use std::{collections::BTreeMap, fmt, path::Path};
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 
-use crate::cluster_config::{ClusterConfig, FEATURE_GATES_KEY};
+use crate::{
+    cluster_config::{ClusterConfig, FEATURE_GATES_KEY},
+    skew::{self, Version},
+};
 
-/// `--feature-gates` and `--runtime-config` of `cluster up`.
+/// `--feature-gates`, `--runtime-config` and `--kubelet-version` of `cluster up`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 pub struct OverrideArgs {
     /// Feature gates in addition to kind.yaml's, for every component: `A=true,B=false`.
@@ -19,15 +23,26 @@ pub struct OverrideArgs {
     /// API versions the apiserver serves in addition to kind.yaml's: `scheduling.k8s.io/v1beta1=true`.
     #[arg(long, value_name = "GROUP/VERSION=VALUE,...")]
     pub runtime_config: Option<String>,
+    /// Kubelet versions of the workers, in order: `v1.34.3` makes kind-worker's kubelet v1.34.3
+    /// and leaves the other workers at the cluster's version; `v1.37.2,v1.35.4` changes only
+    /// kind-worker2. Wins over kind.yaml's per-node `image: kindest/node:vX.Y.Z`. Supported: the
+    /// versions under xtask/local-cluster/kubelet/ (v1.34.3, v1.35.4, v1.36.3), each built once
+    /// from its k8s.io/kubernetes module and cached. The kind provider sets the workers' images
+    /// to kindest/node:V instead.
+    #[arg(long, value_name = "VERSION,...")]
+    pub kubelet_version: Option<String>,
 }
 
 impl OverrideArgs {
     /// The overrides these flags ask for; `None` when neither flag is given.
     pub fn parse(&self) -> Result<Option<Overrides>> {
-        if self.feature_gates.is_none() && self.runtime_config.is_none() {
+        if self.feature_gates.is_none() && self.runtime_config.is_none() && self.kubelet_version.is_none() {
             return Ok(None);
         }
         let mut overrides = Overrides::default();
+        if let Some(versions) = self.kubelet_version.as_deref().filter(|v| !v.trim().is_empty()) {
+            overrides.kubelet_versions = skew::parse_flag(versions)?;
+        }
         for (name, value) in pairs(self.feature_gates.as_deref().unwrap_or_default(), "--feature-gates")? {
             let on = value.parse::<bool>().map_err(|_| {
                 anyhow::anyhow!(
@@ -61,19 +76,21 @@ fn pairs(text: &str, flag: &str) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-/// Gates and API versions on top of kind.yaml's.
+/// Gates, API versions and worker kubelet versions on top of kind.yaml's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Overrides {
     /// Gate name to state.
     pub feature_gates: BTreeMap<String, bool>,
     /// API group/version to value.
     pub runtime_config: BTreeMap<String, String>,
+    /// The workers' kubelet versions, in worker order (`--kubelet-version`).
+    pub kubelet_versions: Vec<Version>,
 }
 
 impl Overrides {
     /// Whether there is nothing to add.
     pub fn is_empty(&self) -> bool {
-        self.feature_gates.is_empty() && self.runtime_config.is_empty()
+        self.feature_gates.is_empty() && self.runtime_config.is_empty() && self.kubelet_versions.is_empty()
     }
 
     /// `config` with these settings added (an override wins over kind.yaml's value).
@@ -87,7 +104,16 @@ impl Overrides {
     pub fn to_record(&self) -> String {
         let gates = self.feature_gates.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
         let apis = self.runtime_config.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
-        format!("feature-gates {}\nruntime-config {}\n", gates.join(","), apis.join(","))
+        let mut record = format!("feature-gates {}\nruntime-config {}\n", gates.join(","), apis.join(","));
+        if !self.kubelet_versions.is_empty() {
+            record.push_str(&format!("kubelet-version {}\n", self.kubelet_flag()));
+        }
+        record
+    }
+
+    /// The `--kubelet-version` value: `v1.34.3,v1.35.4`.
+    pub fn kubelet_flag(&self) -> String {
+        self.kubelet_versions.iter().map(Version::to_string).collect::<Vec<_>>().join(",")
     }
 
     /// Reads what [`Overrides::to_record`] wrote.
@@ -97,6 +123,7 @@ impl Overrides {
             match line.split_once(' ').unwrap_or((line, "")) {
                 ("feature-gates", value) => args.feature_gates = Some(value.to_string()),
                 ("runtime-config", value) => args.runtime_config = Some(value.to_string()),
+                ("kubelet-version", value) => args.kubelet_version = Some(value.to_string()),
                 ("", _) => {}
                 (other, _) => bail!("unknown line {other:?} in the recorded overrides"),
             }
@@ -134,6 +161,28 @@ impl Overrides {
             FEATURE_GATES_KEY,
             self.feature_gates.iter().map(|(k, v)| (k.clone(), (*v).into())).collect(),
         )?;
+        // Worker i's image becomes kindest/node:V, as kind runs each node from its image.
+        if !self.kubelet_versions.is_empty() {
+            let Some(serde_yaml::Value::Sequence(nodes)) = doc.get_mut("nodes") else {
+                bail!("--kubelet-version needs a node list in {}", kind_yaml.display());
+            };
+            let workers: Vec<&mut serde_yaml::Value> = nodes
+                .iter_mut()
+                .filter(|n| n.get("role").and_then(serde_yaml::Value::as_str) == Some("worker"))
+                .collect();
+            ensure!(
+                self.kubelet_versions.len() <= workers.len(),
+                "--kubelet-version lists {} versions, {} has {} workers",
+                self.kubelet_versions.len(),
+                kind_yaml.display(),
+                workers.len()
+            );
+            for (node, version) in workers.into_iter().zip(&self.kubelet_versions) {
+                if let serde_yaml::Value::Mapping(node) = node {
+                    node.insert("image".into(), format!("{}:{version}", skew::KIND_NODE_IMAGE).into());
+                }
+            }
+        }
         let rendered = serde_yaml::to_string(&doc).context("render the kind configuration")?;
         Ok(format!(
             "# Generated by `cargo xtask cluster up` from {} with {self}.\n{rendered}",
@@ -157,6 +206,9 @@ impl fmt::Display for Overrides {
             let apis = self.runtime_config.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
             parts.push(format!("--runtime-config {}", apis.join(",")));
         }
+        if !self.kubelet_versions.is_empty() {
+            parts.push(format!("--kubelet-version {}", self.kubelet_flag()));
+        }
         write!(f, "{}", parts.join(" "))
     }
 }
@@ -166,7 +218,28 @@ mod tests {
     use super::*;
 
     fn args(gates: Option<&str>, apis: Option<&str>) -> OverrideArgs {
-        OverrideArgs { feature_gates: gates.map(String::from), runtime_config: apis.map(String::from) }
+        OverrideArgs {
+            feature_gates: gates.map(String::from),
+            runtime_config: apis.map(String::from),
+            kubelet_version: None,
+        }
+    }
+
+    #[test]
+    fn kubelet_versions_parse_print_and_round_trip() {
+        let parsed = OverrideArgs { kubelet_version: Some("v1.34.3,1.35.4".into()), ..args(None, None) }
+            .parse()
+            .unwrap()
+            .unwrap();
+        assert_eq!(parsed.kubelet_flag(), "v1.34.3,v1.35.4");
+        assert_eq!(parsed.to_string(), "--kubelet-version v1.34.3,v1.35.4");
+        assert!(!parsed.is_empty());
+        assert_eq!(Overrides::from_record(&parsed.to_record()).unwrap(), parsed);
+        // A record of a cluster without skew has no kubelet line.
+        assert!(!Overrides::default().to_record().contains("kubelet"));
+        let err =
+            OverrideArgs { kubelet_version: Some("v1.34".into()), ..args(None, None) }.parse().unwrap_err();
+        assert!(err.to_string().contains("--kubelet-version"), "{err}");
     }
 
     #[test]
@@ -229,5 +302,27 @@ mod tests {
         let parsed = ClusterConfig::parse(&text).unwrap();
         let base = ClusterConfig::load(&crate::cluster_config::default_path()).unwrap();
         assert_eq!(parsed, overrides.apply(base));
+    }
+
+    #[test]
+    fn kubelet_versions_become_the_workers_kind_images() {
+        let overrides = OverrideArgs { kubelet_version: Some("v1.34.3".into()), ..args(None, None) }
+            .parse()
+            .unwrap()
+            .unwrap();
+        let text = overrides.kind_config(&crate::cluster_config::default_path()).unwrap();
+        let parsed = ClusterConfig::parse(&text).unwrap();
+        assert_eq!(parsed.node_images, [None, Some("kindest/node:v1.34.3".to_string()), None, None]);
+        let too_many = OverrideArgs {
+            kubelet_version: Some("v1.34.3,v1.34.3,v1.34.3,v1.34.3".into()),
+            ..args(None, None)
+        };
+        let err = too_many
+            .parse()
+            .unwrap()
+            .unwrap()
+            .kind_config(&crate::cluster_config::default_path())
+            .unwrap_err();
+        assert!(err.to_string().contains("3 workers"), "{err}");
     }
 }

@@ -26,12 +26,59 @@ const WORKLOAD_APIS: &str = "scheduling.k8s.io/v1beta1=true";
 /// What the workload lane runs (and the other kubelet lane skips).
 const WORKLOAD_FOCUS: &str = "GenericWorkload";
 
-fn workload_lane() -> Result<crate::overrides::Overrides> {
-    let args = OverrideArgs {
-        feature_gates: Some(WORKLOAD_GATES.to_owned()),
-        runtime_config: Some(WORKLOAD_APIS.to_owned()),
-    };
-    Ok(args.parse()?.unwrap_or_default())
+/// The skew lane: the cluster restarted with kind-worker's kubelet at the oldest supported minor
+/// (built from its own module, see xtask/src/local/old_kubelet.rs) beside v1.37.2 workers.
+/// Specs without `KubeletMinVersion` get kind-worker first (nodes are chosen by name), so every
+/// one-node kubelet spec runs against the old kubelet; newer-only specs run on the other workers
+/// or are skipped with the reason.
+const SKEW_KUBELETS: &str = "v1.34.3";
+/// What the skew lane runs: the kubelet suites but the slow specs and the workload lane's.
+const SKEW_FOCUS: &str = "kubelet";
+/// What the skew lane leaves out (Slow: bounded time; GenericWorkload: needs its own lane's gates).
+const SKEW_SKIP: &str = "Slow|GenericWorkload";
+
+/// A restart of the cluster with overrides, and what runs on it afterwards.
+struct Lane {
+    /// The step name of the restart.
+    restart: &'static str,
+    /// `cluster up`'s flags.
+    args: OverrideArgs,
+    /// Cluster tests (cargo test arguments) run first.
+    cluster_tests: Vec<(&'static str, Vec<&'static str>)>,
+    /// The suite run: step name and dra-e2e arguments.
+    suite: (&'static str, Vec<String>),
+}
+
+fn lane_overrides(lane: &Lane) -> Result<crate::overrides::Overrides> {
+    Ok(lane.args.parse()?.unwrap_or_default())
+}
+
+/// The lanes after the default one, in order.
+fn lanes(repo: &Path) -> Vec<Lane> {
+    vec![
+        Lane {
+            restart: "local cluster restarted for the workload lane (GenericWorkload)",
+            args: OverrideArgs {
+                feature_gates: Some(WORKLOAD_GATES.to_owned()),
+                runtime_config: Some(WORKLOAD_APIS.to_owned()),
+                kubelet_version: None,
+            },
+            cluster_tests: vec![],
+            suite: workload_run(repo),
+        },
+        Lane {
+            restart: "local cluster restarted for the skew lane (kind-worker's kubelet v1.34.3)",
+            args: OverrideArgs { kubelet_version: Some(SKEW_KUBELETS.to_owned()), ..OverrideArgs::default() },
+            cluster_tests: vec![(
+                "skew cluster tests (harness/tests/cluster/skew.rs)",
+                vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "skew::"],
+            )],
+            suite: (
+                "e2e: skew lane (kubelet suites, kind-worker at v1.34.3)",
+                suite_args(repo, &["--focus", SKEW_FOCUS, "--skip", SKEW_SKIP], "skew"),
+            ),
+        },
+    ]
 }
 
 /// Options of `cargo xtask test`.
@@ -85,21 +132,27 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                 let t = Instant::now();
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
-            let t = Instant::now();
-            let lane = match workload_lane() {
-                Ok(overrides) => Ok(cluster.clone().with_overrides(Some(overrides))),
-                Err(e) => Err(e),
-            };
-            let up = match &lane {
-                Ok(lane) => lane.up(false).await.map(|_| ()),
-                Err(e) => Err(anyhow::anyhow!("{e:#}")),
-            };
-            let up_ok = up.is_ok();
-            step("local cluster restarted for the workload lane (GenericWorkload)", up, t);
-            if up_ok {
+            for lane in lanes(&repo) {
                 let t = Instant::now();
-                let (name, suite_args) = workload_run(&repo);
-                step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
+                let up = match lane_overrides(&lane) {
+                    Ok(overrides) => {
+                        cluster.clone().with_overrides(Some(overrides)).up(false).await.map(|_| ())
+                    }
+                    Err(e) => Err(e),
+                };
+                let up_ok = up.is_ok();
+                step(lane.restart, up, t);
+                if !up_ok {
+                    continue;
+                }
+                for (name, cmd) in &lane.cluster_tests {
+                    let t = Instant::now();
+                    let result = cargo(&repo, cmd, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
+                    step(name, result, t);
+                }
+                let t = Instant::now();
+                let (name, suite_args) = &lane.suite;
+                step(name, run_suite(&repo, &kubeconfig, suite_args).await, t);
             }
         }
         if !args.keep_cluster {
@@ -221,9 +274,29 @@ fn cargo(repo: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<()> {
 mod tests {
     use super::*;
 
+    fn lane(prefix: &str) -> Lane {
+        lanes(&crate::repo::repo_root()).into_iter().find(|l| l.restart.contains(prefix)).unwrap()
+    }
+
+    #[test]
+    fn the_skew_lane_runs_an_old_kubelet_beside_new_ones() {
+        let lane = lane("skew lane");
+        let overrides = lane_overrides(&lane).unwrap();
+        assert_eq!(overrides.kubelet_flag(), "v1.34.3");
+        assert!(overrides.feature_gates.is_empty() && overrides.runtime_config.is_empty());
+        // An older minor than the cluster's, and the cluster keeps other workers at its version.
+        let cluster = crate::skew::Version::parse("v1.37.2").unwrap();
+        let versions = crate::skew::node_versions(cluster, 4, &[], &overrides.kubelet_versions).unwrap();
+        assert!(versions[1].minor < cluster.minor && versions[2] == cluster && versions[3] == cluster);
+        assert!(lane.cluster_tests.iter().any(|(_, cmd)| cmd.contains(&"skew::")));
+        let args = &lane.suite.1;
+        assert!(args.windows(2).any(|w| w == ["--focus", SKEW_FOCUS]), "{args:?}");
+        assert!(args.windows(2).any(|w| w == ["--skip", SKEW_SKIP]), "{args:?}");
+    }
+
     #[test]
     fn the_workload_lane_is_what_the_pod_group_specs_ask_for() {
-        let lane = workload_lane().unwrap();
+        let lane = lane_overrides(&lane("workload lane")).unwrap();
         let specs =
             std::fs::read_to_string(crate::repo::repo_root().join("suites/src/specs/kubelet/pod_groups.rs"))
                 .unwrap();

@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 
-use crate::framework::{Ctx, SpecError, SpecResult};
+use crate::framework::{Ctx, KubeVersion, SpecError, SpecResult, kubelet_min_version};
 
 /// The nodes chosen for a spec: ready, schedulable, untainted; sorted by name.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -40,6 +40,23 @@ pub fn unusable_reason(node: &Node) -> Option<String> {
     None
 }
 
+/// Why a usable node's kubelet is too old for a spec that needs `min` (its
+/// `KubeletMinVersion` label), or `None` if it is new enough.
+pub fn too_old_reason(node: &Node, min: KubeVersion) -> Option<String> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let reported =
+        node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.as_str());
+    match reported.and_then(KubeVersion::parse) {
+        Some(version) if version >= min => None,
+        _ => Some(format!(
+            "{name} runs kubelet {}, older than the spec's KubeletMinVersion {}.{}",
+            reported.unwrap_or("of no reported version"),
+            min.major,
+            min.minor
+        )),
+    }
+}
+
 /// A node selection that cannot be satisfied.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{required} ready schedulable nodes required, the cluster has {usable}{}", if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join("; ")) })]
@@ -63,10 +80,23 @@ impl Nodes {
     /// `reserved` extra nodes that the driver leaves alone (upstream's `NumReservedNodes`, taken
     /// first). Fails with [`TooFewNodes`] if fewer than `min + reserved` are usable.
     pub fn choose(all: &[Node], min: usize, max: usize, reserved: usize) -> Result<Nodes, TooFewNodes> {
+        Self::choose_for_kubelet(all, min, max, reserved, None)
+    }
+
+    /// [`Nodes::choose`] among the nodes whose kubelet is at least `kubelet` (upstream's
+    /// `WithKubeletMinVersion`; reserved nodes too, since a spec may move its driver onto them).
+    pub fn choose_for_kubelet(
+        all: &[Node],
+        min: usize,
+        max: usize,
+        reserved: usize,
+        kubelet: Option<KubeVersion>,
+    ) -> Result<Nodes, TooFewNodes> {
         let mut usable: Vec<&Node> = Vec::new();
         let mut reasons = Vec::new();
         for node in all {
-            match unusable_reason(node) {
+            let reason = unusable_reason(node).or_else(|| kubelet.and_then(|v| too_old_reason(node, v)));
+            match reason {
                 None => usable.push(node),
                 Some(reason) => reasons.push(reason),
             }
@@ -88,7 +118,8 @@ impl Nodes {
     }
 
     /// Lists the cluster's nodes and [`Nodes::choose`]s; a spec is skipped (with the reason)
-    /// when the cluster has too few usable nodes.
+    /// when the cluster has too few usable nodes. A spec labelled `KubeletMinVersion:X` gets only
+    /// nodes whose kubelet is at least X ([`Nodes::choose_for_kubelet`]).
     ///
     /// ```no_run
     /// # async fn body(ctx: harness::framework::Ctx) -> harness::framework::SpecResult {
@@ -105,8 +136,9 @@ impl Nodes {
             .list(&ListParams::default())
             .await
             .map_err(|e| SpecError::Failed(anyhow::Error::new(e).context("list nodes")))?;
-        let nodes =
-            Nodes::choose(&list.items, min, max, reserved).map_err(|e| SpecError::skip(e.to_string()))?;
+        let kubelet = kubelet_min_version(ctx.labels());
+        let nodes = Nodes::choose_for_kubelet(&list.items, min, max, reserved, kubelet)
+            .map_err(|e| SpecError::skip(e.to_string()))?;
         tracing::info!(nodes = ?nodes.names, extra = ?nodes.extra, "selected nodes");
         Ok(nodes)
     }
@@ -139,7 +171,7 @@ impl Nodes {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, Taint};
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint};
     use rstest::rstest;
 
     use super::*;
@@ -242,6 +274,39 @@ mod tests {
             err.to_string()
                 .contains("kind-control-plane has taint node-role.kubernetes.io/control-plane:NoSchedule"),
             "{err}"
+        );
+    }
+
+    fn with_kubelet(name: &str, version: &str) -> Node {
+        let mut n = node(name, true);
+        if let Some(status) = n.status.as_mut() {
+            status.node_info = Some(NodeSystemInfo { kubelet_version: version.into(), ..Default::default() });
+        }
+        n
+    }
+
+    /// A skew cluster: an old kubelet on the first worker. A spec without a minimum gets it
+    /// first; one that needs a newer kubelet gets the others, and is skipped with the reason
+    /// when too few are left.
+    #[test]
+    fn a_kubelet_min_version_leaves_older_nodes_out() {
+        let all = [
+            with_kubelet("kind-worker", "v1.34.3"),
+            with_kubelet("kind-worker2", "v1.37.2"),
+            with_kubelet("kind-worker3", "v1.36.3"),
+            node("no-version", true),
+        ];
+        let v = |text| KubeVersion::parse(text);
+        let any = Nodes::choose_for_kubelet(&all, 1, 1, 0, None).unwrap();
+        assert_eq!(any.names(), ["kind-worker"]);
+        let v134 = Nodes::choose_for_kubelet(&all, 1, 1, 0, v("1.34")).unwrap();
+        assert_eq!(v134.names(), ["kind-worker"]);
+        let v136 = Nodes::choose_for_kubelet(&all, 1, 4, 0, v("1.36")).unwrap();
+        assert_eq!(v136.names(), ["kind-worker2", "kind-worker3"]);
+        let err = Nodes::choose_for_kubelet(&all, 2, 2, 0, v("1.37")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "2 ready schedulable nodes required, the cluster has 1 (kind-worker runs kubelet v1.34.3, older than the spec's KubeletMinVersion 1.37; kind-worker3 runs kubelet v1.36.3, older than the spec's KubeletMinVersion 1.37; no-version runs kubelet of no reported version, older than the spec's KubeletMinVersion 1.37)"
         );
     }
 

@@ -10,4 +10,5 @@ mod tunnel_support;
 mod driver;
 mod faults;
 mod framework;
+mod skew;
 mod tunnel;

@@ -422,6 +422,7 @@ mod tests {
         let overrides = crate::overrides::OverrideArgs {
             feature_gates: Some("GenericWorkload=true".into()),
             runtime_config: Some("scheduling.k8s.io/v1beta1=true".into()),
+            kubelet_version: None,
         }
         .parse()
         .unwrap()

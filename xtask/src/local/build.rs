@@ -106,12 +106,7 @@ impl Versions {
     /// The `-ldflags` that stamp the Kubernetes version into k8s.io/component-base/version, so the
     /// kubelet reports it in Node.status.nodeInfo (specs gate on kubelet versions).
     pub fn kube_ldflags(&self) -> String {
-        let v = "k8s.io/component-base/version";
-        let (major, minor) = major_minor(&self.kubernetes);
-        format!(
-            "-s -w -X {v}.gitVersion={k} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} -X {v}.gitTreeState=archive -X {v}.buildDate=1970-01-01T00:00:00Z",
-            k = self.kubernetes
-        )
+        kube_ldflags(&self.kubernetes)
     }
 
     /// The `-ldflags` of the sample device plugin: linked statically (its image has no libc), but
@@ -127,6 +122,16 @@ impl Versions {
     }
 }
 
+/// The `-ldflags` that stamp `version` into k8s.io/component-base/version (also of the older
+/// kubelets of version skew).
+pub fn kube_ldflags(version: &str) -> String {
+    let v = "k8s.io/component-base/version";
+    let (major, minor) = major_minor(version);
+    format!(
+        "-s -w -X {v}.gitVersion={version} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} -X {v}.gitTreeState=archive -X {v}.buildDate=1970-01-01T00:00:00Z"
+    )
+}
+
 fn major_minor(version: &str) -> (String, String) {
     let mut parts = version.trim_start_matches('v').split('.');
     let major = parts.next().unwrap_or("0").to_string();
@@ -139,14 +144,15 @@ pub const SAMPLE_DEVICE_PLUGIN_PACKAGE: &str = "k8s.io/kubernetes/test/images/sa
 
 /// Removes build directories of other cache keys under `bin_dir`, except the newest of them (so
 /// switching between two checkouts does not rebuild each time), and partial builds whose builder
-/// is gone. Best effort: a directory that cannot be removed is only logged.
+/// is gone; the older kubelets' builds ([`super::old_kubelet::DIR`]) stay. Best effort: a
+/// directory that cannot be removed is only logged.
 pub fn prune(bin_dir: &Path, current: &str) {
     let Ok(entries) = fs::read_dir(bin_dir) else { return };
     let mut others: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        if name == current || !path.is_dir() {
+        if name == current || name == super::old_kubelet::DIR || !path.is_dir() {
             continue;
         }
         if let Some((_, pid)) = name.rsplit_once(".partial-") {
@@ -354,7 +360,7 @@ pub fn ensure_wanted(layout: &Layout, versions: &Versions, wanted: Wanted) -> Re
 }
 
 /// `go version`, or a clear error when Go is missing.
-fn go_version() -> Result<String> {
+pub(super) fn go_version() -> Result<String> {
     go_version_of("go")
 }
 
@@ -374,7 +380,7 @@ fn go_version_of(go: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
+pub(super) fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
     let status = Command::new("go")
         .arg("build")
         .args(args)
@@ -410,7 +416,7 @@ fn go_build_quiet(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()>
     Ok(())
 }
 
-fn path_str(p: &Path) -> Result<String> {
+pub(super) fn path_str(p: &Path) -> Result<String> {
     p.to_str().map(String::from).with_context(|| format!("path is not UTF-8: {}", p.display()))
 }
 
@@ -457,7 +463,7 @@ fn collect_go_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -497,6 +503,7 @@ mod tests {
             fs::File::open(&path).unwrap().set_modified(time).unwrap();
         }
         fs::create_dir(dir.path().join("x.partial-999999999")).unwrap();
+        fs::create_dir(dir.path().join(super::super::old_kubelet::DIR)).unwrap();
         let mine = dir.path().join(format!("y.partial-{}", std::process::id()));
         fs::create_dir(&mine).unwrap();
         prune(dir.path(), "current");
@@ -505,7 +512,7 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         left.sort();
-        assert_eq!(left, ["current", "newer", &format!("y.partial-{}", std::process::id())]);
+        assert_eq!(left, ["current", "kubelet", "newer", &format!("y.partial-{}", std::process::id())]);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use super::{
     images,
     layout::{Layout, ports},
     nodes::{self, NodeDirs, NodeSpec},
+    old_kubelet::OldKubelet,
     pki::{self, Pki},
     process::ProcessSpec,
 };
@@ -355,6 +356,10 @@ fn cni_conflist(dirs: &NodeDirs, node: &NodeSpec) -> String {
 /// certificate, low eviction thresholds (small CI disks), no image garbage collection of the
 /// imported images, and the feature gates of kind.yaml. Runs inside the node; the control plane
 /// of a multi-node cluster is registered with kind's NoSchedule taint.
+///
+/// With `old`, the node runs that older kubelet (version skew) with the same configuration (every
+/// field of it exists since v1.31) but only the gates of kind.yaml that its version knows: an
+/// unknown gate is a startup error. The gates left out are printed.
 pub fn kubelet(
     bins: &Binaries,
     layout: &Layout,
@@ -362,10 +367,26 @@ pub fn kubelet(
     cluster: &ClusterConfig,
     node: &NodeSpec,
     node_count: usize,
+    old: Option<&OldKubelet>,
 ) -> Result<ProcessSpec> {
     let dirs = NodeDirs::new(layout, node);
     let config = dirs.config().join("kubelet.yaml");
-    let gates: String = cluster.feature_gates.iter().map(|(name, on)| format!("  {name}: {on}\n")).collect();
+    let (program, mut args, gates) = match old {
+        None => (bins.kube(), vec!["kubelet".to_string()], cluster.feature_gates.clone()),
+        Some(old) => {
+            let (kept, dropped) = crate::skew::known_gates(&cluster.feature_gates, &old.gates);
+            if !dropped.is_empty() {
+                eprintln!(
+                    "    kubelet {} on {} does not know the gates {}: left out of its configuration",
+                    old.version,
+                    node.name,
+                    dropped.join(", ")
+                );
+            }
+            (old.binary.clone(), Vec::new(), kept)
+        }
+    };
+    let gates: String = gates.iter().map(|(name, on)| format!("  {name}: {on}\n")).collect();
     let gates =
         if gates.is_empty() { "featureGates: {}\n".to_string() } else { format!("featureGates:\n{gates}") };
     write(
@@ -421,19 +442,18 @@ imageGCLowThresholdPercent: 99
             client_ca = p(pki.client_ca()),
         ),
     )?;
-    let mut args = vec![
-        "kubelet".into(),
+    args.extend([
         arg("config", p(&config)),
         arg("kubeconfig", p(pki::node_kubeconfig_path(layout, &node.name))),
         arg("hostname-override", &node.name),
         arg("node-ip", node.ip),
         arg("root-dir", "/var/lib/kubelet"),
-    ];
+    ]);
     if node.control_plane && node_count > 1 {
         args.push(arg("register-with-taints", CONTROL_PLANE_TAINT));
     }
     args.extend(extra_args(&cluster.kubelet_args));
-    Ok(entered(node.kubelet(), nodes::enter_node(layout, node), &bins.kube(), args, vec![]))
+    Ok(entered(node.kubelet(), nodes::enter_node(layout, node), &program, args, vec![]))
 }
 
 /// kind's control-plane label (set by xtask after registration: the kubelet may not set

@@ -16,6 +16,7 @@ mod images;
 mod layout;
 mod netns;
 mod nodes;
+mod old_kubelet;
 mod pki;
 mod probes;
 mod process;
@@ -256,6 +257,14 @@ impl LocalCluster {
 
         let versions = Versions::read(&self.layout)?;
         let bins = build::ensure(&self.layout, &versions)?;
+        let kubelets = old_kubelet::for_nodes(
+            &self.layout,
+            &versions.kubernetes,
+            &ClusterConfig::load(&repo_root().join("kind.yaml"))
+                .context("read the node list from kind.yaml")?,
+            self.nodes.len(),
+            &self.overrides.kubelet_versions,
+        )?;
         fs::create_dir_all(&self.layout.state)?;
         fs::write(self.layout.state.join("bin-dir"), bins.dir.display().to_string())?;
         // Recorded before anything is created, so `down` always knows which nodes to clean up.
@@ -266,7 +275,7 @@ impl LocalCluster {
             bail!("{problem}");
         }
 
-        match self.start(&bins, &versions).await {
+        match self.start(&bins, &versions, &kubelets).await {
             Ok(()) => {
                 eprintln!(
                     "==> local cluster up: Kubernetes {} on {} nodes ({}) in {}",
@@ -296,7 +305,12 @@ impl LocalCluster {
         eprintln!("    export KUBECONFIG={}", self.kubeconfig().display());
     }
 
-    async fn start(&self, bins: &Binaries, versions: &Versions) -> Result<()> {
+    async fn start(
+        &self,
+        bins: &Binaries,
+        versions: &Versions,
+        kubelets: &[Option<old_kubelet::OldKubelet>],
+    ) -> Result<()> {
         let cluster = self.overrides.apply(
             ClusterConfig::load(&repo_root().join("kind.yaml"))
                 .context("read feature gates and runtime-config from kind.yaml")?,
@@ -394,10 +408,13 @@ impl LocalCluster {
         images::build_and_import(bins, &self.layout, &sockets)?;
         step.done();
 
-        let step =
-            Step::start(format!("start kubelet {} on every node (cgroup v1 allowed)", versions.kubernetes));
+        let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        let step = Step::start(format!(
+            "start kubelet {} (cgroup v1 allowed)",
+            old_kubelet::describe(&names, kubelets, &versions.kubernetes)
+        ));
         host::save_sysctls(&self.layout)?;
-        for node in &self.nodes {
+        for (node, old) in self.nodes.iter().zip(kubelets) {
             self.sup.start(&components::kubelet(
                 bins,
                 &self.layout,
@@ -405,6 +422,7 @@ impl LocalCluster {
                 &cluster,
                 node,
                 self.nodes.len(),
+                old.as_ref(),
             )?)?;
         }
         let api: Api<Node> = Api::all(client.clone());

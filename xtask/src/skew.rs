@@ -1,0 +1,223 @@
+//! Version skew: which kubelet version each node runs, and what an older kubelet accepts.
+//!
+//! A node's kubelet version comes from, in this order: `cluster up --kubelet-version V1,V2,…`
+//! (V1 for the first worker, V2 for the second, …; workers without an entry and the control plane
+//! keep the cluster's version), the node's `image: kindest/node:vX.Y.Z` in kind.yaml's node list,
+//! and the pinned Kubernetes version. So `--kubelet-version v1.34.3` is one old worker
+//! (`kind-worker`) beside workers at the cluster's version: a mixed cluster is one flag away.
+//!
+//! An older kubelet refuses to start on a feature gate it does not know, so each kubelet gets only
+//! the gates of kind.yaml that its version knows; the known gates are read from the kubelet's own
+//! `--help` (the `--feature-gates` list), cached with its build.
+
+use std::{collections::BTreeMap, fmt};
+
+use anyhow::{Result, bail};
+
+/// The repository of kind's node images; its tag is the node's Kubernetes version.
+pub const KIND_NODE_IMAGE: &str = "kindest/node";
+
+/// A Kubernetes release version `vMAJOR.MINOR.PATCH` (no pre-release: old kubelets are built
+/// from published `k8s.io/kubernetes` modules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    /// Major.
+    pub major: u32,
+    /// Minor.
+    pub minor: u32,
+    /// Patch.
+    pub patch: u32,
+}
+
+impl Version {
+    /// Parses `v1.34.3` (the `v` is optional).
+    pub fn parse(text: &str) -> Result<Self> {
+        let core = text.trim().strip_prefix('v').unwrap_or(text.trim());
+        let parts: Vec<&str> = core.split('.').collect();
+        let numbers: Option<Vec<u32>> = parts.iter().map(|p| p.parse().ok()).collect();
+        match numbers.as_deref() {
+            Some(&[major, minor, patch]) => Ok(Self { major, minor, patch }),
+            _ => bail!("{text:?} is not a Kubernetes release version like v1.34.3"),
+        }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// `--kubelet-version`: one version per worker, in order (empty entries are not allowed).
+pub fn parse_flag(text: &str) -> Result<Vec<Version>> {
+    let versions: Vec<Version> = text
+        .split(',')
+        .map(|entry| {
+            Version::parse(entry)
+                .map_err(|e| anyhow::anyhow!("--kubelet-version: {e} (write e.g. v1.34.3,v1.35.4)"))
+        })
+        .collect::<Result<_>>()?;
+    if versions.is_empty() {
+        bail!("--kubelet-version needs at least one version");
+    }
+    Ok(versions)
+}
+
+/// The version of a kind node image `kindest/node:vX.Y.Z[@sha256:…]`; `None` for another image.
+pub fn image_version(image: &str) -> Option<Version> {
+    let without_digest = image.split('@').next()?;
+    let (repo, tag) = without_digest.rsplit_once(':')?;
+    let repo = repo.strip_prefix("docker.io/").unwrap_or(repo);
+    if repo != KIND_NODE_IMAGE {
+        return None;
+    }
+    Version::parse(tag).ok()
+}
+
+/// Each node's kubelet version, control plane first: the flag's entries for the workers, else the
+/// node's kind.yaml image, else `cluster`. Fails when the control plane would differ from
+/// `cluster` (its components are the cluster's version) or the flag names more workers than
+/// there are.
+pub fn node_versions(
+    cluster: Version,
+    node_count: usize,
+    images: &[Option<String>],
+    flag: &[Version],
+) -> Result<Vec<Version>> {
+    let workers = node_count.saturating_sub(1);
+    if flag.len() > workers {
+        bail!(
+            "--kubelet-version lists {} versions, but the cluster has {workers} workers (one version per worker, in order)",
+            flag.len()
+        );
+    }
+    let mut versions = Vec::with_capacity(node_count);
+    for index in 0..node_count {
+        let from_image = images.get(index).and_then(Option::as_deref).and_then(image_version);
+        let version = match index.checked_sub(1).and_then(|worker| flag.get(worker)) {
+            Some(v) => *v,
+            None => from_image.unwrap_or(cluster),
+        };
+        if index == 0 && version != cluster {
+            bail!(
+                "the control-plane node runs the cluster's components at {cluster}; kind.yaml's image for it says {version} (give old versions to workers only)"
+            );
+        }
+        versions.push(version);
+    }
+    Ok(versions)
+}
+
+/// The gate names of a kubelet's `--help` (`--feature-gates` lists one `Name=true|false
+/// (STAGE - default=…)` per line).
+pub fn gates_from_help(help: &str) -> Vec<String> {
+    let mut gates: Vec<String> = help
+        .lines()
+        .filter_map(|line| {
+            let (name, rest) = line.trim().split_once('=')?;
+            let known = rest.starts_with("true|false") || rest.starts_with("false|true");
+            (known && !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric()))
+                .then(|| name.to_string())
+        })
+        .collect();
+    gates.sort();
+    gates.dedup();
+    gates
+}
+
+/// `gates` split into those the kubelet knows (kept) and those it does not (left out).
+pub fn known_gates(
+    gates: &BTreeMap<String, bool>,
+    known: &[String],
+) -> (BTreeMap<String, bool>, Vec<String>) {
+    let mut kept = BTreeMap::new();
+    let mut dropped = Vec::new();
+    for (name, on) in gates {
+        if known.iter().any(|k| k == name) {
+            kept.insert(name.clone(), *on);
+        } else {
+            dropped.push(name.clone());
+        }
+    }
+    (kept, dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(text: &str) -> Version {
+        Version::parse(text).unwrap()
+    }
+
+    #[test]
+    fn versions_parse_compare_and_print() {
+        assert_eq!(v("v1.34.3"), Version { major: 1, minor: 34, patch: 3 });
+        assert_eq!(v("1.36.3").to_string(), "v1.36.3");
+        assert!(v("v1.34.10") > v("v1.34.9"));
+        assert!(v("v1.37.0") > v("v1.36.3"));
+        for bad in ["v1.34", "latest", "v1.34.x", "", "v1.34.3-rc.0"] {
+            assert!(Version::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_flag_is_a_list_of_versions() {
+        assert_eq!(parse_flag("v1.34.3").unwrap(), [v("v1.34.3")]);
+        assert_eq!(parse_flag("v1.34.3, v1.35.4").unwrap(), [v("v1.34.3"), v("v1.35.4")]);
+        let err = parse_flag("v1.34.3,,v1.35.4").unwrap_err().to_string();
+        assert!(err.contains("--kubelet-version") && err.contains("v1.34.3"), "{err}");
+    }
+
+    #[test]
+    fn kind_images_give_versions() {
+        assert_eq!(image_version("kindest/node:v1.34.3"), Some(v("v1.34.3")));
+        assert_eq!(image_version("docker.io/kindest/node:v1.35.4@sha256:abc"), Some(v("v1.35.4")));
+        assert_eq!(image_version("example.com/node:v1.34.3"), None);
+        assert_eq!(image_version("kindest/node:latest"), None);
+    }
+
+    #[test]
+    fn the_flag_maps_to_workers_in_order_and_wins_over_images() {
+        let cluster = v("v1.37.2");
+        let none = [None, None, None, None];
+        assert_eq!(
+            node_versions(cluster, 4, &none, &[v("v1.34.3")]).unwrap(),
+            [cluster, v("v1.34.3"), cluster, cluster]
+        );
+        assert_eq!(
+            node_versions(cluster, 4, &none, &[cluster, v("v1.35.4")]).unwrap(),
+            [cluster, cluster, v("v1.35.4"), cluster]
+        );
+        let images = [None, Some("kindest/node:v1.36.3".into()), None, Some("kindest/node:v1.34.3".into())];
+        assert_eq!(
+            node_versions(cluster, 4, &images, &[]).unwrap(),
+            [cluster, v("v1.36.3"), cluster, v("v1.34.3")]
+        );
+        assert_eq!(
+            node_versions(cluster, 4, &images, &[v("v1.35.4")]).unwrap(),
+            [cluster, v("v1.35.4"), cluster, v("v1.34.3")]
+        );
+        let err = node_versions(cluster, 2, &none, &[v("v1.34.3"), v("v1.34.3")]).unwrap_err().to_string();
+        assert!(err.contains("1 workers"), "{err}");
+        let old_cp = [Some("kindest/node:v1.34.3".to_string())];
+        let err = node_versions(cluster, 1, &old_cp, &[]).unwrap_err().to_string();
+        assert!(err.contains("control-plane"), "{err}");
+    }
+
+    #[test]
+    fn gates_come_from_the_help_text() {
+        let help = "      --feature-gates colonSeparatedMultimapStringString   A set of key=value pairs that describe feature gates for alpha/experimental features. Options are:
+                                                                  APIResponseCompression=true|false (BETA - default=true)
+                                                                  AllAlpha=true|false (ALPHA - default=false)
+                                                                  DRAConsumableCapacity=true|false (ALPHA - default=false)
+      --file-check-frequency duration                             Duration between checking config files for new data (DEPRECATED: ...)
+      --v Level                                                   number for the log level verbosity";
+        assert_eq!(gates_from_help(help), ["APIResponseCompression", "AllAlpha", "DRAConsumableCapacity"]);
+        let gates: BTreeMap<String, bool> =
+            [("DRAConsumableCapacity".into(), true), ("DRADeviceCompatibilityGroups".into(), true)].into();
+        let (kept, dropped) = known_gates(&gates, &gates_from_help(help));
+        assert_eq!(kept, [("DRAConsumableCapacity".to_string(), true)].into());
+        assert_eq!(dropped, ["DRADeviceCompatibilityGroups"]);
+    }
+}
