@@ -41,7 +41,12 @@ impl ClusterBackend for Fake {
             server: "https://fake".into(),
             server_version: "v1.37.2".into(),
             api_versions: ["v1".to_owned()].into(),
-            nodes: vec![NodeInfo { name: "node".into(), kubelet_version: "v1.37.2".into(), ready: true, schedulable: true }],
+            nodes: vec![NodeInfo {
+                name: "node".into(),
+                kubelet_version: "v1.37.2".into(),
+                ready: true,
+                schedulable: true,
+            }],
         })
     }
 

@@ -33,7 +33,12 @@ impl ClusterBackend for Counting {
             server: "https://counting".into(),
             server_version: "v1.37.2".into(),
             api_versions: ["v1".to_owned(), "resource.k8s.io/v1".to_owned()].into(),
-            nodes: vec![NodeInfo { name: "node".into(), kubelet_version: "v1.37.2".into(), ready: true, schedulable: true }],
+            nodes: vec![NodeInfo {
+                name: "node".into(),
+                kubelet_version: "v1.37.2".into(),
+                ready: true,
+                schedulable: true,
+            }],
         })
     }
 
@@ -125,7 +130,9 @@ async fn a_spec_whose_requirements_skip_creates_no_namespace() {
 
     assert_eq!(
         outcome(&report, "needs a newer kubelet"),
-        &Outcome::Skipped { reason: "needs kubelet v1.99 or newer (KubeletMinVersion:1.99), but node has v1.37.2".into() }
+        &Outcome::Skipped {
+            reason: "needs kubelet v1.99 or newer (KubeletMinVersion:1.99), but node has v1.37.2".into()
+        }
     );
     assert_eq!(
         outcome(&report, "needs hugepages"),

@@ -7,12 +7,12 @@
 # each with the published v0.<minor>.<patch> that matches the pinned version.
 #
 # Usage: ./update-replace.sh v1.37.2                    (this module: the cluster's components)
-#        ./update-replace.sh v1.34.3 kubelet/v1.34.3    (an older kubelet's own module, for version
+#        ./update-replace.sh v1.34.4 kubelet/v1.34.4    (an older kubelet's own module, for version
 #                                                        skew: created if missing, builds
 #                                                        k8s.io/kubernetes/cmd/kubelet as a tool)
 set -euo pipefail
 cd "$(dirname "$0")"
-version="${1:?usage: $0 <kubernetes version, e.g. v1.37.2> [module dir, e.g. kubelet/v1.34.3]}"
+version="${1:?usage: $0 <kubernetes version, e.g. v1.37.2> [module dir, e.g. kubelet/v1.34.4]}"
 if [ -n "${2:-}" ]; then
 	mkdir -p "$2"
 	cd "$2"

@@ -263,12 +263,12 @@ mod tests {
             "--provider",
             "local",
             "--kubelet-version",
-            "v1.34.3,v1.36.3",
+            "v1.34.4,v1.36.3",
         ])
         .unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
         let overrides = up.overrides.parse().unwrap().unwrap();
-        assert_eq!(overrides.kubelet_flag(), "v1.34.3,v1.36.3");
+        assert_eq!(overrides.kubelet_flag(), "v1.34.4,v1.36.3");
         let cli = Cli::try_parse_from(["xtask", "cluster", "up", "--kubelet-version", "1.34"]).unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
         assert!(up.overrides.parse().is_err());

@@ -1,7 +1,7 @@
 //! Feature gates, API versions and worker kubelet versions a cluster gets on top of `kind.yaml`'s:
 //! what upstream's CI lanes do by appending lines to kind.yaml's `featureGates`, as `cluster up
 //! --feature-gates A=true,B=true --runtime-config group/version=true`, and version skew as
-//! `--kubelet-version v1.34.3` (see [`crate::skew`]). The local cluster records them with its
+//! `--kubelet-version v1.34.4` (see [`crate::skew`]). The local cluster records them with its
 //! state, so a later `cluster up` knows whether the running cluster already has them.
 
 use std::{collections::BTreeMap, fmt, path::Path};
@@ -23,10 +23,10 @@ pub struct OverrideArgs {
     /// API versions the apiserver serves in addition to kind.yaml's: `scheduling.k8s.io/v1beta1=true`.
     #[arg(long, value_name = "GROUP/VERSION=VALUE,...")]
     pub runtime_config: Option<String>,
-    /// Kubelet versions of the workers, in order: `v1.34.3` makes kind-worker's kubelet v1.34.3
+    /// Kubelet versions of the workers, in order: `v1.34.4` makes kind-worker's kubelet v1.34.4
     /// and leaves the other workers at the cluster's version; `v1.37.2,v1.35.4` changes only
     /// kind-worker2. Wins over kind.yaml's per-node `image: kindest/node:vX.Y.Z`. Supported: the
-    /// versions under xtask/local-cluster/kubelet/ (v1.34.3, v1.35.4, v1.36.3), each built once
+    /// versions under xtask/local-cluster/kubelet/ (v1.34.4, v1.35.4, v1.36.3), each built once
     /// from its k8s.io/kubernetes module and cached. The kind provider sets the workers' images
     /// to kindest/node:V instead.
     #[arg(long, value_name = "VERSION,...")]
@@ -111,7 +111,7 @@ impl Overrides {
         record
     }
 
-    /// The `--kubelet-version` value: `v1.34.3,v1.35.4`.
+    /// The `--kubelet-version` value: `v1.34.4,v1.35.4`.
     pub fn kubelet_flag(&self) -> String {
         self.kubelet_versions.iter().map(Version::to_string).collect::<Vec<_>>().join(",")
     }
@@ -227,12 +227,12 @@ mod tests {
 
     #[test]
     fn kubelet_versions_parse_print_and_round_trip() {
-        let parsed = OverrideArgs { kubelet_version: Some("v1.34.3,1.35.4".into()), ..args(None, None) }
+        let parsed = OverrideArgs { kubelet_version: Some("v1.34.4,1.35.4".into()), ..args(None, None) }
             .parse()
             .unwrap()
             .unwrap();
-        assert_eq!(parsed.kubelet_flag(), "v1.34.3,v1.35.4");
-        assert_eq!(parsed.to_string(), "--kubelet-version v1.34.3,v1.35.4");
+        assert_eq!(parsed.kubelet_flag(), "v1.34.4,v1.35.4");
+        assert_eq!(parsed.to_string(), "--kubelet-version v1.34.4,v1.35.4");
         assert!(!parsed.is_empty());
         assert_eq!(Overrides::from_record(&parsed.to_record()).unwrap(), parsed);
         // A record of a cluster without skew has no kubelet line.
@@ -306,15 +306,15 @@ mod tests {
 
     #[test]
     fn kubelet_versions_become_the_workers_kind_images() {
-        let overrides = OverrideArgs { kubelet_version: Some("v1.34.3".into()), ..args(None, None) }
+        let overrides = OverrideArgs { kubelet_version: Some("v1.34.4".into()), ..args(None, None) }
             .parse()
             .unwrap()
             .unwrap();
         let text = overrides.kind_config(&crate::cluster_config::default_path()).unwrap();
         let parsed = ClusterConfig::parse(&text).unwrap();
-        assert_eq!(parsed.node_images, [None, Some("kindest/node:v1.34.3".to_string()), None, None]);
+        assert_eq!(parsed.node_images, [None, Some("kindest/node:v1.34.4".to_string()), None, None]);
         let too_many = OverrideArgs {
-            kubelet_version: Some("v1.34.3,v1.34.3,v1.34.3,v1.34.3".into()),
+            kubelet_version: Some("v1.34.4,v1.34.4,v1.34.4,v1.34.4".into()),
             ..args(None, None)
         };
         let err = too_many

@@ -3,7 +3,7 @@
 //! A node's kubelet version comes from, in this order: `cluster up --kubelet-version V1,V2,…`
 //! (V1 for the first worker, V2 for the second, …; workers without an entry and the control plane
 //! keep the cluster's version), the node's `image: kindest/node:vX.Y.Z` in kind.yaml's node list,
-//! and the pinned Kubernetes version. So `--kubelet-version v1.34.3` is one old worker
+//! and the pinned Kubernetes version. So `--kubelet-version v1.34.4` is one old worker
 //! (`kind-worker`) beside workers at the cluster's version: a mixed cluster is one flag away.
 //!
 //! An older kubelet refuses to start on a feature gate it does not know, so each kubelet gets only
@@ -30,14 +30,14 @@ pub struct Version {
 }
 
 impl Version {
-    /// Parses `v1.34.3` (the `v` is optional).
+    /// Parses `v1.34.4` (the `v` is optional).
     pub fn parse(text: &str) -> Result<Self> {
         let core = text.trim().strip_prefix('v').unwrap_or(text.trim());
         let parts: Vec<&str> = core.split('.').collect();
         let numbers: Option<Vec<u32>> = parts.iter().map(|p| p.parse().ok()).collect();
         match numbers.as_deref() {
             Some(&[major, minor, patch]) => Ok(Self { major, minor, patch }),
-            _ => bail!("{text:?} is not a Kubernetes release version like v1.34.3"),
+            _ => bail!("{text:?} is not a Kubernetes release version like v1.34.4"),
         }
     }
 }
@@ -54,7 +54,7 @@ pub fn parse_flag(text: &str) -> Result<Vec<Version>> {
         .split(',')
         .map(|entry| {
             Version::parse(entry)
-                .map_err(|e| anyhow::anyhow!("--kubelet-version: {e} (write e.g. v1.34.3,v1.35.4)"))
+                .map_err(|e| anyhow::anyhow!("--kubelet-version: {e} (write e.g. v1.34.4,v1.35.4)"))
         })
         .collect::<Result<_>>()?;
     if versions.is_empty() {
@@ -152,28 +152,28 @@ mod tests {
 
     #[test]
     fn versions_parse_compare_and_print() {
-        assert_eq!(v("v1.34.3"), Version { major: 1, minor: 34, patch: 3 });
+        assert_eq!(v("v1.34.4"), Version { major: 1, minor: 34, patch: 3 });
         assert_eq!(v("1.36.3").to_string(), "v1.36.3");
         assert!(v("v1.34.10") > v("v1.34.9"));
         assert!(v("v1.37.0") > v("v1.36.3"));
-        for bad in ["v1.34", "latest", "v1.34.x", "", "v1.34.3-rc.0"] {
+        for bad in ["v1.34", "latest", "v1.34.x", "", "v1.34.4-rc.0"] {
             assert!(Version::parse(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn the_flag_is_a_list_of_versions() {
-        assert_eq!(parse_flag("v1.34.3").unwrap(), [v("v1.34.3")]);
-        assert_eq!(parse_flag("v1.34.3, v1.35.4").unwrap(), [v("v1.34.3"), v("v1.35.4")]);
-        let err = parse_flag("v1.34.3,,v1.35.4").unwrap_err().to_string();
-        assert!(err.contains("--kubelet-version") && err.contains("v1.34.3"), "{err}");
+        assert_eq!(parse_flag("v1.34.4").unwrap(), [v("v1.34.4")]);
+        assert_eq!(parse_flag("v1.34.4, v1.35.4").unwrap(), [v("v1.34.4"), v("v1.35.4")]);
+        let err = parse_flag("v1.34.4,,v1.35.4").unwrap_err().to_string();
+        assert!(err.contains("--kubelet-version") && err.contains("v1.34.4"), "{err}");
     }
 
     #[test]
     fn kind_images_give_versions() {
-        assert_eq!(image_version("kindest/node:v1.34.3"), Some(v("v1.34.3")));
+        assert_eq!(image_version("kindest/node:v1.34.4"), Some(v("v1.34.4")));
         assert_eq!(image_version("docker.io/kindest/node:v1.35.4@sha256:abc"), Some(v("v1.35.4")));
-        assert_eq!(image_version("example.com/node:v1.34.3"), None);
+        assert_eq!(image_version("example.com/node:v1.34.4"), None);
         assert_eq!(image_version("kindest/node:latest"), None);
     }
 
@@ -182,25 +182,25 @@ mod tests {
         let cluster = v("v1.37.2");
         let none = [None, None, None, None];
         assert_eq!(
-            node_versions(cluster, 4, &none, &[v("v1.34.3")]).unwrap(),
-            [cluster, v("v1.34.3"), cluster, cluster]
+            node_versions(cluster, 4, &none, &[v("v1.34.4")]).unwrap(),
+            [cluster, v("v1.34.4"), cluster, cluster]
         );
         assert_eq!(
             node_versions(cluster, 4, &none, &[cluster, v("v1.35.4")]).unwrap(),
             [cluster, cluster, v("v1.35.4"), cluster]
         );
-        let images = [None, Some("kindest/node:v1.36.3".into()), None, Some("kindest/node:v1.34.3".into())];
+        let images = [None, Some("kindest/node:v1.36.3".into()), None, Some("kindest/node:v1.34.4".into())];
         assert_eq!(
             node_versions(cluster, 4, &images, &[]).unwrap(),
-            [cluster, v("v1.36.3"), cluster, v("v1.34.3")]
+            [cluster, v("v1.36.3"), cluster, v("v1.34.4")]
         );
         assert_eq!(
             node_versions(cluster, 4, &images, &[v("v1.35.4")]).unwrap(),
-            [cluster, v("v1.35.4"), cluster, v("v1.34.3")]
+            [cluster, v("v1.35.4"), cluster, v("v1.34.4")]
         );
-        let err = node_versions(cluster, 2, &none, &[v("v1.34.3"), v("v1.34.3")]).unwrap_err().to_string();
+        let err = node_versions(cluster, 2, &none, &[v("v1.34.4"), v("v1.34.4")]).unwrap_err().to_string();
         assert!(err.contains("1 workers"), "{err}");
-        let old_cp = [Some("kindest/node:v1.34.3".to_string())];
+        let old_cp = [Some("kindest/node:v1.34.4".to_string())];
         let err = node_versions(cluster, 1, &old_cp, &[]).unwrap_err().to_string();
         assert!(err.contains("control-plane"), "{err}");
     }

@@ -31,7 +31,7 @@ const WORKLOAD_FOCUS: &str = "GenericWorkload";
 /// Specs without `KubeletMinVersion` get kind-worker first (nodes are chosen by name), so every
 /// one-node kubelet spec runs against the old kubelet; newer-only specs run on the other workers
 /// or are skipped with the reason.
-const SKEW_KUBELETS: &str = "v1.34.3";
+const SKEW_KUBELETS: &str = "v1.34.4";
 /// What the skew lane runs: the kubelet suites but the slow specs and the workload lane's.
 const SKEW_FOCUS: &str = "kubelet";
 /// What the skew lane leaves out (Slow: bounded time; GenericWorkload: needs its own lane's gates).
@@ -67,14 +67,14 @@ fn lanes(repo: &Path) -> Vec<Lane> {
             suite: workload_run(repo),
         },
         Lane {
-            restart: "local cluster restarted for the skew lane (kind-worker's kubelet v1.34.3)",
+            restart: "local cluster restarted for the skew lane (kind-worker's kubelet v1.34.4)",
             args: OverrideArgs { kubelet_version: Some(SKEW_KUBELETS.to_owned()), ..OverrideArgs::default() },
             cluster_tests: vec![(
                 "skew cluster tests (harness/tests/cluster/skew.rs)",
                 vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "skew::"],
             )],
             suite: (
-                "e2e: skew lane (kubelet suites, kind-worker at v1.34.3)",
+                "e2e: skew lane (kubelet suites, kind-worker at v1.34.4)",
                 suite_args(repo, &["--focus", SKEW_FOCUS, "--skip", SKEW_SKIP], "skew"),
             ),
         },
@@ -282,7 +282,7 @@ mod tests {
     fn the_skew_lane_runs_an_old_kubelet_beside_new_ones() {
         let lane = lane("skew lane");
         let overrides = lane_overrides(&lane).unwrap();
-        assert_eq!(overrides.kubelet_flag(), "v1.34.3");
+        assert_eq!(overrides.kubelet_flag(), "v1.34.4");
         assert!(overrides.feature_gates.is_empty() && overrides.runtime_config.is_empty());
         // An older minor than the cluster's, and the cluster keeps other workers at its version.
         let cluster = crate::skew::Version::parse("v1.37.2").unwrap();

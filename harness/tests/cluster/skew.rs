@@ -1,9 +1,9 @@
 //! Version skew: the in-process plugin behind the proxy on a node whose kubelet is older than the
 //! control plane. Runs in the skew lane of `cargo xtask test` (the cluster restarted with
-//! `--kubelet-version v1.34.3`), or by hand:
+//! `--kubelet-version v1.34.4`), or by hand:
 //!
 //! ```text
-//! cargo xtask cluster up --provider local --kubelet-version v1.34.3
+//! cargo xtask cluster up --provider local --kubelet-version v1.34.4
 //! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
 //!     cargo test -p harness --test cluster -- --ignored skew::
 //! ```
@@ -12,7 +12,7 @@
 //! kubelet must register the plugin, prepare and unprepare a claim, and do so through the DRA API
 //! version its own rules choose, read from the call log: kubelets since v1.34 know `v1.DRAPlugin`
 //! and `v1beta1.DRAPlugin` and take the first service the plugin advertises that they know
-//! (pkg/kubelet/cm/dra/plugin, `validateSupportedServices`, the same in v1.34.3 and v1.37.2);
+//! (pkg/kubelet/cm/dra/plugin, `validateSupportedServices`, the same in v1.34.4 and v1.37.2);
 //! v1.32 and v1.33 know only v1beta1. Device health: kubelets before v1.37 speak only
 //! `v1alpha1.DRAResourceHealth`.
 #![allow(clippy::unwrap_used)]
@@ -61,8 +61,8 @@ fn chosen_health_api(kubelet: KubeVersion) -> HealthApi {
 fn the_kubelet_rules_choose_as_its_sources_say() {
     let v = |text| KubeVersion::parse(text).unwrap();
     let both = [DraApi::V1, DraApi::V1beta1];
-    assert_eq!(chosen_dra_api(v("v1.34.3"), &both), Some(DraApi::V1));
-    assert_eq!(chosen_dra_api(v("v1.34.3"), &[DraApi::V1beta1]), Some(DraApi::V1beta1));
+    assert_eq!(chosen_dra_api(v("v1.34.4"), &both), Some(DraApi::V1));
+    assert_eq!(chosen_dra_api(v("v1.34.4"), &[DraApi::V1beta1]), Some(DraApi::V1beta1));
     assert_eq!(chosen_dra_api(v("v1.33.5"), &both), Some(DraApi::V1beta1));
     assert_eq!(chosen_dra_api(v("v1.33.5"), &[DraApi::V1]), None);
     assert_eq!(chosen_health_api(v("v1.36.3")), HealthApi::V1alpha1);
@@ -150,7 +150,7 @@ async fn old_kubelet_body(ctx: Ctx) -> SpecResult {
     let old = old_nodes(&ctx).await;
     assert!(
         !old.is_empty(),
-        "no schedulable node runs a kubelet older than the API server {}: this test needs the skew lane's cluster (`cargo xtask cluster up --provider local --kubelet-version v1.34.3`)",
+        "no schedulable node runs a kubelet older than the API server {}: this test needs the skew lane's cluster (`cargo xtask cluster up --provider local --kubelet-version v1.34.4`)",
         ctx.cluster().server_version
     );
     let (node, kubelet) = old[0].clone();

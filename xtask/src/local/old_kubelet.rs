@@ -83,7 +83,7 @@ pub fn for_nodes(
         .collect()
 }
 
-/// What the nodes run, for the progress line: `kind-worker v1.34.3, the others v1.37.2`.
+/// What the nodes run, for the progress line: `kind-worker v1.34.4, the others v1.37.2`.
 pub fn describe(names: &[&str], kubelets: &[Option<OldKubelet>], cluster_version: &str) -> String {
     let old: Vec<String> = names
         .iter()
@@ -213,7 +213,7 @@ mod tests {
     fn the_three_previous_minors_have_modules_pinning_their_version() {
         let layout = layout();
         let versions: Vec<String> = supported(&layout).iter().map(ToString::to_string).collect();
-        assert_eq!(versions, ["v1.34.3", "v1.35.4", "v1.36.3"]);
+        assert_eq!(versions, ["v1.34.4", "v1.35.4", "v1.36.3"]);
         for version in supported(&layout) {
             let go_mod = module_dir(&layout, version).join("go.mod");
             let pinned = super::super::layout::go_mod_version(&go_mod, "k8s.io/kubernetes").unwrap();
@@ -228,14 +228,14 @@ mod tests {
     #[test]
     fn a_version_without_module_names_the_supported_ones() {
         let err = ensure(&layout(), skew::Version::parse("v1.20.0").unwrap()).unwrap_err().to_string();
-        assert!(err.contains("v1.34.3, v1.35.4, v1.36.3"), "{err}");
+        assert!(err.contains("v1.34.4, v1.35.4, v1.36.3"), "{err}");
         assert!(err.contains("update-replace.sh v1.20.0 kubelet/v1.20.0"), "{err}");
     }
 
     #[test]
     fn the_cache_key_follows_the_module_and_the_go_version() {
         let layout = layout();
-        let module = module_dir(&layout, skew::Version::parse("v1.34.3").unwrap());
+        let module = module_dir(&layout, skew::Version::parse("v1.34.4").unwrap());
         let a = cache_key(&module, "go1.26.8", "-s").unwrap();
         assert_eq!(a, cache_key(&module, "go1.26.8", "-s").unwrap());
         assert_ne!(a, cache_key(&module, "go1.26.9", "-s").unwrap());
