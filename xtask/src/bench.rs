@@ -7,10 +7,10 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode, time::Duration};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::Deserialize;
 
-use crate::e2e;
+use crate::{cli::UsageError, e2e};
 
 /// How many of the slowest specs the summary lists.
 const SLOWEST: usize = 10;
@@ -57,19 +57,35 @@ impl Spec {
     }
 }
 
+/// What `cargo xtask bench --help` prints.
+const USAGE: &str =
+    "usage: cargo xtask bench suites [--kubeconfig PATH] [dra-e2e flags: --focus R, --skip R, -p N, ...]
+Runs the selection against the cluster, then prints the wall time, the phase sums (set-up, body,
+cleanup, deferred checks), the slowest specs with their longest waits and the driver set-up p50/p99.
+";
+
 /// `cargo xtask bench ...`.
 pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
-    let Some((what, rest)) = raw.split_first() else { bail!("usage: cargo xtask bench suites [flags]") };
+    if raw.iter().any(|a| a == "-h" || a == "--help") {
+        print!("{USAGE}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let Some((what, rest)) = raw.split_first() else { return Err(UsageError::new(USAGE.trim_end()).into()) };
     if what != "suites" {
-        bail!("unknown benchmark {what:?}: the one there is is `cargo xtask bench suites`");
+        let message = format!("unknown benchmark {what:?}: the one there is is `cargo xtask bench suites`");
+        return Err(UsageError::new(message).into());
     }
     let args = e2e::parse(rest.to_vec())?;
     let Some(kubeconfig) = args.kubeconfig.clone().or_else(|| std::env::var_os("KUBECONFIG").map(Into::into))
     else {
-        bail!("cargo xtask bench suites needs a running cluster: pass --kubeconfig PATH (or set KUBECONFIG)");
+        let message =
+            "cargo xtask bench suites needs a running cluster: pass --kubeconfig PATH (or set KUBECONFIG)";
+        return Err(UsageError::new(message).into());
     };
     if args.passthrough.iter().any(|a| a == "--json-report" || a.starts_with("--json-report=")) {
-        bail!("cargo xtask bench suites writes its own --json-report; leave it out");
+        return Err(
+            UsageError::new("cargo xtask bench suites writes its own --json-report; leave it out").into()
+        );
     }
     let repo = crate::repo::repo_root();
     let runner = e2e::build_runner(&repo, e2e::Build::Binary)?;
