@@ -48,12 +48,17 @@ pub(crate) async fn begin(backend: &KubeBackend, keep_leftovers: bool) -> Option
     let acquired = tokio::time::timeout(LEASE_TIMEOUT, RunLease::acquire(client.clone(), &run_id, &info));
     let lease = match acquired.await {
         Ok(Ok(lease)) => lease,
+        // An API server that cannot be reached is preflight's to report, in one sentence.
+        Ok(Err(e @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
+            tracing::debug!("cannot create the run's Lease: {e}; this run's objects carry no run identity");
+            return None;
+        }
         Ok(Err(e)) => {
             tracing::warn!("cannot create the run's Lease: {e}; this run's objects carry no run identity");
             return None;
         }
         Err(_) => {
-            tracing::warn!(
+            tracing::debug!(
                 "creating the run's Lease took over 10s; this run's objects carry no run identity"
             );
             return None;
