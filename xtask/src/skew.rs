@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn versions_parse_compare_and_print() {
-        assert_eq!(v("v1.34.4"), Version { major: 1, minor: 34, patch: 3 });
+        assert_eq!(v("v1.34.4"), Version { major: 1, minor: 34, patch: 4 });
         assert_eq!(v("1.36.3").to_string(), "v1.36.3");
         assert!(v("v1.34.10") > v("v1.34.9"));
         assert!(v("v1.37.0") > v("v1.36.3"));
