@@ -9,62 +9,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use async_trait::async_trait;
 use harness::{
     framework::{
-        ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, Ctx, FailureKind, NamespaceRequest,
-        NodeInfo, Outcome, Output, PreflightError, Registry, RunOptions, RunReport, Selection, SpecNamespace,
-        init_tracing, run_with_backend,
+        Ctx, FailureKind, Outcome, Output, Registry, RunOptions, RunReport, Selection, init_tracing,
+        run_with_backend,
     },
     wait::{self, Attempt, WaitError},
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use tokio_util::sync::CancellationToken;
 
-/// A cluster of one node whose API server answers nothing.
-struct Trivial;
-
-#[async_trait]
-impl ClusterBackend for Trivial {
-    async fn preflight(&self) -> Result<ClusterInfo, PreflightError> {
-        Ok(ClusterInfo {
-            server: "https://trivial".into(),
-            server_version: "v1.37.2".into(),
-            api_versions: ["v1".to_owned()].into(),
-            nodes: vec![NodeInfo {
-                name: "node".into(),
-                kubelet_version: "v1.37.2".into(),
-                ready: true,
-                schedulable: true,
-            }],
-        })
-    }
-
-    fn client(&self) -> kube::Client {
-        // A request never completes: a watch waits for its initial list forever.
-        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
-            std::future::pending::<Result<http::Response<http_body_util::Empty<bytes::Bytes>>, std::io::Error>>()
-                .await
-        });
-        kube::Client::new(service, "default")
-    }
-
-    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
-        Ok(SpecNamespace { name: format!("{}x", request.generate_name), uid: "uid".into() })
-    }
-
-    async fn delete_namespace(&self, _: &SpecNamespace) -> Result<(), ClusterError> {
-        Ok(())
-    }
-
-    async fn wait_namespace_gone(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
-        Ok(())
-    }
-
-    async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
-        Vec::new()
-    }
-}
+mod fake_cluster;
+use fake_cluster::FakeCluster;
 
 /// How each wait of a spec ended, and how long after the start.
 type Ended = Arc<Mutex<Vec<(String, Duration)>>>;
@@ -85,9 +41,14 @@ async fn run(registry: Registry) -> (RunReport, Duration) {
         ..RunOptions::default()
     };
     let started = Instant::now();
-    let report =
-        run_with_backend(registry, &Selection::all(), options, Arc::new(Trivial), CancellationToken::new())
-            .await;
+    let report = run_with_backend(
+        registry,
+        &Selection::all(),
+        options,
+        Arc::new(FakeCluster::hanging()),
+        CancellationToken::new(),
+    )
+    .await;
     (report, started.elapsed())
 }
 

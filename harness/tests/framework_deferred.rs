@@ -9,76 +9,15 @@ use std::{
     time::Duration,
 };
 
-use async_trait::async_trait;
 use harness::framework::{
-    ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, Ctx, FailureKind, NamespaceRequest, NodeInfo,
-    Outcome, Output, PreflightError, Registry, RunOptions, RunReport, Selection, SpecNamespace, init_tracing,
+    Ctx, FailureKind, Outcome, Output, Registry, RunOptions, RunReport, Selection, init_tracing,
     run_with_backend,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// What happened, in order.
-#[derive(Default, Clone)]
-struct Journal(Arc<Mutex<Vec<String>>>);
-
-impl Journal {
-    fn push(&self, entry: impl Into<String>) {
-        self.0.lock().unwrap().push(entry.into());
-    }
-    fn entries(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-/// A cluster of one node whose namespaces are entries in a journal.
-struct Fake(Journal);
-
-#[async_trait]
-impl ClusterBackend for Fake {
-    async fn preflight(&self) -> Result<ClusterInfo, PreflightError> {
-        Ok(ClusterInfo {
-            server: "https://fake".into(),
-            server_version: "v1.37.2".into(),
-            api_versions: ["v1".to_owned()].into(),
-            nodes: vec![NodeInfo {
-                name: "node".into(),
-                kubelet_version: "v1.37.2".into(),
-                ready: true,
-                schedulable: true,
-            }],
-        })
-    }
-
-    fn client(&self) -> kube::Client {
-        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
-            Err::<http::Response<http_body_util::Empty<bytes::Bytes>>, _>(std::io::Error::other(
-                "no cluster in this test",
-            ))
-        });
-        kube::Client::new(service, "default")
-    }
-
-    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
-        let name = format!("{}x", request.generate_name);
-        self.0.push(format!("create {name}"));
-        Ok(SpecNamespace { name, uid: "uid".into() })
-    }
-
-    async fn delete_namespace(&self, namespace: &SpecNamespace) -> Result<(), ClusterError> {
-        self.0.push(format!("delete {}", namespace.name));
-        Ok(())
-    }
-
-    async fn wait_namespace_gone(&self, namespace: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
-        self.0.push(format!("gone {}", namespace.name));
-        Ok(())
-    }
-
-    async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
-        Vec::new()
-    }
-}
+mod fake_cluster;
+use fake_cluster::{FakeCluster, Journal};
 
 async fn run(reg: Registry, journal: &Journal, procs: usize, interrupt: CancellationToken) -> RunReport {
     init_tracing();
@@ -92,7 +31,8 @@ async fn run(reg: Registry, journal: &Journal, procs: usize, interrupt: Cancella
         seed: Some(7),
         ..RunOptions::default()
     };
-    run_with_backend(reg, &Selection::all(), options, Arc::new(Fake(journal.clone())), interrupt).await
+    run_with_backend(reg, &Selection::all(), options, Arc::new(FakeCluster::recording(journal)), interrupt)
+        .await
 }
 
 /// The bodies that started, and a way to wait for a set of them.

@@ -3,76 +3,18 @@
 // Helpers outside `#[test]` functions unwrap too: a panic there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
-use async_trait::async_trait;
 use harness::framework::{
-    ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, Ctx, FailureKind, NamespaceRequest, NodeInfo,
-    Outcome, Output, Precheck, PreflightError, Registry, RunOptions, RunReport, Selection, Skip,
-    SpecNamespace, Verbosity, init_tracing, run_with_backend,
+    Ctx, FailureKind, Outcome, Output, Precheck, Registry, RunOptions, RunReport, Selection, Skip, Verbosity,
+    init_tracing, run_with_backend,
 };
 use tokio_util::sync::CancellationToken;
 
-/// One ready node with kubelet v1.37.2; records every namespace created and deleted.
-#[derive(Default, Clone)]
-struct Counting(Arc<Mutex<Vec<String>>>);
+mod fake_cluster;
+use fake_cluster::FakeCluster;
 
-impl Counting {
-    fn journal(&self) -> Vec<String> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-#[async_trait]
-impl ClusterBackend for Counting {
-    async fn preflight(&self) -> Result<ClusterInfo, PreflightError> {
-        Ok(ClusterInfo {
-            server: "https://counting".into(),
-            server_version: "v1.37.2".into(),
-            api_versions: ["v1".to_owned(), "resource.k8s.io/v1".to_owned()].into(),
-            nodes: vec![NodeInfo {
-                name: "node".into(),
-                kubelet_version: "v1.37.2".into(),
-                ready: true,
-                schedulable: true,
-            }],
-        })
-    }
-
-    fn client(&self) -> kube::Client {
-        // Every request fails: these specs never talk to an API server.
-        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
-            Err::<http::Response<http_body_util::Empty<bytes::Bytes>>, _>(std::io::Error::other(
-                "no cluster in this test",
-            ))
-        });
-        kube::Client::new(service, "default")
-    }
-
-    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
-        let name = format!("{}x", request.generate_name);
-        self.0.lock().unwrap().push(format!("create {name}"));
-        Ok(SpecNamespace { name, uid: "uid".into() })
-    }
-
-    async fn delete_namespace(&self, ns: &SpecNamespace) -> Result<(), ClusterError> {
-        self.0.lock().unwrap().push(format!("delete {}", ns.name));
-        Ok(())
-    }
-
-    async fn wait_namespace_gone(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
-        Ok(())
-    }
-
-    async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
-        Vec::new()
-    }
-}
-
-async fn run(registry: Registry, backend: Counting, verbosity: Verbosity) -> (RunReport, String) {
+async fn run(registry: Registry, backend: FakeCluster, verbosity: Verbosity) -> (RunReport, String) {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
     let (output, buffer) = Output::capture();
@@ -125,7 +67,7 @@ async fn a_spec_whose_requirements_skip_creates_no_namespace() {
         });
         r.it("runs after the context", async |_| Ok(()));
     });
-    let backend = Counting::default();
+    let backend = FakeCluster::new();
     let (report, _) = run(reg, backend.clone(), Verbosity::Normal).await;
 
     assert_eq!(
@@ -153,6 +95,7 @@ async fn a_spec_whose_requirements_skip_creates_no_namespace() {
 
     // Only the two specs that ran had a namespace; the others cost nothing.
     let mut journal = backend.journal();
+    journal.retain(|entry| !entry.starts_with("gone "));
     journal.sort();
     assert_eq!(
         journal,
@@ -192,7 +135,7 @@ async fn phases_split_the_spec_at_the_end_of_its_set_up() {
             Ok(())
         });
     });
-    let (report, output) = run(reg, Counting::default(), Verbosity::Verbose).await;
+    let (report, output) = run(reg, FakeCluster::new(), Verbosity::Verbose).await;
 
     let spec = |name: &str| report.specs.iter().find(|s| s.full_text.ends_with(name)).unwrap();
     let ms = |d: Option<Duration>| d.map(|d| d.as_millis());

@@ -9,13 +9,11 @@
 
 use std::{process::Stdio, sync::Arc, time::Duration};
 
-use async_trait::async_trait;
 use clap::Parser as _;
 use harness::{
     framework::{
-        self, ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, Ctx, NamespaceRequest, NodeInfo,
-        Output, OutputBuffer, PreflightError, Registry, RunOptions, RunnerArgs, Selection, Skip,
-        SpecNamespace, SpecResult, Verbosity, init_tracing, run_with_backend,
+        self, Ctx, Output, OutputBuffer, Registry, RunOptions, RunnerArgs, Selection, Skip, SpecResult,
+        Verbosity, init_tracing, run_with_backend,
     },
     wait::{self, Attempt},
 };
@@ -26,51 +24,8 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// A cluster of one node that serves everything and keeps nothing.
-struct Trivial;
-
-#[async_trait]
-impl ClusterBackend for Trivial {
-    async fn preflight(&self) -> Result<ClusterInfo, PreflightError> {
-        Ok(ClusterInfo {
-            server: "https://trivial".into(),
-            server_version: "v1.37.2".into(),
-            api_versions: ["v1".to_owned(), "resource.k8s.io/v1".to_owned()].into(),
-            nodes: vec![NodeInfo {
-                name: "node".into(),
-                kubelet_version: "v1.37.2".into(),
-                ready: true,
-                schedulable: true,
-            }],
-        })
-    }
-
-    fn client(&self) -> kube::Client {
-        // Every request fails: these specs never talk to an API server.
-        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
-            Err::<http::Response<http_body_util::Empty<bytes::Bytes>>, _>(std::io::Error::other(
-                "no cluster in this test",
-            ))
-        });
-        kube::Client::new(service, "default")
-    }
-
-    async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
-        Ok(SpecNamespace { name: format!("{}x", request.generate_name), uid: "uid".into() })
-    }
-
-    async fn delete_namespace(&self, _: &SpecNamespace) -> Result<(), ClusterError> {
-        Ok(())
-    }
-
-    async fn wait_namespace_gone(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
-        Ok(())
-    }
-
-    async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
-        Vec::new()
-    }
-}
+mod fake_cluster;
+use fake_cluster::FakeCluster;
 
 /// Passes after two steps and a cleanup, is skipped, fails.
 fn quick_specs(reg: &mut Registry) {
@@ -143,9 +98,14 @@ async fn run_here(registry: Registry, configure: impl FnOnce(&mut RunOptions)) -
         ..RunOptions::default()
     };
     configure(&mut options);
-    let report =
-        run_with_backend(registry, &Selection::all(), options, Arc::new(Trivial), CancellationToken::new())
-            .await;
+    let report = run_with_backend(
+        registry,
+        &Selection::all(),
+        options,
+        Arc::new(FakeCluster::new()),
+        CancellationToken::new(),
+    )
+    .await;
     assert!(report.error.is_none(), "{:?}", report.error);
     buffer.contents()
 }
@@ -262,7 +222,7 @@ fn child_process() {
         other => panic!("unknown FRAMEWORK_CHILD {other:?}"),
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let code = runtime.block_on(framework::run_on(reg, cli.runner, Arc::new(Trivial)));
+    let code = runtime.block_on(framework::run_on(reg, cli.runner, Arc::new(FakeCluster::new())));
     // The exit code is the runner's, not the test harness's.
     std::process::exit(if code == std::process::ExitCode::SUCCESS { 0 } else { exit_code(code) });
 }
