@@ -10,9 +10,10 @@ use super::{
     capture, duration,
     kube_backend::KubeBackend,
     monitor::Monitor,
+    options::RunOptions,
     progress::{Output, Verbosity},
     registry::Registry,
-    runner::{RunOptions, run_with_backend},
+    runner::run_with_backend,
     selection::Selection,
 };
 
@@ -42,6 +43,15 @@ pub struct RunnerArgs {
     /// Default timeout of a spec (specs may set their own), e.g. 90s, 10m, 1h.
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = duration::parse)]
     pub timeout: Duration,
+
+    /// How long all of a spec's cleanups together may take after its body ended. Each cleanup
+    /// gets its own timeout (2m) or what is left of this, whichever is less; once it is spent,
+    /// each cleanup left still runs for 5s (its delete requests go out), and the spec fails
+    /// naming every cleanup given up on. So a spec's cleanup ends within this plus 5s per
+    /// cleanup left. Deferred checks (e.g. the namespace to be gone) run later, at the same
+    /// time, each within its own timeout (the namespace's: 5m).
+    #[arg(long, value_name = "DURATION", default_value = "3m", value_parser = duration::parse)]
+    pub cleanup_bound: Duration,
 
     /// Print the full texts of the selected specs and exit.
     #[arg(long)]
@@ -118,6 +128,7 @@ impl RunnerArgs {
             procs: self.procs.map_or_else(default_procs, |p| usize::try_from(p).unwrap_or(usize::MAX)),
             procs_is_default: self.procs.is_none(),
             default_timeout: self.timeout,
+            cleanup_bound: self.cleanup_bound,
             repeat: self.repeat,
             artifacts: self.artifacts.clone(),
             junit: self.junit.clone(),
@@ -326,5 +337,13 @@ mod tests {
         assert_eq!((default.procs, default.procs_is_default), (default_procs(), true));
         let serial = Cli::parse_from(["dra-e2e", "-p", "1"]).runner.options();
         assert_eq!((serial.procs, serial.procs_is_default), (1, false));
+    }
+
+    #[test]
+    fn the_cleanup_bound_defaults_to_the_documented_one() {
+        let default = Cli::parse_from(["dra-e2e"]).runner.options();
+        assert_eq!(default.cleanup_bound, crate::DEFAULT_CLEANUP_BOUND);
+        let set = Cli::parse_from(["dra-e2e", "--cleanup-bound", "90s"]).runner.options();
+        assert_eq!(set.cleanup_bound, Duration::from_secs(90));
     }
 }

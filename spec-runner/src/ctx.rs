@@ -243,8 +243,11 @@ impl Ctx {
 
     /// Registers a cleanup. Cleanups run after the body ends (also when it
     /// fails, panics, times out or the run is interrupted), last registered
-    /// first, each with the default cleanup timeout. A failing cleanup fails
-    /// the spec. The future starts only when the cleanup runs.
+    /// first, each with the default cleanup timeout, all of them together within the spec's
+    /// clean-up bound (`--cleanup-bound`, see [`RunOptions::cleanup_bound`](super::RunOptions::cleanup_bound)):
+    /// once it is spent, the cleanups left get [`CLEANUP_ALLOWANCE`](super::CLEANUP_ALLOWANCE)
+    /// each. A failing cleanup fails the spec, and so does one the bound cut short. The future
+    /// starts only when the cleanup runs.
     ///
     /// ```no_run
     /// # fn f(ctx: spec_runner::Ctx, api: kube::Api<k8s_openapi::api::core::v1::Node>) {
@@ -284,7 +287,8 @@ impl Ctx {
     /// cleanups (something going away, such as a namespace or a departed driver's
     /// ResourceSlices) that needs no worker slot. Deferred checks start after every cleanup has
     /// run (cleanups may register them too), once the spec's slot is released so that the next
-    /// spec can start; they run at the same time, each bounded by `timeout`, and one that fails
+    /// spec can start; they run at the same time, each bounded by `timeout` (so all of them end
+    /// within the longest timeout; the clean-up bound does not apply), and one that fails
     /// or times out fails the spec (the report names it and says after how long). The run ends
     /// only when every deferred check has finished. Only for checks whose subject no later spec
     /// can see (its own namespace, objects with the spec's unique names).

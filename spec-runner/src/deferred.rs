@@ -1,7 +1,8 @@
 //! Deferred checks: what a spec waits for after its body and cleanups, once it no longer needs
 //! its worker slot (namespaces and cluster-scoped objects going away, the kubelet wiping a
 //! departed driver's ResourceSlices). They run after the slot is released, at the same time,
-//! each bounded by its own timeout, and a failing one still fails its spec.
+//! each bounded by its own timeout (so together by the longest one: the spec's clean-up bound
+//! covers its cleanups, not these), and a failing one still fails its spec.
 
 use std::{
     future::Future,
@@ -176,5 +177,18 @@ mod tests {
             ]
         );
         assert!(checks.is_empty(), "each check runs once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hanging_checks_end_within_the_longest_timeout() {
+        let checks = DeferredChecks::default();
+        for secs in [30, 300, 60] {
+            checks.push(format!("hangs {secs}s"), Duration::from_secs(secs), std::future::pending());
+        }
+        let started = Instant::now();
+        let got = checks.run_all(None).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(300));
+        let errors: Vec<_> = got.iter().map(|c| c.error.as_deref().unwrap_or_default()).collect();
+        assert_eq!(errors, ["did not hold within 30s", "did not hold within 5m", "did not hold within 1m"]);
     }
 }

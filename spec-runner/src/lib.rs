@@ -62,9 +62,13 @@
 //! ```
 //!
 //! Cleanups run after the body, last registered first, also when the body
-//! fails, panics, times out or the run is interrupted; each has a timeout,
-//! and a failing cleanup fails the spec. The namespace deletion is
-//! registered first, so it runs last and waits until the namespace is gone.
+//! fails, panics, times out or the run is interrupted; each has a timeout, all
+//! of them together the clean-up bound (`--cleanup-bound`, default
+//! [`DEFAULT_CLEANUP_BOUND`]; once it is spent, each cleanup left still gets
+//! [`CLEANUP_ALLOWANCE`] so that its requests go out), and a failing cleanup, or one the
+//! bound cut short, fails the spec. The namespace deletion is registered first, so it runs
+//! last; the wait until the namespace is gone is a deferred check ([`Ctx::defer_check`]),
+//! bounded by its own timeout.
 //!
 //! # The binary
 //!
@@ -94,7 +98,7 @@
 //! [`capture_layer`] to it, or spec logs stay empty.
 //!
 //! Flags: `--focus REGEX`, `--skip REGEX` (repeatable), `--label-filter EXPR`,
-//! `-p N`, `--timeout 10m`, `--list`, `--junit FILE`, `--artifacts DIR`,
+//! `-p N`, `--timeout 10m`, `--cleanup-bound 3m`, `--list`, `--junit FILE`, `--artifacts DIR`,
 //! `--repeat N`, `--kubeconfig PATH`, `--seed N`, `--randomize-all`, `--fail-fast`,
 //! `--flake-attempts N`, `--json-report FILE`, `--poll-progress-after D`,
 //! `--poll-progress-interval D`, `-v`, `--succinct`, `--keep-leftovers`. SIGUSR1 prints a progress report of every
@@ -135,6 +139,7 @@ mod label_filter;
 mod leftovers;
 mod monitor;
 mod names;
+mod options;
 mod order;
 mod outcome;
 mod phases;
@@ -154,7 +159,7 @@ pub use capture::{
     CaptureLayer, DEFAULT_CONSOLE_LOG, DEFAULT_SPEC_LOG, SPEC_LOG_ENV, SPEC_SPAN_TARGET, capture_layer,
     init_tracing,
 };
-pub use cleanup::CleanupFailure;
+pub use cleanup::{CLEANUP_ALLOWANCE, CleanupFailure};
 pub use cluster::{
     ClusterInfo, KUBELET_MIN_VERSION, KubeVersion, NodeInfo, PreflightError, kubelet_min_version,
 };
@@ -172,6 +177,7 @@ pub use leftovers::{
     GoneRun, Leftover, LeftoverError, Leftovers, find as find_leftovers, remove as remove_leftovers,
 };
 pub use monitor::{Monitor, WaitGuard, step, waiting};
+pub use options::{DEFAULT_CLEANUP_BOUND, RunOptions};
 pub use outcome::OUTCOME_TARGET;
 pub use outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};
 pub use phases::Phases;
@@ -183,5 +189,5 @@ pub use run_identity::{
     LEASE_DURATION, LEASE_NAMESPACE, LEASE_PREFIX, RENEW_EVERY, RUN_INFO_ANNOTATION, RUN_LABEL, RunLease,
     lease_name, new_run_id, stamp as stamp_run_identity,
 };
-pub use runner::{RunOptions, run_with_backend};
+pub use runner::run_with_backend;
 pub use selection::{Selection, SelectionError};

@@ -7,7 +7,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    path::{Path, PathBuf},
+    path::Path,
     sync::Arc,
     time::Duration,
 };
@@ -20,7 +20,7 @@ use super::{
     artifacts,
     backend::{ClusterBackend, NamespaceRequest},
     capture::{self, SPEC_SPAN_TARGET},
-    cleanup::CleanupStack,
+    cleanup::{CleanupStack, failure_lines},
     cluster::ClusterInfo,
     ctx::{Ctx, CtxParts},
     deferred::Slot,
@@ -28,11 +28,13 @@ use super::{
     json_report::{self, JsonConfig},
     junit,
     monitor::{self, Monitor, Phase, SpecState},
-    names, order,
+    names,
+    options::RunOptions,
+    order,
     outcome::OUTCOME_TARGET,
     outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport},
     phases::{Phases, SetupMark},
-    progress::{self, Output, Verbosity},
+    progress::{self, Verbosity},
     registry::{Registry, SpecDef, SuiteHooks},
     requirements::{self, Precheck},
     selection::Selection,
@@ -44,83 +46,6 @@ const REPORTED_WAIT: Duration = Duration::from_secs(1);
 
 /// How long creating a spec's namespace may take.
 const NAMESPACE_CREATE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Settings of a run (the parsed command line, see [`RunnerArgs`](super::RunnerArgs)).
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// Specs running at the same time (`-p`).
-    pub procs: usize,
-    /// Whether `procs` is the default (no `-p`); the run's first lines say so.
-    pub procs_is_default: bool,
-    /// Timeout of a spec body unless the spec sets its own (`--timeout`).
-    pub default_timeout: Duration,
-    /// How many times the selection runs (`--repeat`).
-    pub repeat: u32,
-    /// Root folder of failed specs' artifacts (`--artifacts`).
-    pub artifacts: PathBuf,
-    /// Where to write the JUnit report (`--junit`).
-    pub junit: Option<PathBuf>,
-    /// Timeout of each cleanup registered with [`Ctx::defer`].
-    pub cleanup_timeout: Duration,
-    /// How long deleting a spec's namespace may take until it is gone.
-    pub namespace_timeout: Duration,
-    /// How long preflight may take.
-    pub preflight_timeout: Duration,
-    /// After a timeout or Ctrl-C the spec's token is cancelled; the body gets
-    /// this long to return before it is aborted.
-    pub cancel_grace: Duration,
-    /// How long collecting a failed spec's artifacts may take.
-    pub artifact_timeout: Duration,
-    /// Where progress lines and the summary go.
-    pub output: Output,
-    /// The order's seed (`--seed`); a new one each run when `None`. The run prints it.
-    pub seed: Option<u64>,
-    /// Shuffle every spec, not only the top-level containers (`--randomize-all`).
-    pub randomize_all: bool,
-    /// After the first failure, start no new spec (`--fail-fast`); running ones finish.
-    pub fail_fast: bool,
-    /// Runs of a failing spec in all (`--flake-attempts`); one that passes on a retry is flaky.
-    pub flake_attempts: u32,
-    /// Where to write the report in ginkgo's JSON schema (`--json-report`).
-    pub json_report: Option<PathBuf>,
-    /// A spec still running after this long prints a progress report, and again every
-    /// `poll_progress_interval` (`--poll-progress-after`); `None`: never.
-    pub poll_progress_after: Option<Duration>,
-    /// How often a slow spec's progress report repeats (`--poll-progress-interval`).
-    pub poll_progress_interval: Duration,
-    /// How much the run prints (`--succinct`, `-v`).
-    pub verbosity: Verbosity,
-    /// The running specs, for progress reports on demand (SIGUSR1) and the Ctrl-C messages.
-    pub monitor: Monitor,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        Self {
-            procs: 1,
-            procs_is_default: false,
-            default_timeout: Duration::from_secs(600),
-            repeat: 1,
-            artifacts: PathBuf::from("target/e2e/artifacts"),
-            junit: None,
-            cleanup_timeout: Duration::from_secs(120),
-            namespace_timeout: Duration::from_secs(300),
-            preflight_timeout: Duration::from_secs(15),
-            cancel_grace: Duration::from_secs(10),
-            artifact_timeout: Duration::from_secs(120),
-            output: Output::stdout(),
-            seed: None,
-            randomize_all: false,
-            fail_fast: false,
-            flake_attempts: 1,
-            json_report: None,
-            poll_progress_after: None,
-            poll_progress_interval: Duration::from_secs(10),
-            verbosity: Verbosity::Normal,
-            monitor: Monitor::default(),
-        }
-    }
-}
 
 struct Env {
     hooks: SuiteHooks,
@@ -658,9 +583,9 @@ async fn execute(
     }
 
     let cleanup_start = Instant::now();
-    let failures = cleanups.run_all_watched(Some(state)).await;
+    let failures = cleanups.run_all_watched(Some(state), options.cleanup_bound).await;
     run.phases.cleanup = Some(cleanup_start.elapsed());
     token.cancel();
-    run.outcome = with_failures(run.outcome, failures.iter().map(ToString::to_string).collect());
+    run.outcome = with_failures(run.outcome, failure_lines(&failures));
     run
 }
