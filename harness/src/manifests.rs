@@ -272,6 +272,9 @@ mod tests {
         let c = &pod.containers[0];
         assert_eq!(pod.containers.len(), 1);
         assert_eq!(c.name, "pause");
+        // Unlike upstream's, the proxy stops at once on SIGTERM (no 30s grace period to wait out).
+        let command = c.command.as_deref().unwrap();
+        assert_eq!(command, ["/bin/sh", "-c", crate::builder::INFINITE_SLEEP]);
         assert_eq!(c.image.as_deref(), Some("registry.k8s.io/sig-storage/hostpathplugin:v1.17.1"));
         assert!(c.security_context.as_ref().unwrap().privileged.unwrap());
         assert!(c.ports.is_none());
