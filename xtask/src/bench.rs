@@ -254,7 +254,8 @@ mod tests {
         let mut slow = spec("needs a gate", 0, vec![]);
         slow.state = "skipped".into();
         slow.run_time = 5_100_000_000;
-        let report = Report { run_time: 6_000_000_000, spec_reports: vec![quick, slow, spec("runs", 1, vec![])] };
+        let report =
+            Report { run_time: 6_000_000_000, spec_reports: vec![quick, slow, spec("runs", 1, vec![])] };
         let text = summary(&report);
         assert!(text.contains("3 spec runs: 1 passed, 2 skipped\n"), "{text}");
         assert!(text.contains("skipped specs: 2, p50 0.012s, longest 5.100s\n"), "{text}");
