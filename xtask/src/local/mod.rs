@@ -472,6 +472,24 @@ pub async fn up(nodes: Option<usize>, overrides: Option<Overrides>, with_registr
         .await
 }
 
+/// `cluster build`: the cluster's binaries and the older kubelets `kubelet_versions` names,
+/// built unless cached; starts nothing.
+pub fn build(kubelet_versions: &[crate::skew::Version]) -> Result<()> {
+    let layout = Layout::from_env(repo_root())?;
+    let versions = Versions::read(&layout)?;
+    let bins = build::ensure(&layout, &versions)?;
+    eprintln!(
+        "==> the cluster's binaries (Kubernetes {}) are in {}",
+        versions.kubernetes,
+        bins.dir.display()
+    );
+    for &version in kubelet_versions {
+        let kubelet = old_kubelet::ensure(&layout, version)?;
+        eprintln!("==> kubelet {version} is {}", kubelet.binary.display());
+    }
+    Ok(())
+}
+
 /// `cluster down --provider local`.
 pub async fn down() -> Result<()> {
     LocalCluster::new(None)?.down().await
