@@ -61,7 +61,8 @@ impl Spec {
 const USAGE: &str =
     "usage: cargo xtask bench suites [--kubeconfig PATH] [dra-e2e flags: --focus R, --skip R, -p N, ...]
 Runs the selection against the cluster, then prints the wall time, the phase sums (set-up, body,
-cleanup, deferred checks), the slowest specs with their longest waits and the driver set-up p50/p99.
+cleanup, deferred checks), the slowest specs with their longest waits, the driver set-up p50/p99
+and how long the skipped specs took.
 ";
 
 /// `cargo xtask bench ...`.
@@ -162,6 +163,13 @@ fn summary(report: &Report) -> String {
         _ => out.push_str("driver set-up: no spec deployed a driver\n"),
     }
 
+    let mut skipped: Vec<f64> =
+        report.spec_reports.iter().filter(|s| s.state == "skipped").map(|s| secs(s.run_time)).collect();
+    skipped.sort_by(f64::total_cmp);
+    if let (Some(p50), Some(max)) = (quantile(&skipped, 0.5), skipped.last()) {
+        let _ = writeln!(out, "skipped specs: {}, p50 {p50:.3}s, longest {max:.3}s", skipped.len());
+    }
+
     let mut slow: Vec<&Spec> = report.spec_reports.iter().collect();
     slow.sort_by_key(|s| std::cmp::Reverse(s.run_time));
     let _ = writeln!(out, "slowest {}:", SLOWEST.min(slow.len()));
@@ -230,10 +238,26 @@ mod tests {
         };
         let text = summary(&report);
         assert!(text.contains("wall time 60.0s; 2 spec runs: 2 passed\n"), "{text}");
+        assert!(!text.contains("skipped specs"), "{text}");
         assert!(text.contains("phase sums: setup 10.0s, body 27.0s, cleanup 5.0s\n"), "{text}");
         assert!(text.contains("driver set-up over 1 specs: p50 10.0s, p99 10.0s\n"), "{text}");
         let slow = text.find("40.0s passed slow").unwrap();
         assert!(slow < text.find("2.0s passed fast").unwrap(), "{text}");
         assert!(text.contains("waited 20.0s for pod tester-1 to run\n"), "{text}");
+    }
+
+    #[test]
+    fn skipped_specs_are_summed_apart() {
+        let mut quick = spec("needs two nodes", 0, vec![]);
+        quick.state = "skipped".into();
+        quick.run_time = 12_000_000;
+        let mut slow = spec("needs a gate", 0, vec![]);
+        slow.state = "skipped".into();
+        slow.run_time = 5_100_000_000;
+        let report =
+            Report { run_time: 6_000_000_000, spec_reports: vec![quick, slow, spec("runs", 1, vec![])] };
+        let text = summary(&report);
+        assert!(text.contains("3 spec runs: 1 passed, 2 skipped\n"), "{text}");
+        assert!(text.contains("skipped specs: 2, p50 0.012s, longest 5.100s\n"), "{text}");
     }
 }

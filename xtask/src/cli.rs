@@ -123,6 +123,10 @@ pub enum ClusterAction {
     Load(LoadArgs),
     /// Stop the cluster and remove everything it created.
     Down(ClusterArgs),
+    /// Build (or find in the cache) the binaries `cluster up --provider local` starts, and the
+    /// older kubelets `--kubelet-version` names, without starting anything: a cache warmed
+    /// ahead of a run, or a build checked on its own.
+    Build(BuildArgs),
     /// Say what runs.
     Status(ClusterArgs),
 }
@@ -158,6 +162,15 @@ pub struct UpArgs {
     pub registry: bool,
 }
 
+/// Options of `cluster build` (local provider).
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// Also build these older kubelets (as `cluster up --kubelet-version` takes them:
+    /// `v1.34.4,v1.36.3`).
+    #[arg(long, value_name = "V1,V2,...")]
+    pub kubelet_version: Option<String>,
+}
+
 /// Options of `cluster load`.
 #[derive(Debug, Args)]
 pub struct LoadArgs {
@@ -188,6 +201,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ClusterAction::Load(args) => {
                 image_archive::check(&args.archives)?;
                 args.provider.load(&args.kind, &args.archives, args.dry_run).await.map(|()| ExitCode::SUCCESS)
+            }
+            ClusterAction::Build(args) => {
+                let versions = match args.kubelet_version.as_deref() {
+                    Some(flag) => crate::skew::parse_flag(flag)?,
+                    None => Vec::new(),
+                };
+                local::build(&versions).map(|()| ExitCode::SUCCESS)
             }
             ClusterAction::Down(args) => {
                 args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)
@@ -252,6 +272,20 @@ mod tests {
         let cli = Cli::try_parse_from(["xtask", "cluster", "up", "--registry"]).unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
         assert!(up.registry);
+    }
+
+    #[test]
+    fn cluster_build_takes_kubelet_versions() {
+        let cli = Cli::try_parse_from(["xtask", "cluster", "build", "--kubelet-version", "v1.34.4"]).unwrap();
+        let Command::Cluster { action: ClusterAction::Build(args) } = cli.command else {
+            panic!("not build")
+        };
+        assert_eq!(args.kubelet_version.as_deref(), Some("v1.34.4"));
+        let cli = Cli::try_parse_from(["xtask", "cluster", "build"]).unwrap();
+        let Command::Cluster { action: ClusterAction::Build(args) } = cli.command else {
+            panic!("not build")
+        };
+        assert_eq!(args.kubelet_version, None);
     }
 
     #[test]
