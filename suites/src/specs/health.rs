@@ -25,8 +25,9 @@
 //! are read from its metrics through the node proxy when that works (see [`gates`]). Both are
 //! decided before anything is created (the specs' requirements, on the node the spec will
 //! select), as is the kubelet version (the `KubeletMinVersion` labels). When the kubelet's
-//! metrics cannot be read (the local single-node cluster's node address is loopback, which the API server refuses to
-//! proxy to), they are inferred from behaviour that is decided in one place in the kubelet:
+//! metrics cannot be read (the local single-node cluster's node address is loopback, which the
+//! API server refuses to proxy to), its gates are inferred from behaviour that is decided in one
+//! place in the kubelet, once the pod runs:
 //! - with `ResourceHealthStatus` on, the kubelet opens the health stream as soon as it registers a
 //!   plugin that advertises a health service, and it adds `allocatedResourcesStatus` to the very
 //!   status update that reports the pod running. If neither happened by the time the pod runs,

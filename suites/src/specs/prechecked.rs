@@ -171,7 +171,7 @@ async fn unmet_requirements_skip_before_any_namespace() {
     assert_eq!(pod_groups.len(), 5, "{pod_groups:?}");
     for r in pod_groups {
         assert!(
-            r.starts_with("the API server runs with feature gate GenericWorkload off; start the cluster"),
+            r.starts_with("the API server does not serve scheduling.k8s.io/v1beta1; start the cluster"),
             "{r}"
         );
     }
@@ -182,7 +182,9 @@ async fn unmet_requirements_skip_before_any_namespace() {
             r.contains("kind-worker (kubelet v1.34.4) does not declare DRAOptionalNodeOperations"),
             "{r}"
         );
-        assert!(r.ends_with("the kubelets of kind-worker2 know the gate but run with it off: turn DRAOptionalNodeOperations (and NodeDeclaredFeatures) on for the kubelets in kind.yaml's featureGates"), "{r}");
+        let help = "the kubelets of kind-worker2 know the gate but run with it off: turn \
+                    DRAOptionalNodeOperations (and NodeDeclaredFeatures) on for the kubelets in kind.yaml's featureGates";
+        assert!(r.ends_with(help), "{r}");
     }
     // The health specs need kubelet v1.36: their node is kind-worker2, whose kubelet says off.
     let health = reason("FeatureGate:ResourceHealthStatus");

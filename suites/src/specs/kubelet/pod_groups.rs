@@ -112,6 +112,13 @@ impl Inline {
 /// API server serves PodGroups and runs with both gates on, before anything is created.
 pub async fn require_pod_groups(pre: Precheck) -> SpecResult {
     let lane = format!("start the cluster with `cargo xtask cluster up {LANE_FLAGS}`");
+    // What preflight discovered first: it costs no request (the API server's /metrics, read for
+    // the gates, can take seconds on a busy server).
+    if !pre.cluster().serves("scheduling.k8s.io/v1beta1") {
+        return Err(SpecError::skip(format!(
+            "the API server does not serve scheduling.k8s.io/v1beta1; {lane}"
+        )));
+    }
     for gate in ["GenericWorkload", "DRAWorkloadResourceClaims"] {
         if gates::api_server(&pre, gate).await.is_off() {
             return Err(SpecError::skip(format!("the API server runs with feature gate {gate} off; {lane}")));

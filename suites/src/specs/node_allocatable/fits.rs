@@ -2,8 +2,9 @@
 //! and hugepages before anything is deployed (see [`Registry::requires`]): the pod's CPU with
 //! what its claims add (upstream's expected pod cgroup request, which is what the scheduler and
 //! the API server count) against the node the devices go to, the first of the nodes
-//! [`Nodes::select`] chooses (the same call as the set-up's, from the spec's [`Precheck`]). Where this is not exact (other pods' requests on the node, a
-//! resize the kubelet cannot actuate on cgroup v1) the specs still decide at run time.
+//! [`Nodes::select`] chooses (the set-up's own call, made from the spec's [`Precheck`]). Where
+//! this is not exact (other pods' requests on the node, a resize the kubelet cannot actuate on
+//! cgroup v1) the specs still decide at run time.
 //!
 //! [`Registry::requires`]: harness::framework::Registry::requires
 
