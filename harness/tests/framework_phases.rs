@@ -6,8 +6,8 @@
 use std::{sync::Arc, time::Duration};
 
 use harness::framework::{
-    Ctx, FailureKind, Outcome, Output, Precheck, Registry, RunOptions, RunReport, Selection, Skip, Verbosity,
-    init_tracing, run_with_backend,
+    ClusterAccess, Ctx, FailureKind, Outcome, Output, Precheck, Registry, RunOptions, RunReport, Selection,
+    Skip, SpecResult, Verbosity, init_tracing, run_with_backend,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +42,15 @@ fn outcome<'a>(report: &'a RunReport, name: &str) -> &'a Outcome {
     &spec.outcome
 }
 
+/// One check for a requirement and a body alike: skips unless the spec is labelled `Fast` and
+/// the cluster has a node.
+fn labelled_fast(from: &impl ClusterAccess) -> SpecResult {
+    if !from.labels().iter().any(|l| l == "Fast") {
+        return Err(Skip::because(format!("not labelled Fast: {:?}", from.labels())));
+    }
+    from.cluster().require_nodes(1)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spec_whose_requirements_skip_creates_no_namespace() {
     let mut reg = Registry::new();
@@ -66,6 +75,12 @@ async fn a_spec_whose_requirements_skip_creates_no_namespace() {
             r.it("needs four nodes too", async |_| panic!("the body of a skipped spec ran"));
         });
         r.it("runs after the context", async |_| Ok(()));
+        // The same helper decides from the spec's labels before (Precheck) and in (Ctx) the body.
+        r.context_with_labels("shared", ["Shared"], |r| {
+            r.requires(async |pre: Precheck| labelled_fast(&pre));
+            r.it("is fast", async |ctx: Ctx| labelled_fast(&ctx)).labels(["Fast"]);
+            r.it("is slow", async |_| panic!("the body of a skipped spec ran"));
+        });
     });
     let backend = FakeCluster::new();
     let (report, _) = run(reg, backend.clone(), Verbosity::Normal).await;
@@ -92,6 +107,11 @@ async fn a_spec_whose_requirements_skip_creates_no_namespace() {
     };
     assert_eq!(*kind, FailureKind::Setup);
     assert!(message.contains("the API server said no"), "{message}");
+    assert_eq!(outcome(&report, "is fast"), &Outcome::Passed);
+    assert_eq!(
+        outcome(&report, "is slow"),
+        &Outcome::Skipped { reason: r#"not labelled Fast: ["Shared"]"#.into() }
+    );
 
     // Only the two specs that ran had a namespace; the others cost nothing.
     let mut journal = backend.journal();
@@ -100,8 +120,10 @@ async fn a_spec_whose_requirements_skip_creates_no_namespace() {
     assert_eq!(
         journal,
         [
+            "create dra-is-fast-x",
             "create dra-runs-after-the-conte-x",
             "create dra-runs-on-this-kubelet-x",
+            "delete dra-is-fast-x",
             "delete dra-runs-after-the-conte-x",
             "delete dra-runs-on-this-kubelet-x",
         ]

@@ -349,6 +349,20 @@ impl Ctx {
     }
 }
 
+impl super::requirements::ClusterAccess for Ctx {
+    fn client(&self) -> &kube::Client {
+        Ctx::client(self)
+    }
+
+    fn cluster(&self) -> &ClusterInfo {
+        Ctx::cluster(self)
+    }
+
+    fn labels(&self) -> &[String] {
+        Ctx::labels(self)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }

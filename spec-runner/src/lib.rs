@@ -183,7 +183,7 @@ pub use outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};
 pub use phases::Phases;
 pub use progress::{Output, OutputBuffer, Verbosity};
 pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
-pub use requirements::Precheck;
+pub use requirements::{ClusterAccess, Precheck};
 pub use run_guard::{CleanupArgs, SWEEP_TIMEOUT, cleanup};
 pub use run_identity::{
     LEASE_DURATION, LEASE_NAMESPACE, LEASE_PREFIX, RENEW_EVERY, RUN_INFO_ANNOTATION, RUN_LABEL, RunLease,

@@ -3,7 +3,9 @@
 //! [`Registry::requires`](crate::Registry::requires), and what its labels say
 //! (`KubeletMinVersion:1.34`, upstream's `WithKubeletMinVersion`). The runner checks them before
 //! the spec's namespace exists, so a spec the cluster cannot run is skipped in well under a
-//! second instead of creating and deleting a namespace (about 5 s).
+//! second instead of creating and deleting a namespace (about 5 s). Helpers that a requirement
+//! and a spec's body both need (node selection, reading feature gates) take a
+//! [`ClusterAccess`], which both a [`Precheck`] and a [`Ctx`](crate::Ctx) are.
 
 use std::{sync::Arc, time::Duration};
 
@@ -20,17 +22,43 @@ use super::{
 /// How long a spec's requirements may take to decide.
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What a requirement can look at: the admin client (read what you need, create nothing) and
-/// what preflight found.
+/// What a requirement can look at: the admin client (read what you need, create nothing), what
+/// preflight found, and the spec's labels.
 #[derive(Clone)]
 pub struct Precheck {
     client: kube::Client,
     cluster: Arc<ClusterInfo>,
+    labels: Arc<[String]>,
+}
+
+/// What a spec's body ([`Ctx`](crate::Ctx)) and its requirements ([`Precheck`]) can both read,
+/// so that one helper (node selection, a feature gate's state) serves both.
+pub trait ClusterAccess {
+    /// The admin client, for reads.
+    fn client(&self) -> &kube::Client;
+    /// What preflight found: API versions, nodes, kubelet and server versions.
+    fn cluster(&self) -> &ClusterInfo;
+    /// The spec's labels (inherited ones included).
+    fn labels(&self) -> &[String];
+}
+
+impl ClusterAccess for Precheck {
+    fn client(&self) -> &kube::Client {
+        Precheck::client(self)
+    }
+
+    fn cluster(&self) -> &ClusterInfo {
+        Precheck::cluster(self)
+    }
+
+    fn labels(&self) -> &[String] {
+        Precheck::labels(self)
+    }
 }
 
 impl Precheck {
-    pub(crate) fn new(client: kube::Client, cluster: Arc<ClusterInfo>) -> Self {
-        Self { client, cluster }
+    pub(crate) fn new(client: kube::Client, cluster: Arc<ClusterInfo>, labels: &[String]) -> Self {
+        Self { client, cluster, labels: labels.into() }
     }
 
     /// The admin client, for reads (nodes' allocatable resources, feature gates, ...).
@@ -41,6 +69,12 @@ impl Precheck {
     /// What preflight found: API versions, nodes, kubelet and server versions.
     pub fn cluster(&self) -> &ClusterInfo {
         &self.cluster
+    }
+
+    /// The spec's labels (inherited ones included), as [`Ctx::labels`](crate::Ctx::labels) has
+    /// them: what decides `KubeletMinVersion` for node selection.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
     }
 }
 

@@ -451,7 +451,7 @@ async fn execute(
     };
 
     // Requirements first: a spec the cluster cannot run creates nothing.
-    let pre = Precheck::new(env.backend.client(), env.cluster.clone());
+    let pre = Precheck::new(env.backend.client(), env.cluster.clone(), info.labels());
     if let Some(outcome) = state.scope(requirements::check(info, &spec.requirements, pre)).await {
         tracing::info!(target: OUTCOME_TARGET, "requirements not met, nothing created: {outcome:?}");
         run.outcome = outcome;

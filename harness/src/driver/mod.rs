@@ -71,7 +71,7 @@ pub use config::{DriverConfig, deployment_id, driver_name, service_account_name}
 pub use error::DriverError;
 pub use failover::{PROXY_REPLACEMENT_TIMEOUT, ProxyMove};
 pub use impersonate::{Impersonation, ImpersonationError};
-pub use nodes::{Nodes, TooFewNodes, unusable_reason};
+pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
 
 use self::{deploy::*, error::api_error};

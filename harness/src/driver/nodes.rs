@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 
-use crate::framework::{Ctx, KubeVersion, SpecError, SpecResult, kubelet_min_version};
+use crate::framework::{ClusterAccess, KubeVersion, SpecError, SpecResult, kubelet_min_version};
 
 /// The nodes chosen for a spec: ready, schedulable, untainted; sorted by name.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,6 +57,47 @@ pub fn too_old_reason(node: &Node, min: KubeVersion) -> Option<String> {
     }
 }
 
+/// The features a node declares in `status.declaredFeatures` (what its kubelet has turned on
+/// among the features the scheduler asks about, e.g. `DRAOptionalNodeOperations`).
+pub fn declared_features(node: &Node) -> &[String] {
+    node.status.as_ref().and_then(|s| s.declared_features.as_deref()).unwrap_or_default()
+}
+
+/// Why a usable node does not declare `feature`, or `None` if it does; names its kubelet version
+/// and what it declares instead.
+pub fn undeclared_reason(node: &Node, feature: &str) -> Option<String> {
+    let declared = declared_features(node);
+    if declared.iter().any(|f| f == feature) {
+        return None;
+    }
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let kubelet = node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.as_str());
+    Some(format!(
+        "{name} (kubelet {}) does not declare {feature} (declares {})",
+        kubelet.filter(|v| !v.is_empty()).unwrap_or("of no reported version"),
+        if declared.is_empty() { "nothing".to_owned() } else { declared.join(", ") }
+    ))
+}
+
+/// What a spec needs of a node besides being usable ([`unusable_reason`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeNeeds<'a> {
+    /// The oldest kubelet it can use (its `KubeletMinVersion` label, upstream's
+    /// `WithKubeletMinVersion`).
+    pub kubelet: Option<KubeVersion>,
+    /// A feature the node must declare in `status.declaredFeatures`.
+    pub declares: Option<&'a str>,
+}
+
+impl NodeNeeds<'_> {
+    /// Why a usable node does not meet these needs, or `None` if it does.
+    pub fn unmet_reason(&self, node: &Node) -> Option<String> {
+        self.kubelet
+            .and_then(|v| too_old_reason(node, v))
+            .or_else(|| self.declares.and_then(|feature| undeclared_reason(node, feature)))
+    }
+}
+
 /// A node selection that cannot be satisfied.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{required} ready schedulable nodes required, the cluster has {usable}{}", if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join("; ")) })]
@@ -80,22 +121,22 @@ impl Nodes {
     /// `reserved` extra nodes that the driver leaves alone (upstream's `NumReservedNodes`, taken
     /// first). Fails with [`TooFewNodes`] if fewer than `min + reserved` are usable.
     pub fn choose(all: &[Node], min: usize, max: usize, reserved: usize) -> Result<Nodes, TooFewNodes> {
-        Self::choose_for_kubelet(all, min, max, reserved, None)
+        Self::choose_with(all, min, max, reserved, NodeNeeds::default())
     }
 
-    /// [`Nodes::choose`] among the nodes whose kubelet is at least `kubelet` (upstream's
-    /// `WithKubeletMinVersion`; reserved nodes too, since a spec may move its driver onto them).
-    pub fn choose_for_kubelet(
+    /// [`Nodes::choose`] among the nodes that meet `needs` (reserved nodes too, since a spec may
+    /// move its driver onto them).
+    pub fn choose_with(
         all: &[Node],
         min: usize,
         max: usize,
         reserved: usize,
-        kubelet: Option<KubeVersion>,
+        needs: NodeNeeds<'_>,
     ) -> Result<Nodes, TooFewNodes> {
         let mut usable: Vec<&Node> = Vec::new();
         let mut reasons = Vec::new();
         for node in all {
-            let reason = unusable_reason(node).or_else(|| kubelet.and_then(|v| too_old_reason(node, v)));
+            let reason = unusable_reason(node).or_else(|| needs.unmet_reason(node));
             match reason {
                 None => usable.push(node),
                 Some(reason) => reasons.push(reason),
@@ -119,25 +160,59 @@ impl Nodes {
 
     /// Lists the cluster's nodes and [`Nodes::choose`]s; a spec is skipped (with the reason)
     /// when the cluster has too few usable nodes. A spec labelled `KubeletMinVersion:X` gets only
-    /// nodes whose kubelet is at least X ([`Nodes::choose_for_kubelet`]).
+    /// nodes whose kubelet is at least X ([`NodeNeeds::kubelet`]). Works from a spec's body (a
+    /// `Ctx`) and from its requirements (a `Precheck`) alike, so a requirement can decide on the
+    /// very nodes the body will get.
     ///
     /// ```no_run
     /// # async fn body(ctx: harness::framework::Ctx) -> harness::framework::SpecResult {
     /// let nodes = harness::driver::Nodes::select(&ctx, 2, 8).await?; // skips on a one-node cluster
     /// # Ok(()) }
     /// ```
-    pub async fn select(ctx: &Ctx, min: usize, max: usize) -> SpecResult<Nodes> {
-        Self::select_reserving(ctx, min, max, 0).await
+    pub async fn select(from: &impl ClusterAccess, min: usize, max: usize) -> SpecResult<Nodes> {
+        Self::select_with(from, min, max, 0, None).await
     }
 
     /// [`Nodes::select`] with `reserved` extra nodes set aside ([`Nodes::extra`]).
-    pub async fn select_reserving(ctx: &Ctx, min: usize, max: usize, reserved: usize) -> SpecResult<Nodes> {
-        let list = Api::<Node>::all(ctx.client().clone())
+    pub async fn select_reserving(
+        from: &impl ClusterAccess,
+        min: usize,
+        max: usize,
+        reserved: usize,
+    ) -> SpecResult<Nodes> {
+        Self::select_with(from, min, max, reserved, None).await
+    }
+
+    /// [`Nodes::select`] among the nodes that declare `feature` in `status.declaredFeatures`
+    /// ([`NodeNeeds::declares`]).
+    pub async fn select_declaring(
+        from: &impl ClusterAccess,
+        min: usize,
+        max: usize,
+        feature: &str,
+    ) -> SpecResult<Nodes> {
+        Self::select_with(from, min, max, 0, Some(feature)).await
+    }
+
+    /// Lists the cluster's nodes (a failure to list fails the spec).
+    pub async fn list(from: &impl ClusterAccess) -> SpecResult<Vec<Node>> {
+        let list = Api::<Node>::all(from.client().clone())
             .list(&ListParams::default())
             .await
             .map_err(|e| SpecError::Failed(anyhow::Error::new(e).context("list nodes")))?;
-        let kubelet = kubelet_min_version(ctx.labels());
-        let nodes = Nodes::choose_for_kubelet(&list.items, min, max, reserved, kubelet)
+        Ok(list.items)
+    }
+
+    async fn select_with(
+        from: &impl ClusterAccess,
+        min: usize,
+        max: usize,
+        reserved: usize,
+        declares: Option<&str>,
+    ) -> SpecResult<Nodes> {
+        let all = Self::list(from).await?;
+        let needs = NodeNeeds { kubelet: kubelet_min_version(from.labels()), declares };
+        let nodes = Nodes::choose_with(&all, min, max, reserved, needs)
             .map_err(|e| SpecError::skip(e.to_string()))?;
         tracing::info!(nodes = ?nodes.names, extra = ?nodes.extra, "selected nodes");
         Ok(nodes)
@@ -296,18 +371,57 @@ mod tests {
             with_kubelet("kind-worker3", "v1.36.3"),
             node("no-version", true),
         ];
-        let v = |text| KubeVersion::parse(text);
-        let any = Nodes::choose_for_kubelet(&all, 1, 1, 0, None).unwrap();
+        let v = |text| NodeNeeds { kubelet: KubeVersion::parse(text), declares: None };
+        let any = Nodes::choose_with(&all, 1, 1, 0, NodeNeeds::default()).unwrap();
         assert_eq!(any.names(), ["kind-worker"]);
-        let v134 = Nodes::choose_for_kubelet(&all, 1, 1, 0, v("1.34")).unwrap();
+        let v134 = Nodes::choose_with(&all, 1, 1, 0, v("1.34")).unwrap();
         assert_eq!(v134.names(), ["kind-worker"]);
-        let v136 = Nodes::choose_for_kubelet(&all, 1, 4, 0, v("1.36")).unwrap();
+        let v136 = Nodes::choose_with(&all, 1, 4, 0, v("1.36")).unwrap();
         assert_eq!(v136.names(), ["kind-worker2", "kind-worker3"]);
-        let err = Nodes::choose_for_kubelet(&all, 2, 2, 0, v("1.37")).unwrap_err();
+        let err = Nodes::choose_with(&all, 2, 2, 0, v("1.37")).unwrap_err();
         assert_eq!(
             err.to_string(),
             "2 ready schedulable nodes required, the cluster has 1 (kind-worker runs kubelet v1.34.3, older than the spec's KubeletMinVersion 1.37; kind-worker3 runs kubelet v1.36.3, older than the spec's KubeletMinVersion 1.37; no-version runs kubelet of no reported version, older than the spec's KubeletMinVersion 1.37)"
         );
+    }
+
+    fn declaring(name: &str, version: &str, features: &[&str]) -> Node {
+        let mut n = with_kubelet(name, version);
+        if let Some(status) = n.status.as_mut() {
+            status.declared_features = Some(features.iter().map(|f| f.to_string()).collect());
+        }
+        n
+    }
+
+    /// A skew cluster where only the v1.37 kubelets know the gate, one of them with it off: a
+    /// spec that needs the feature declared gets the node that declares it, not the first
+    /// worker; without such a node the reason names each node's kubelet and declared features.
+    #[test]
+    fn a_declared_feature_picks_the_nodes_that_declare_it() {
+        let all = [
+            with_kubelet("kind-worker", "v1.34.4"),
+            declaring("kind-worker2", "v1.37.2", &["DRAOptionalNodeOperations", "Other"]),
+            declaring("kind-worker3", "v1.37.2", &["Other"]),
+        ];
+        let needs = NodeNeeds { kubelet: None, declares: Some("DRAOptionalNodeOperations") };
+        assert_eq!(Nodes::choose(&all, 1, 1, 0).unwrap().names(), ["kind-worker"]);
+        assert_eq!(Nodes::choose_with(&all, 1, 1, 0, needs).unwrap().names(), ["kind-worker2"]);
+        assert_eq!(Nodes::choose_with(&all, 1, 4, 0, needs).unwrap().names(), ["kind-worker2"]);
+        let err = Nodes::choose_with(&all[..1], 1, 1, 0, needs).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "1 ready schedulable nodes required, the cluster has 0 (kind-worker (kubelet v1.34.4) does not declare DRAOptionalNodeOperations (declares nothing))"
+        );
+        assert_eq!(
+            undeclared_reason(&all[2], "DRAOptionalNodeOperations").as_deref(),
+            Some(
+                "kind-worker3 (kubelet v1.37.2) does not declare DRAOptionalNodeOperations (declares Other)"
+            )
+        );
+        assert_eq!(undeclared_reason(&all[1], "DRAOptionalNodeOperations"), None);
+        // Both needs at once: the kubelet version is checked first.
+        let both = NodeNeeds { kubelet: KubeVersion::parse("1.38"), ..needs };
+        assert!(both.unmet_reason(&all[1]).is_some_and(|r| r.contains("older than")));
     }
 
     #[test]

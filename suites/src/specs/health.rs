@@ -22,9 +22,12 @@
 //!
 //! Feature gates: specs skip when the API server reports `ResourceHealthStatus` (or
 //! `ResourceHealthStatusMessage`) off, because it then drops those fields. The kubelet's own gates
-//! are read from its metrics through the node proxy when that works (see [`gates`]); when it does
-//! not (the local single-node cluster's node address is loopback, which the API server refuses to
-//! proxy to), they are inferred from behaviour that is decided in one place in the kubelet:
+//! are read from its metrics through the node proxy when that works (see [`gates`]). Both are
+//! decided before anything is created (the specs' requirements, on the node the spec will
+//! select), as is the kubelet version (the `KubeletMinVersion` labels). When the kubelet's
+//! metrics cannot be read (the local single-node cluster's node address is loopback, which the
+//! API server refuses to proxy to), its gates are inferred from behaviour that is decided in one
+//! place in the kubelet, once the pod runs:
 //! - with `ResourceHealthStatus` on, the kubelet opens the health stream as soon as it registers a
 //!   plugin that advertises a health service, and it adds `allocatedResourcesStatus` to the very
 //!   status update that reports the pod running. If neither happened by the time the pod runs,
@@ -40,7 +43,7 @@ use harness::{
     builder::{Builder, CLAIM_CONTAINER, node_name},
     calls::{CallLog, Method},
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{Ctx, Label, Registry, SpecResult},
+    framework::{ClusterAccess, Ctx, Label, Precheck, Registry, SpecResult},
     plugin::Health,
     wait::Verdict,
 };
@@ -75,6 +78,11 @@ pub fn register(registry: &mut Registry) {
             "kubelet",
             [FEATURE_DRA, "FeatureGate:ResourceHealthStatus", "KubeletMinVersion:1.36"],
             |r| {
+                r.requires(gates::api_server_requirement(
+                    "ResourceHealthStatus",
+                    "it drops allocatedResourcesStatus from pod status",
+                ));
+                r.requires(|pre| kubelet_gate_requirement(pre, "ResourceHealthStatus"));
                 r.context("with a driver which serves all health API versions", |r| {
                     r.it(REFLECT, |ctx| reflect_health(ctx, true, true)).labels(HEALTH_LEAF_LABELS);
                 });
@@ -93,15 +101,40 @@ pub fn register(registry: &mut Registry) {
             // `framework.WithLabel("KubeletMinVersion:1.36")` and
             // `f.WithFeatureGate(features.ResourceHealthStatusMessage)` (beta; depends on
             // `DynamicResourceAllocation` and `ResourceHealthStatus`).
-            r.it("should report device health with custom messages", custom_messages).labels([
-                Label::new("KubeletMinVersion:1.36"),
-                Label::new("FeatureGate:ResourceHealthStatusMessage"),
-                Label::trailing("Beta"),
-                Label::trailing("FeatureGate:DynamicResourceAllocation"),
-                Label::trailing("FeatureGate:ResourceHealthStatus"),
-            ]);
+            r.it("should report device health with custom messages", custom_messages)
+                .labels([
+                    Label::new("KubeletMinVersion:1.36"),
+                    Label::new("FeatureGate:ResourceHealthStatusMessage"),
+                    Label::trailing("Beta"),
+                    Label::trailing("FeatureGate:DynamicResourceAllocation"),
+                    Label::trailing("FeatureGate:ResourceHealthStatus"),
+                ])
+                .requires(gates::api_server_requirement(
+                    "ResourceHealthStatus",
+                    "it drops allocatedResourcesStatus from pod status",
+                ))
+                .requires(gates::api_server_requirement(
+                    "ResourceHealthStatusMessage",
+                    "it drops the message from allocatedResourcesStatus",
+                ))
+                .requires(|pre| kubelet_gate_requirement(pre, "ResourceHealthStatus"))
+                .requires(|pre| kubelet_gate_requirement(pre, "ResourceHealthStatusMessage"));
         });
     });
+}
+
+/// The one node a health spec runs on, as its set-up selects it (the spec's `KubeletMinVersion`
+/// leaves older kubelets out).
+async fn health_node(from: &impl ClusterAccess) -> SpecResult<String> {
+    let nodes = Nodes::select(from, 1, 1).await?;
+    Ok(nodes.names().first().context("no node selected")?.clone())
+}
+
+/// Skips before anything is created when the kubelet of the node the spec will run on reports
+/// `gate` off (when its metrics cannot be read, the spec infers the gate at run time).
+async fn kubelet_gate_requirement(pre: Precheck, gate: &'static str) -> SpecResult {
+    let node = health_node(&pre).await?;
+    gates::require_kubelet(&pre, &node, gate).await.map(|_| ())
 }
 
 /// The health and message of the driver's device as the pod status shows it under
@@ -185,25 +218,15 @@ struct HealthFixture {
 
 impl HealthFixture {
     /// Sets up the driver (`config`) on one node, a claim (named `claim_name` if given) and a pod
-    /// using it, waits until the pod runs, and checks the health stream in the call log. Skips
-    /// when `ResourceHealthStatus` is off (see the module documentation).
+    /// using it, waits until the pod runs, and checks the health stream in the call log. The
+    /// kubelet version and the gates reported off were decided by the spec's requirements; when
+    /// the kubelet's metrics cannot be read, skips when its behaviour says `ResourceHealthStatus`
+    /// is off (see the module documentation).
     async fn start(ctx: &Ctx, config: DriverConfig, claim_name: Option<&str>) -> SpecResult<Self> {
-        ctx.cluster().require_kubelet_version(1, 36)?;
-        gates::require_api_server(
-            ctx,
-            "ResourceHealthStatus",
-            "it drops allocatedResourcesStatus from pod status",
-        )
-        .await?;
         let nodes = Nodes::select(ctx, 1, 1).await?;
         let node = nodes.names().first().context("no node selected")?.clone();
-        let kubelet_gate = gates::kubelet(ctx, &node, "ResourceHealthStatus").await;
-        tracing::info!(node, ?kubelet_gate, "kubelet feature gate ResourceHealthStatus");
-        if kubelet_gate.is_off() {
-            return Err(ctx.skip(format!(
-                "the kubelet of node {node} runs with feature gate ResourceHealthStatus off"
-            )));
-        }
+        // Read again for the inference below (the requirement skipped the spec if it was off).
+        let kubelet_gate = gates::require_kubelet(ctx, &node, "ResourceHealthStatus").await?;
         let (health_v1, health_v1alpha1) = (config.health_v1, config.health_v1alpha1);
         let driver = Driver::start(ctx, &nodes, config).await?;
         let b = Builder::start(ctx, &driver, None).await?;
@@ -339,10 +362,7 @@ impl HealthFixture {
 
 /// health.go: Healthy -> Unhealthy -> Healthy, each visible in the pod status.
 async fn reflect_health(ctx: Ctx, health_v1: bool, health_v1alpha1: bool) -> SpecResult {
-    if !health_v1alpha1 {
-        // The v1 health client came with 1.37.
-        ctx.cluster().require_kubelet_version(1, 37)?;
-    }
+    // The v1 health client came with 1.37: the v1-only spec's `KubeletMinVersion:1.37`.
     let config = DriverConfig::kubelet(resources::node_local(1)).health_versions(health_v1, health_v1alpha1);
     let f = HealthFixture::start(&ctx, config, None).await?;
 
@@ -360,22 +380,10 @@ async fn reflect_health(ctx: Ctx, health_v1: bool, health_v1alpha1: bool) -> Spe
 
 /// dra.go: health and message changes, including a message change without a health change.
 async fn custom_messages(ctx: Ctx) -> SpecResult {
-    gates::require_api_server(
-        &ctx,
-        "ResourceHealthStatusMessage",
-        "it drops the message from allocatedResourcesStatus",
-    )
-    .await?;
     let config = DriverConfig::kubelet(resources::network(10, false));
     let f = HealthFixture::start(&ctx, config, Some("health-test-claim")).await?;
-    let message_gate = gates::kubelet(&ctx, &f.node, "ResourceHealthStatusMessage").await;
-    tracing::info!(node = %f.node, ?message_gate, "kubelet feature gate ResourceHealthStatusMessage");
-    if message_gate.is_off() {
-        return Err(ctx.skip(format!(
-            "the kubelet of node {} runs with feature gate ResourceHealthStatusMessage off",
-            f.node
-        )));
-    }
+    // Read again for the inference below (the requirement skipped the spec if it was off).
+    let message_gate = gates::require_kubelet(&ctx, &f.node, "ResourceHealthStatusMessage").await?;
 
     let steps = [
         (Health::Healthy, "Healthy", "Device operating normally, temperature: 45°C"),

@@ -26,6 +26,8 @@ mod kubelet;
 mod kubelet_drivers;
 mod metadata;
 mod node_allocatable;
+#[cfg(test)]
+mod prechecked;
 mod slice_controller;
 
 use harness::framework::Registry;

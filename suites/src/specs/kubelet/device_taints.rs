@@ -42,7 +42,7 @@ use serde_json::json;
 use super::{
     super::kubelet_drivers::gates,
     checks::{self, POD_START_TIMEOUT, only_node, stays},
-    pod_groups::{Inline, TAINT_POD_GROUP_LABELS},
+    pod_groups::{Inline, TAINT_POD_GROUP_LABELS, require_pod_groups},
 };
 
 /// Upstream's `f.WithFeatureGate(features.DRADeviceTaints)` (beta, on by default): the gate in
@@ -53,6 +53,12 @@ pub const DEVICE_TAINTS_LABELS: [Label; 2] =
 /// dependency (already shown by the context) at the end.
 const TAINT_RULES_LABELS: [Label; 2] =
     [Label::new("FeatureGate:DRADeviceTaintRules"), Label::trailing("FeatureGate:DRADeviceTaints")];
+/// The gate without which the API server drops device taints, and what the specs then lack.
+const DEVICE_TAINTS_GATE: &str = "DRADeviceTaints";
+const DEVICE_TAINTS_WHY: &str = "without it the API server drops device taints";
+/// The gate without which DeviceTaintRules are not served.
+const TAINT_RULES_GATE: &str = "DRADeviceTaintRules";
+const TAINT_RULES_WHY: &str = "DeviceTaintRules are not served without it";
 /// The taint on every device.
 const TAINT_KEY: &str = "example.com/taint";
 /// What the scheduler's DRA plugin reports when it finds no devices for a pod's claims.
@@ -65,10 +71,14 @@ const STAYS_RUNNING: Duration = Duration::from_secs(10);
 
 /// Registers the `NoSchedule` context's specs (inside `kubelet` with [`DEVICE_TAINTS_LABELS`]).
 pub fn register_no_schedule(r: &mut Registry) {
+    r.requires(gates::api_server_requirement(DEVICE_TAINTS_GATE, DEVICE_TAINTS_WHY));
     r.it("NoSchedule keeps pod pending", |ctx| keeps_pending(ctx, "NoSchedule", Inline::Pod));
     r.it("NoSchedule can be tolerated", |ctx| tolerated(ctx, "NoSchedule", Inline::Pod));
-    r.it("DeviceTaintRule evicts pod", |ctx| rule_evicts_pod(ctx, Inline::Pod)).labels(TAINT_RULES_LABELS);
+    r.it("DeviceTaintRule evicts pod", |ctx| rule_evicts_pod(ctx, Inline::Pod))
+        .labels(TAINT_RULES_LABELS)
+        .requires(gates::api_server_requirement(TAINT_RULES_GATE, TAINT_RULES_WHY));
     r.context_with_labels("", TAINT_POD_GROUP_LABELS, |r| {
+        r.requires(require_pod_groups);
         r.it("NoSchedule keeps pod with PodGroup claim pending", |ctx| {
             keeps_pending(ctx, "NoSchedule", Inline::PodGroup)
         });
@@ -76,12 +86,14 @@ pub fn register_no_schedule(r: &mut Registry) {
             tolerated(ctx, "NoSchedule", Inline::PodGroup)
         });
         r.it("DeviceTaintRule evicts pod with PodGroup claim", |ctx| rule_evicts_pod(ctx, Inline::PodGroup))
-            .labels(TAINT_RULES_LABELS);
+            .labels(TAINT_RULES_LABELS)
+            .requires(gates::api_server_requirement(TAINT_RULES_GATE, TAINT_RULES_WHY));
     });
 }
 
 /// Registers the `NoExecute` context's specs (inside `kubelet` with [`DEVICE_TAINTS_LABELS`]).
 pub fn register_no_execute(r: &mut Registry) {
+    r.requires(gates::api_server_requirement(DEVICE_TAINTS_GATE, DEVICE_TAINTS_WHY));
     r.it("NoExecute keeps pod pending", |ctx| keeps_pending(ctx, "NoExecute", Inline::Pod));
     r.it("NoExecute can be tolerated", |ctx| tolerated(ctx, "NoExecute", Inline::Pod));
 }
@@ -89,8 +101,6 @@ pub fn register_no_execute(r: &mut Registry) {
 /// One node, ten network-attached devices tainted with `effect`, a driver registered with the
 /// node's kubelet. Checks that the stored slice kept the taint on every device.
 async fn setup(ctx: &Ctx, effect: &str) -> SpecResult<(Driver, Builder, String)> {
-    gates::require_api_server(ctx, "DRADeviceTaints", "without it the API server drops device taints")
-        .await?;
     let nodes = Nodes::select(ctx, 1, 1).await?;
     let taint = resources::device_taint(TAINT_KEY, "tainted", effect);
     let published = resources::taint_all_devices(resources::network(10, false), vec![taint]);
@@ -129,7 +139,6 @@ fn tolerate_all(template: &mut ResourceClaimTemplate, effect: &str) -> anyhow::R
 }
 
 async fn keeps_pending(ctx: Ctx, effect: &str, how: Inline) -> SpecResult {
-    how.require(&ctx).await?;
     let (driver, b, node) = setup(&ctx, effect).await?;
     let pod = how.create(&b, |_| Ok(()), &[]).await?;
     b.wait_unschedulable(&pod).await?;
@@ -163,7 +172,6 @@ async fn keeps_pending(ctx: Ctx, effect: &str, how: Inline) -> SpecResult {
 }
 
 async fn tolerated(ctx: Ctx, effect: &str, how: Inline) -> SpecResult {
-    how.require(&ctx).await?;
     let (driver, b, node) = setup(&ctx, effect).await?;
     let pod = how.create(&b, |t| tolerate_all(t, effect), &[]).await?;
     // Runs, and the kubelet prepared the claim with the allocated (tainted) device.
@@ -218,9 +226,6 @@ async fn remove_finalizers(pods: Api<Pod>, name: String) -> anyhow::Result<()> {
 }
 
 async fn rule_evicts_pod(ctx: Ctx, how: Inline) -> SpecResult {
-    how.require(&ctx).await?;
-    gates::require_api_server(&ctx, "DRADeviceTaintRules", "DeviceTaintRules are not served without it")
-        .await?;
     let (driver, b, node) = setup(&ctx, "NoSchedule").await?;
     // A finalizer keeps the pod after the eviction (a deletion), so its status can be checked.
     let pod = how.create(&b, |t| tolerate_all(t, "NoSchedule"), &[FINALIZER]).await?;

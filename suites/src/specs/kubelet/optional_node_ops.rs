@@ -10,10 +10,15 @@
 //! - `with standard driver (node plugin running)`: the plugin is registered; its recorded calls
 //!   show what the kubelet called and what it skipped.
 //!
+//! The spec's node must declare `DRAOptionalNodeOperations` in `status.declaredFeatures` (without
+//! it the scheduler places no pod whose allocation skips node operations there): the specs run on
+//! such a node ([`Nodes::select_declaring`]; on a version-skew cluster a v1.37 worker, not the
+//! v1.34 one, whose kubelet does not know the gate), and their requirement skips them before
+//! anything is created when no ready schedulable node declares it, saying what each node's
+//! kubelet is and declares.
+//!
 //! Beyond upstream, every spec checks that the API server kept `skipNodeOperations` in the slice
-//! and copied it into the allocation, and that the node declares `DRAOptionalNodeOperations` in
-//! `status.declaredFeatures` (without it the scheduler does not place such pods there: the spec
-//! is skipped then, the kubelet runs with the gate off). Where the kubelet's `/metrics` is
+//! and copied it into the allocation. Where the kubelet's `/metrics` is
 //! reachable through the API server's node proxy, its counters `dra_node_prepare_skips_total` /
 //! `dra_node_unprepare_skips_total` for the driver must show the skips (or none, where nothing
 //! may be skipped). With the plugin: a skipped prepare leaves the containers without the driver's
@@ -25,8 +30,8 @@ use anyhow::Context as _;
 use harness::{
     builder::{Builder, allocation_results, node_name, phase},
     calls::Method,
-    driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{Ctx, Label, Registry, SpecResult},
+    driver::{Driver, DriverConfig, NodeNeeds, Nodes, TooFewNodes, resources, unusable_reason},
+    framework::{Ctx, KubeVersion, Label, Precheck, Registry, SpecError, SpecResult, kubelet_min_version},
     plugin::ClaimId,
 };
 use k8s_openapi::api::core::v1::{Event, Node};
@@ -48,6 +53,8 @@ pub const OPTIONAL_NODE_OPS_LABELS: [Label; 5] = [
 ];
 /// The gate, and the feature a node declares when its kubelet has it.
 const GATE: &str = "DRAOptionalNodeOperations";
+/// The first kubelet version that knows [`GATE`] (alpha in v1.37).
+const GATE_SINCE: KubeVersion = KubeVersion { major: 1, minor: 37, patch: 0 };
 /// `skipNodeOperations: ["*"]` (upstream's `SkipNodeOperationAll`).
 const SKIP_ALL: &[&str] = &["*"];
 /// `skipNodeOperations: ["NodeUnprepareResources"]`.
@@ -60,6 +67,8 @@ const UNPREPARE_SKIPS: &str = "dra_node_unprepare_skips_total";
 
 /// Registers the specs (inside `kubelet` with [`OPTIONAL_NODE_OPS_LABELS`]).
 pub fn register(r: &mut Registry) {
+    r.requires(gates::api_server_requirement(GATE, "without it the API server drops skipNodeOperations"));
+    r.requires(require_declaring_node);
     r.context("with control-plane only driver (no node plugin)", |r| {
         r.it("bypasses node preparation when SkipNodeOperations is All", control_plane_skip_all);
         r.it("fails node preparation when SkipNodeOperations is not set", |ctx| {
@@ -75,23 +84,56 @@ pub fn register(r: &mut Registry) {
     });
 }
 
+/// The requirement of every spec: some ready schedulable node (with the spec's
+/// `KubeletMinVersion`, if any) declares [`GATE`]; the specs' set-up selects such a node.
+async fn require_declaring_node(pre: Precheck) -> SpecResult {
+    let all = Nodes::list(&pre).await?;
+    let needs = NodeNeeds { kubelet: kubelet_min_version(pre.labels()), declares: Some(GATE) };
+    match Nodes::choose_with(&all, 1, 1, 0, needs) {
+        Ok(_) => Ok(()),
+        Err(too_few) => Err(SpecError::skip(no_declaring_node(&all, &too_few))),
+    }
+}
+
+/// Why no node can run the specs: what was found (each node's kubelet and declared features, in
+/// `too_few`'s reasons), and what would help, which depends on whether any usable kubelet is
+/// new enough to know the gate.
+fn no_declaring_node(all: &[Node], too_few: &TooFewNodes) -> String {
+    let usable: Vec<&Node> = all.iter().filter(|n| unusable_reason(n).is_none()).collect();
+    let kubelet = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .and_then(|i| KubeVersion::parse(&i.kubelet_version))
+    };
+    let knowing: Vec<String> =
+        usable.iter().filter(|n| kubelet(n).is_some_and(|v| v >= GATE_SINCE)).map(|n| n.name_any()).collect();
+    let help = if usable.is_empty() {
+        "no node is ready and schedulable".to_owned()
+    } else if knowing.is_empty() {
+        format!(
+            "every ready schedulable node runs a kubelet older than v{}.{}, which does not know the gate: \
+             these specs need a node with a v{}.{} or newer kubelet that runs with {GATE} (and NodeDeclaredFeatures) on",
+            GATE_SINCE.major, GATE_SINCE.minor, GATE_SINCE.major, GATE_SINCE.minor
+        )
+    } else {
+        format!(
+            "the kubelets of {} know the gate but run with it off: turn {GATE} (and NodeDeclaredFeatures) on for \
+             the kubelets in kind.yaml's featureGates",
+            knowing.join(", ")
+        )
+    };
+    format!(
+        "no ready schedulable node declares {GATE} in status.declaredFeatures, so the scheduler would place no pod \
+         whose allocation skips node operations ({}); {help}",
+        too_few.reasons.join("; ")
+    )
+}
+
 /// One node that declares the feature, a driver with one device on it whose slice skips `skip`
 /// (with or without plugin), a builder. Checks that the stored slice kept `skip`.
 async fn setup(ctx: &Ctx, skip: &[&str], kubelet: bool) -> SpecResult<(Driver, Builder, String)> {
-    gates::require_api_server(ctx, GATE, "without it the API server drops skipNodeOperations").await?;
-    let nodes = Nodes::select(ctx, 1, 1).await?;
-    let node = nodes.names().first().cloned().context("no node selected")?;
-    let declared = Api::<Node>::all(ctx.client().clone())
-        .get(&node)
-        .await?
-        .status
-        .and_then(|s| s.declared_features)
-        .unwrap_or_default();
-    if !declared.iter().any(|f| f == GATE) {
-        return Err(ctx.skip(format!(
-            "node {node} does not declare {GATE} in status.declaredFeatures (declared: {declared:?}): its kubelet runs with the feature gate off, and the scheduler places no pod whose allocation skips node operations there; turn it on in kind.yaml's featureGates"
-        )));
-    }
+    let nodes = Nodes::select_declaring(ctx, 1, 1, GATE).await?;
     let published = if skip.is_empty() {
         resources::node_local(1)
     } else {
@@ -308,8 +350,67 @@ async fn standard_skip_unprepare(ctx: Ctx) -> SpecResult {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn node(name: &str, kubelet: &str, declared: &[&str], taint: bool) -> Node {
+        let taints = if taint {
+            json!([{ "key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule" }])
+        } else {
+            json!([])
+        };
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "taints": taints },
+            "status": {
+                "conditions": [{ "type": "Ready", "status": "True" }],
+                "nodeInfo": { "kubeletVersion": kubelet, "machineID": "", "systemUUID": "", "bootID": "",
+                    "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
+                    "operatingSystem": "linux", "architecture": "amd64" },
+                "declaredFeatures": declared,
+            },
+        }))
+        .unwrap()
+    }
+
+    /// The skip says which nodes were found with which kubelets and features, and what would
+    /// help: a newer kubelet when none knows the gate, turning the gate on when one does.
+    #[test]
+    fn the_skip_says_what_was_found_and_what_would_help() {
+        let control_plane = node("kind-control-plane", "v1.37.2", &[GATE], true);
+        let old = node("kind-worker", "v1.34.4", &[], false);
+        let off = node("kind-worker2", "v1.37.2", &["Other"], false);
+        let on = node("kind-worker3", "v1.37.2", &[GATE], false);
+        let decide = |all: &[Node]| {
+            let needs = NodeNeeds { kubelet: None, declares: Some(GATE) };
+            Nodes::choose_with(all, 1, 1, 0, needs)
+                .map(|n| n.names().to_vec())
+                .map_err(|e| no_declaring_node(all, &e))
+        };
+        assert_eq!(decide(&[control_plane.clone(), old.clone(), off.clone(), on]).unwrap(), ["kind-worker3"]);
+        let too_old = decide(&[control_plane.clone(), old.clone()]).unwrap_err();
+        assert_eq!(
+            too_old,
+            "no ready schedulable node declares DRAOptionalNodeOperations in status.declaredFeatures, so the scheduler \
+             would place no pod whose allocation skips node operations (kind-control-plane has taint \
+             node-role.kubernetes.io/control-plane:NoSchedule; kind-worker (kubelet v1.34.4) does not declare \
+             DRAOptionalNodeOperations (declares nothing)); every ready schedulable node runs a kubelet older than \
+             v1.37, which does not know the gate: these specs need a node with a v1.37 or newer kubelet that runs \
+             with DRAOptionalNodeOperations (and NodeDeclaredFeatures) on"
+        );
+        assert!(!too_old.contains("kind.yaml"), "{too_old}");
+        let gate_off = decide(&[control_plane, old, off]).unwrap_err();
+        assert!(
+            gate_off.ends_with(
+                "kind-worker2 (kubelet v1.37.2) does not declare DRAOptionalNodeOperations (declares Other)); the \
+                 kubelets of kind-worker2 know the gate but run with it off: turn DRAOptionalNodeOperations (and \
+                 NodeDeclaredFeatures) on for the kubelets in kind.yaml's featureGates"
+            ),
+            "{gate_off}"
+        );
+    }
 
     #[test]
     fn reads_the_counter_of_one_driver() {

@@ -12,13 +12,14 @@
 //! Both gates are beta and off by default in 1.37, and the PodGroup API is
 //! `scheduling.k8s.io/v1beta1`, which the API server does not serve by default; kind.yaml turns
 //! none of them on (they change how the scheduler handles pods). `cargo xtask test` runs these
-//! specs in a lane of their own, on the cluster restarted with [`LANE_FLAGS`].
+//! specs in a lane of their own, on the cluster restarted with [`LANE_FLAGS`]. Elsewhere they are
+//! skipped by their requirement ([`require_pod_groups`]) before anything is created.
 
 use anyhow::Context as _;
 use harness::{
     builder::{Builder, INLINE_CLAIM_NAME},
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{Ctx, Label, Registry, SpecResult},
+    framework::{Ctx, Label, Precheck, Registry, SpecError, SpecResult},
 };
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaimTemplate};
 use kube::{ResourceExt as _, core::Request};
@@ -58,6 +59,7 @@ pub const TAINT_POD_GROUP_LABELS: [Label; 7] = [
 
 /// Registers the PodGroup context's specs (inside `kubelet` with [`POD_GROUP_LABELS`]).
 pub fn register(r: &mut Registry) {
+    r.requires(require_pod_groups);
     r.it("allocates devices for PodGroups", allocates_for_pod_groups);
     r.it("generates claims from templates for PodGroups", generates_claims_for_pod_groups);
 }
@@ -73,14 +75,6 @@ pub enum Inline {
 }
 
 impl Inline {
-    /// Skips the spec unless the cluster runs with what a PodGroup needs.
-    pub async fn require(self, ctx: &Ctx) -> SpecResult {
-        if self == Inline::PodGroup {
-            require_pod_groups(ctx).await?;
-        }
-        Ok(())
-    }
-
     /// Makes and creates the pod and its claim template (`change` edits the template first,
     /// `finalizers` go onto the pod); returns the pod as made.
     pub async fn create(
@@ -114,32 +108,39 @@ impl Inline {
     }
 }
 
-/// Skips unless the API server serves PodGroups and runs with both gates on.
-async fn require_pod_groups(ctx: &Ctx) -> SpecResult {
+/// A requirement ([`Registry::requires`]) of every spec that makes PodGroups: skips unless the
+/// API server serves PodGroups and runs with both gates on, before anything is created.
+pub async fn require_pod_groups(pre: Precheck) -> SpecResult {
     let lane = format!("start the cluster with `cargo xtask cluster up {LANE_FLAGS}`");
+    // What preflight discovered first: it costs no request (the API server's /metrics, read for
+    // the gates, can take seconds on a busy server).
+    if !pre.cluster().serves("scheduling.k8s.io/v1beta1") {
+        return Err(SpecError::skip(format!(
+            "the API server does not serve scheduling.k8s.io/v1beta1; {lane}"
+        )));
+    }
     for gate in ["GenericWorkload", "DRAWorkloadResourceClaims"] {
-        if gates::api_server(ctx, gate).await.is_off() {
-            return Err(ctx.skip(format!("the API server runs with feature gate {gate} off; {lane}")));
+        if gates::api_server(&pre, gate).await.is_off() {
+            return Err(SpecError::skip(format!("the API server runs with feature gate {gate} off; {lane}")));
         }
     }
     // GET /apis/scheduling.k8s.io/v1beta1: the group version's resource list.
     let request = Request::new("/apis/scheduling.k8s.io").get("v1beta1", &Default::default())?;
-    let served = match ctx.client().request_text(request).await {
+    let served = match pre.client().request_text(request).await {
         Ok(text) => text.contains("\"podgroups\""),
         Err(kube::Error::Api(s)) if s.code == 404 => false,
         Err(e) => return Err(anyhow::Error::new(e).context("GET /apis/scheduling.k8s.io/v1beta1").into()),
     };
     if !served {
-        return Err(
-            ctx.skip(format!("the API server does not serve scheduling.k8s.io/v1beta1 PodGroups; {lane}"))
-        );
+        return Err(SpecError::skip(format!(
+            "the API server does not serve scheduling.k8s.io/v1beta1 PodGroups; {lane}"
+        )));
     }
     Ok(())
 }
 
 /// One node, one node-local device, a driver registered with the node's kubelet.
 async fn setup(ctx: &Ctx) -> SpecResult<(Driver, Builder)> {
-    require_pod_groups(ctx).await?;
     let nodes = Nodes::select(ctx, 1, 1).await?;
     let driver = Driver::start(ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
     let b = Builder::start(ctx, &driver, None).await?;

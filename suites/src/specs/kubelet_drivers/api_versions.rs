@@ -42,7 +42,11 @@ pub fn register(r: &mut Registry) {
             r.it("supports simple ResourceClaim", move |ctx| simple(ctx, api));
             // DRAPrioritizedList is GA and locked on in 1.37; upstream still names the gate.
             r.it("supports requests with alternatives", move |ctx| alternatives(ctx, api))
-                .labels(["FeatureGate:DRAPrioritizedList", "FeatureGate:DynamicResourceAllocation"]);
+                .labels(["FeatureGate:DRAPrioritizedList", "FeatureGate:DynamicResourceAllocation"])
+                .requires(gates::api_server_requirement(
+                    "DRAPrioritizedList",
+                    "it drops firstAvailable from claims",
+                ));
         });
     }
 }
@@ -240,7 +244,6 @@ async fn simple(ctx: Ctx, api: BetaApi) -> SpecResult {
 }
 
 async fn alternatives(ctx: Ctx, api: BetaApi) -> SpecResult {
-    gates::require_api_server(&ctx, "DRAPrioritizedList", "it drops firstAvailable from claims").await?;
     let (driver, b) = setup(&ctx, api).await?;
     let sub_request = |name: &str, count: i64| {
         json!({

@@ -37,7 +37,11 @@ const STAYS_PENDING: Duration = Duration::from_secs(20);
 /// [FeatureGate:DRAConsumableCapacity]`).
 pub fn register(r: &mut Registry) {
     r.it("must allow multiple allocations and consume capacity", consume_capacity)
-        .label("KubeletMinVersion:1.34");
+        .label("KubeletMinVersion:1.34")
+        .requires(gates::api_server_requirement(
+            "DRAConsumableCapacity",
+            "it drops allowMultipleAllocations and capacity requests",
+        ));
 }
 
 /// The shareable device with 8Gi of consumable memory.
@@ -89,13 +93,7 @@ fn check_share(claim: &ResourceClaim, driver: &str, memory: &str) -> anyhow::Res
 }
 
 async fn consume_capacity(ctx: Ctx) -> SpecResult {
-    ctx.cluster().require_kubelet_version(1, 34)?;
-    gates::require_api_server(
-        &ctx,
-        "DRAConsumableCapacity",
-        "it drops allowMultipleAllocations and capacity requests",
-    )
-    .await?;
+    // Its `KubeletMinVersion:1.34` label and the gate are decided before anything is created.
     let nodes = Nodes::select(&ctx, 1, 1).await?;
     let resources = resources::partitionable(Vec::new(), vec![consumable_device()?]);
     let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources)).await?;

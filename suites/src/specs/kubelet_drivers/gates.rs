@@ -15,8 +15,11 @@
 //!
 //! A metric that is missing means the component does not know the gate: it was removed after
 //! graduating (the feature is always on) or the component is older than the gate.
+//!
+//! Everything here takes a [`ClusterAccess`]: a spec's requirements (a `Precheck`, before the
+//! spec's namespace exists) and its body (a `Ctx`) read gates the same way.
 
-use harness::framework::Ctx;
+use harness::framework::{ClusterAccess, SpecError, SpecResult};
 use kube::{api::GetParams, core::Request};
 
 /// What is known about one gate of one component.
@@ -62,41 +65,63 @@ fn gate_from(text: &str, gate: &str) -> Gate {
 }
 
 /// GETs `<path>/metrics` from the API server.
-async fn metrics(ctx: &Ctx, path: &str) -> Result<String, String> {
+async fn metrics(from: &impl ClusterAccess, path: &str) -> Result<String, String> {
     let request = Request::new(path).get("metrics", &GetParams::default()).map_err(|e| e.to_string())?;
-    ctx.client().request_text(request).await.map_err(|e| match e {
+    from.client().request_text(request).await.map_err(|e| match e {
         kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
         e => e.to_string(),
     })
 }
 
 /// The API server's state of `gate`.
-pub(crate) async fn api_server(ctx: &Ctx, gate: &str) -> Gate {
-    match metrics(ctx, "").await {
+pub(crate) async fn api_server(from: &impl ClusterAccess, gate: &str) -> Gate {
+    match metrics(from, "").await {
         Ok(text) => gate_from(&text, gate),
         Err(e) => Gate::Unknown(format!("GET /metrics failed: {e}")),
     }
 }
 
 /// The state of `gate` in the kubelet of `node`, through the API server's node proxy.
-pub(crate) async fn kubelet(ctx: &Ctx, node: &str, gate: &str) -> Gate {
+pub(crate) async fn kubelet(from: &impl ClusterAccess, node: &str, gate: &str) -> Gate {
     let path = format!("/api/v1/nodes/{node}/proxy");
-    match metrics(ctx, &path).await {
+    match metrics(from, &path).await {
         Ok(text) => gate_from(&text, gate),
         Err(e) => Gate::Unknown(format!("GET {path}/metrics failed: {e}")),
     }
 }
 
 /// Skips when the API server reports `gate` off; `why` says what the spec then cannot see.
-pub(crate) async fn require_api_server(ctx: &Ctx, gate: &str, why: &str) -> harness::framework::SpecResult {
-    let state = api_server(ctx, gate).await;
+pub(crate) async fn require_api_server(from: &impl ClusterAccess, gate: &str, why: &str) -> SpecResult {
+    let state = api_server(from, gate).await;
     tracing::info!(gate, ?state, "feature gate of the API server");
     if state.is_off() {
-        return Err(ctx.skip(format!(
+        return Err(SpecError::skip(format!(
             "the API server runs with feature gate {gate} off ({why}); turn it on in kind.yaml's featureGates"
         )));
     }
     Ok(())
+}
+
+/// A requirement ([`Registry::requires`](harness::framework::Registry::requires)) that skips
+/// the spec before anything is created when the API server reports `gate` off (see
+/// [`require_api_server`]).
+pub(crate) fn api_server_requirement(
+    gate: &'static str,
+    why: &'static str,
+) -> impl Fn(harness::framework::Precheck) -> futures::future::BoxFuture<'static, SpecResult> + Send + Sync + 'static
+{
+    move |pre| Box::pin(async move { require_api_server(&pre, gate, why).await })
+}
+
+/// The kubelet of `node`'s state of `gate`; skips when it reports the gate off. The other states
+/// (on, not reported, unknown) are the caller's to interpret.
+pub(crate) async fn require_kubelet(from: &impl ClusterAccess, node: &str, gate: &str) -> SpecResult<Gate> {
+    let state = kubelet(from, node, gate).await;
+    tracing::info!(node, gate, ?state, "feature gate of the kubelet");
+    if state.is_off() {
+        return Err(SpecError::skip(format!("the kubelet of node {node} runs with feature gate {gate} off")));
+    }
+    Ok(state)
 }
 
 #[cfg(test)]

@@ -29,7 +29,11 @@ use super::{
 /// [FeatureGate:DRAPartitionableDevices]`).
 pub fn register(r: &mut Registry) {
     r.it("must consume and free up counters", consume_and_free_counters)
-        .labels(["Beta", "FeatureGate:DynamicResourceAllocation"]);
+        .labels(["Beta", "FeatureGate:DynamicResourceAllocation"])
+        .requires(gates::api_server_requirement(
+            "DRAPartitionableDevices",
+            "it drops sharedCounters and consumesCounters",
+        ));
 }
 
 /// Counter set `counter-1` with 6Gi of memory, and two devices that consume 4Gi each.
@@ -48,12 +52,6 @@ fn counters_and_devices() -> anyhow::Result<(Vec<CounterSet>, Vec<Device>)> {
 }
 
 async fn consume_and_free_counters(ctx: Ctx) -> SpecResult {
-    gates::require_api_server(
-        &ctx,
-        "DRAPartitionableDevices",
-        "it drops sharedCounters and consumesCounters",
-    )
-    .await?;
     let nodes = Nodes::select(&ctx, 1, 1).await?;
     let (counters, devices) = counters_and_devices()?;
     let driver =

@@ -2,8 +2,9 @@
 //! and hugepages before anything is deployed (see [`Registry::requires`]): the pod's CPU with
 //! what its claims add (upstream's expected pod cgroup request, which is what the scheduler and
 //! the API server count) against the node the devices go to, the first of the nodes
-//! [`Nodes::select`] would choose. Where this is not exact (other pods' requests on the node, a
-//! resize the kubelet cannot actuate on cgroup v1) the specs still decide at run time.
+//! [`Nodes::select`] chooses (the set-up's own call, made from the spec's [`Precheck`]). Where
+//! this is not exact (other pods' requests on the node, a resize the kubelet cannot actuate on
+//! cgroup v1) the specs still decide at run time.
 //!
 //! [`Registry::requires`]: harness::framework::Registry::requires
 
@@ -12,7 +13,7 @@ use harness::{
     framework::{Precheck, SpecError, SpecResult},
 };
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, ResourceExt as _, api::ListParams};
+use kube::ResourceExt as _;
 
 use super::{
     cases::{CgroupCase, ResizeCase},
@@ -22,8 +23,7 @@ use super::{
 /// The node the devices would be published on, as the spec's set-up chooses it (1 to 4 usable
 /// nodes, the first); skipped as the set-up is when there is none.
 async fn devices_node(pre: &Precheck) -> SpecResult<Node> {
-    let list = Api::<Node>::all(pre.client().clone()).list(&ListParams::default()).await?;
-    let nodes = Nodes::choose(&list.items, 1, 4, 0).map_err(|e| SpecError::skip(e.to_string()))?;
+    let nodes = Nodes::select(pre, 1, 4).await?;
     nodes.objects().first().cloned().ok_or_else(|| SpecError::skip("no usable node"))
 }
 
