@@ -1,6 +1,9 @@
 //! What preflight found out about the cluster, and the skip helpers built on it.
 
-use std::{collections::BTreeSet, fmt};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+};
 
 use super::error::{SpecError, SpecResult};
 
@@ -87,9 +90,33 @@ pub struct ClusterInfo {
     pub api_versions: BTreeSet<String>,
     /// All nodes.
     pub nodes: Vec<NodeInfo>,
+    /// The API server's feature gates (every gate it knows, defaults included), from its
+    /// `kubernetes_feature_enabled` metric, read once by preflight: they cannot change while it
+    /// runs. `None` when its `/metrics` could not be read.
+    pub api_server_gates: Option<BTreeMap<String, bool>>,
+}
+
+/// Every gate in Prometheus text exposition (`kubernetes_feature_enabled{name="G",stage="..."} 1`,
+/// as every Kubernetes component exports it for every gate it knows) and its effective state.
+pub fn feature_gates_from_metrics(text: &str) -> BTreeMap<String, bool> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("kubernetes_feature_enabled{"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.split_once('}')?;
+            let name = labels.split(',').find_map(|l| l.trim().strip_prefix("name=\""))?.strip_suffix('"')?;
+            let value: f64 = value.trim().split(' ').next()?.parse().ok()?;
+            Some((name.to_owned(), value != 0.0))
+        })
+        .collect()
 }
 
 impl ClusterInfo {
+    /// The API server's state of `gate` as preflight read it: `Some(None)` when it does not know
+    /// the gate, `None` when preflight could not read its metrics.
+    pub fn api_server_gate(&self, gate: &str) -> Option<Option<bool>> {
+        self.api_server_gates.as_ref().map(|gates| gates.get(gate).copied())
+    }
+
     /// Whether the API server serves this group version (`resource.k8s.io/v1beta2`).
     pub fn serves(&self, group_version: &str) -> bool {
         self.api_versions.contains(group_version)
@@ -295,7 +322,29 @@ mod tests {
                 node("c", "v1.30.0", false),
                 NodeInfo { schedulable: false, ..node("control-plane", "v1.38.0", true) },
             ],
+            api_server_gates: None,
         }
+    }
+
+    #[test]
+    fn feature_gates_are_read_from_the_metric_of_every_gate() {
+        let text = "\
+# TYPE kubernetes_feature_enabled gauge
+kubernetes_feature_enabled{name=\"ResourceHealthStatus\",stage=\"BETA\"} 1
+kubernetes_feature_enabled{name=\"DRADeviceTaints\",stage=\"ALPHA\"} 0
+kubernetes_feature_enabled{stage=\"\",name=\"DRAPrioritizedList\"} 1
+other_metric{name=\"Foo\"} 0
+";
+        let gates = feature_gates_from_metrics(text);
+        let want: BTreeMap<String, bool> =
+            [("DRADeviceTaints", false), ("DRAPrioritizedList", true), ("ResourceHealthStatus", true)]
+                .map(|(g, on)| (g.to_owned(), on))
+                .into();
+        assert_eq!(gates, want);
+        let info = ClusterInfo { api_server_gates: Some(gates), ..cluster() };
+        assert_eq!(info.api_server_gate("DRADeviceTaints"), Some(Some(false)));
+        assert_eq!(info.api_server_gate("NoSuchGate"), Some(None));
+        assert_eq!(cluster().api_server_gate("DRADeviceTaints"), None);
     }
 
     #[test]

@@ -152,13 +152,30 @@ impl KubeBackend {
             server_version: version.git_version,
             api_versions,
             nodes: Vec::new(),
+            api_server_gates: None,
         };
         let nodes = Api::<Node>::all(self.client.clone())
             .list(&ListParams::default())
             .await
             .map_err(|e| self.classify(e))?;
         info.nodes = nodes.items.into_iter().map(node_info).collect();
+        info.api_server_gates = self.api_server_gates().await;
         Ok(info)
+    }
+}
+
+impl KubeBackend {
+    /// The API server's feature gates from its `/metrics` (`None`, logged, when it cannot be
+    /// read: the specs that need a gate then ask for it themselves and say why they cannot know).
+    async fn api_server_gates(&self) -> Option<BTreeMap<String, bool>> {
+        let request = kube::core::Request::new("").get("metrics", &Default::default()).ok()?;
+        match self.client.request_text(request).await {
+            Ok(text) => Some(super::cluster::feature_gates_from_metrics(&text)),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the API server's /metrics for its feature gates");
+                None
+            }
+        }
     }
 }
 

@@ -161,7 +161,8 @@ pub use capture::{
 };
 pub use cleanup::{CLEANUP_ALLOWANCE, CleanupFailure};
 pub use cluster::{
-    ClusterInfo, KUBELET_MIN_VERSION, KubeVersion, NodeInfo, PreflightError, kubelet_min_version,
+    ClusterInfo, KUBELET_MIN_VERSION, KubeVersion, NodeInfo, PreflightError, feature_gates_from_metrics,
+    kubelet_min_version,
 };
 pub use ctx::{Ctx, current_cancellation};
 pub use duration::{display as display_duration, parse as parse_duration};

@@ -74,6 +74,7 @@ impl ClusterBackend for FakeCluster {
                 ready: true,
                 schedulable: true,
             }],
+            api_server_gates: None,
         })
     }
 

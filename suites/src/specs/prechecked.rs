@@ -102,6 +102,8 @@ impl ClusterBackend for Simulated {
                     schedulable: !cp,
                 })
                 .collect(),
+            // As the real preflight reads them from the API server's /metrics.
+            api_server_gates: Some(harness::framework::feature_gates_from_metrics(SERVER_METRICS)),
         })
     }
 

@@ -2,7 +2,8 @@
 //! `kubernetes_feature_enabled{name="<gate>",stage="..."} 0|1` metric (every component exports it
 //! for every gate it knows, with its effective state, defaults included).
 //!
-//! - The API server's `/metrics` is always reachable with the admin kubeconfig. Its state of a
+//! - The API server's `/metrics` is always reachable with the admin kubeconfig; preflight reads
+//!   its gates once ([`ClusterInfo::api_server_gates`](harness::framework::ClusterInfo)). Its state of a
 //!   gate decides what it stores (it drops `allocatedResourcesStatus` and its `message` from pod
 //!   status, `firstAvailable` from claims, `sharedCounters` from slices when the gate is off).
 //! - A kubelet's `/metrics` is read through the API server's node proxy
@@ -44,16 +45,7 @@ impl Gate {
 
 /// The state of `gate` in Prometheus text exposition (`None` if the metric is not there).
 pub(crate) fn gate_from_metrics(text: &str, gate: &str) -> Option<bool> {
-    let needle = format!("name=\"{gate}\"");
-    text.lines()
-        .filter(|line| line.starts_with("kubernetes_feature_enabled{"))
-        .find(|line| {
-            line.split_once('}')
-                .is_some_and(|(labels, _)| labels.split([',', '{']).any(|label| label == needle))
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.trim().parse::<f64>().ok())
-        .map(|value| value != 0.0)
+    harness::framework::feature_gates_from_metrics(text).get(gate).copied()
 }
 
 fn gate_from(text: &str, gate: &str) -> Gate {
@@ -73,8 +65,14 @@ async fn metrics(from: &impl ClusterAccess, path: &str) -> Result<String, String
     })
 }
 
-/// The API server's state of `gate`.
+/// The API server's state of `gate`: as preflight read it, else asked now.
 pub(crate) async fn api_server(from: &impl ClusterAccess, gate: &str) -> Gate {
+    match from.cluster().api_server_gate(gate) {
+        Some(Some(true)) => return Gate::On,
+        Some(Some(false)) => return Gate::Off,
+        Some(None) => return Gate::NotReported,
+        None => {}
+    }
     match metrics(from, "").await {
         Ok(text) => gate_from(&text, gate),
         Err(e) => Gate::Unknown(format!("GET /metrics failed: {e}")),
