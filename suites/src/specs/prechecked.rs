@@ -32,8 +32,10 @@ kubernetes_feature_enabled{name=\"ResourceHealthStatusMessage\",stage=\"BETA\"} 
 /// The v1.37 worker's kubelet: `ResourceHealthStatus` off.
 const KUBELET_METRICS: &str = "kubernetes_feature_enabled{name=\"ResourceHealthStatus\",stage=\"BETA\"} 0\n";
 
-fn node(name: &str, kubelet: &str, control_plane: bool) -> serde_json::Value {
-    let taints = if control_plane {
+/// A Ready node as the API server returns it: `kubelet`'s version, the control-plane taint when
+/// `tainted`, `declared` in `status.declaredFeatures` (also used by the optional-node-ops tests).
+pub(crate) fn node(name: &str, kubelet: &str, declared: &[&str], tainted: bool) -> serde_json::Value {
+    let taints = if tainted {
         json!([{ "key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule" }])
     } else {
         json!([])
@@ -46,7 +48,7 @@ fn node(name: &str, kubelet: &str, control_plane: bool) -> serde_json::Value {
             "nodeInfo": { "kubeletVersion": kubelet, "machineID": "", "systemUUID": "", "bootID": "",
                 "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
                 "operatingSystem": "linux", "architecture": "amd64" },
-            "declaredFeatures": if control_plane { json!(["DRAOptionalNodeOperations"]) } else { json!([]) },
+            "declaredFeatures": declared,
         },
     })
 }
@@ -70,7 +72,10 @@ fn answer(path: &str) -> Response {
         "/metrics" => (200, SERVER_METRICS.to_owned()),
         "/api/v1/nodes/kind-worker2/proxy/metrics" => (200, KUBELET_METRICS.to_owned()),
         "/api/v1/nodes" => {
-            let items: Vec<_> = NODES.iter().map(|(n, v, cp)| node(n, v, *cp)).collect();
+            let items: Vec<_> = NODES
+                .iter()
+                .map(|(n, v, cp)| node(n, v, if *cp { &["DRAOptionalNodeOperations"] } else { &[] }, *cp))
+                .collect();
             (
                 200,
                 json!({ "apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items }).to_string(),

@@ -353,26 +353,9 @@ async fn standard_skip_unprepare(ctx: Ctx) -> SpecResult {
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn node(name: &str, kubelet: &str, declared: &[&str], taint: bool) -> Node {
-        let taints = if taint {
-            json!([{ "key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule" }])
-        } else {
-            json!([])
-        };
-        serde_json::from_value(json!({
-            "metadata": { "name": name },
-            "spec": { "taints": taints },
-            "status": {
-                "conditions": [{ "type": "Ready", "status": "True" }],
-                "nodeInfo": { "kubeletVersion": kubelet, "machineID": "", "systemUUID": "", "bootID": "",
-                    "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
-                    "operatingSystem": "linux", "architecture": "amd64" },
-                "declaredFeatures": declared,
-            },
-        }))
-        .unwrap()
+        serde_json::from_value(crate::specs::prechecked::node(name, kubelet, declared, taint)).unwrap()
     }
 
     /// The skip says which nodes were found with which kubelets and features, and what would
