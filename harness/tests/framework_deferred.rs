@@ -97,6 +97,57 @@ async fn a_deferred_check_runs_after_the_slot_is_released() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serial_specs_run_first_on_a_quiet_cluster_and_their_checks_overlap_the_parallel_specs() {
+    // "parallel" is registered first but starts last. The second serial spec starts only after
+    // the first one's deferred check ended; the parallel spec's body and the last serial spec's
+    // check each wait for the other to have started, so both hold only if they overlap.
+    let (journal, started) = (Journal::default(), Started::default());
+    let mut reg = Registry::new();
+    let s = started.clone();
+    reg.it("parallel", move |_ctx: Ctx| {
+        let s = s.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), s.wait_for(&["serial two: checking"]))
+                .await
+                .map_err(|_| anyhow::anyhow!("the last serial spec's check did not run meanwhile"))?;
+            s.add("parallel");
+            Ok(())
+        }
+    });
+    let s = started.clone();
+    reg.it("serial one", move |ctx: Ctx| {
+        let s = s.clone();
+        async move {
+            ctx.defer_check("serial one: a slow check", Duration::from_secs(5), async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                s.add("serial one: check");
+                Ok(())
+            });
+            Ok(())
+        }
+    })
+    .label("Serial");
+    let s = started.clone();
+    reg.it("serial two", move |ctx: Ctx| {
+        let s = s.clone();
+        async move {
+            if !s.0.0.lock().unwrap().contains("serial one: check") {
+                return Err(anyhow::anyhow!("started before the first serial spec's check ended").into());
+            }
+            ctx.defer_check("serial two: the parallel spec started", Duration::from_secs(5), async move {
+                s.add("serial two: checking");
+                s.wait_for(&["parallel"]).await;
+                Ok(())
+            });
+            Ok(())
+        }
+    })
+    .label("Serial");
+    let report = run(reg, &journal, 2, CancellationToken::new()).await;
+    assert_eq!((report.passed(), report.failed()), (3, 0), "{:?}", report.specs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_deferred_check_fails_its_spec_saying_which_and_after_how_long() {
     let journal = Journal::default();
     let mut reg = Registry::new();

@@ -57,25 +57,29 @@ impl DeferredChecks {
     }
 
     /// Runs every registered check at the same time, each in its own task (so panics are
-    /// caught) with its own timeout, and returns what each did, in registration order.
+    /// caught) with its own timeout, and returns what each did, in registration order. A check
+    /// registered while they run (by a task of the spec that outlived its body) runs after them.
     pub(crate) async fn run_all(&self, state: Option<&Arc<SpecState>>) -> Vec<CheckReport> {
-        let checks = std::mem::take(&mut *self.checks.lock().unwrap_or_else(PoisonError::into_inner));
-        if checks.is_empty() {
-            return Vec::new();
+        let mut reports = Vec::new();
+        loop {
+            let checks = std::mem::take(&mut *self.checks.lock().unwrap_or_else(PoisonError::into_inner));
+            if checks.is_empty() {
+                return reports;
+            }
+            if let Some(state) = state {
+                let names: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
+                state.set_phase(Phase::Deferred(names.join(", ")));
+            }
+            let runs = checks.into_iter().map(|Check { what, timeout, run }| {
+                let span = tracing::info_span!("deferred", what = %what);
+                let task = match state {
+                    Some(state) => tokio::spawn(state.scope(run).instrument(span.clone())),
+                    None => tokio::spawn(run.instrument(span.clone())),
+                };
+                run_one(what, timeout, task, span)
+            });
+            reports.extend(futures::future::join_all(runs).await);
         }
-        if let Some(state) = state {
-            let names: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
-            state.set_phase(Phase::Deferred(names.join(", ")));
-        }
-        let runs = checks.into_iter().map(|Check { what, timeout, run }| {
-            let span = tracing::info_span!("deferred", what = %what);
-            let task = match state {
-                Some(state) => tokio::spawn(state.scope(run).instrument(span.clone())),
-                None => tokio::spawn(run.instrument(span.clone())),
-            };
-            run_one(what, timeout, task, span)
-        });
-        futures::future::join_all(runs).await
     }
 }
 
@@ -108,22 +112,18 @@ async fn run_one(
 }
 
 /// A spec's worker slot: held while the spec needs it (body, cleanups), released before its
-/// deferred checks, taken again for a retry (`--flake-attempts`). Serial specs have no
-/// semaphore: they run alone anyway.
+/// deferred checks, taken again for a retry (`--flake-attempts`). A `[Serial]` spec's slot is
+/// every permit of the semaphore, so it runs alone.
 pub(crate) struct Slot {
-    semaphore: Option<Arc<Semaphore>>,
+    semaphore: Arc<Semaphore>,
     permit: Option<OwnedSemaphorePermit>,
+    permits: u32,
 }
 
 impl Slot {
-    /// A slot holding `permit` of `semaphore`.
-    pub(crate) fn held(semaphore: Arc<Semaphore>, permit: OwnedSemaphorePermit) -> Self {
-        Self { semaphore: Some(semaphore), permit: Some(permit) }
-    }
-
-    /// The slot of a serial spec: nothing to hold.
-    pub(crate) fn serial() -> Self {
-        Self { semaphore: None, permit: None }
+    /// A slot holding `permit`, `permits` permits of `semaphore`.
+    pub(crate) fn held(semaphore: Arc<Semaphore>, permit: OwnedSemaphorePermit, permits: u32) -> Self {
+        Self { semaphore, permit: Some(permit), permits }
     }
 
     /// Lets the next spec start.
@@ -131,17 +131,18 @@ impl Slot {
         self.permit = None;
     }
 
-    /// Takes the slot again (if it was released); `false` when the semaphore was closed.
+    /// Takes the slot again (if it was released); `false` when the semaphore was closed. The
+    /// semaphore is fair: a serial spec waiting for every permit goes before later requests.
     pub(crate) async fn acquire(&mut self) -> bool {
-        match (&self.semaphore, &self.permit) {
-            (Some(semaphore), None) => match semaphore.clone().acquire_owned().await {
-                Ok(permit) => {
-                    self.permit = Some(permit);
-                    true
-                }
-                Err(_) => false,
-            },
-            _ => true,
+        if self.permit.is_some() {
+            return true;
+        }
+        match self.semaphore.clone().acquire_many_owned(self.permits).await {
+            Ok(permit) => {
+                self.permit = Some(permit);
+                true
+            }
+            Err(_) => false,
         }
     }
 }
@@ -177,6 +178,19 @@ mod tests {
             ]
         );
         assert!(checks.is_empty(), "each check runs once");
+    }
+
+    #[tokio::test]
+    async fn a_check_registered_while_checks_run_runs_too() {
+        let checks = Arc::new(DeferredChecks::default());
+        let late = checks.clone();
+        checks.push("first".into(), Duration::from_secs(5), async move {
+            late.push("late".into(), Duration::from_secs(5), async { Err(anyhow::anyhow!("still there")) });
+            Ok(())
+        });
+        let got = checks.run_all(None).await;
+        let got: Vec<_> = got.iter().map(|c| (c.what.as_str(), c.error.as_deref())).collect();
+        assert_eq!(got, [("first", None), ("late", Some("still there"))]);
     }
 
     #[tokio::test(start_paused = true)]

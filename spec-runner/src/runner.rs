@@ -150,14 +150,7 @@ pub async fn run_with_backend(
             break;
         }
         let mut started_specs = HashSet::new();
-        report.specs.extend(run_parallel(&env, &parallel, attempt, &mut started_specs).await);
-        for spec in &serial {
-            if env.interrupt.is_cancelled() || env.stop_new.is_cancelled() {
-                break;
-            }
-            started_specs.insert(spec.info.index());
-            report.specs.push(spawn_spec(&env, spec.clone(), attempt).await);
-        }
+        report.specs.extend(run_attempt(&env, &serial, &parallel, attempt, &mut started_specs).await);
         let reason = if env.interrupt.is_cancelled() {
             "not run: the run was interrupted"
         } else {
@@ -210,51 +203,76 @@ pub async fn run_with_backend(
     report
 }
 
-/// Runs the non-serial specs of one attempt, at most `procs` at a time, in the run's order. A
-/// spec holds its slot for its body and cleanups; its deferred checks run after it released the
-/// slot, and this returns only when every spec's deferred checks have finished.
-async fn run_parallel(
+/// Runs one attempt: the `[Serial]` specs first, then the others at most `procs` at a time, in
+/// the run's order. A spec holds its slot for its body and cleanups and releases it before its
+/// deferred checks, which only wait on its own objects going away. A serial spec holds every
+/// slot and starts only when every spec before it has ended, deferred checks included, so it
+/// finds a quiet cluster; the parallel specs start while the last serial spec's deferred checks
+/// still run (they are alone with anything but another spec's body). Returns when every spec's
+/// deferred checks have finished.
+async fn run_attempt(
     env: &Arc<Env>,
-    specs: &[Arc<SpecDef>],
+    serial: &[Arc<SpecDef>],
+    parallel: &[Arc<SpecDef>],
     attempt: u32,
     started: &mut HashSet<usize>,
 ) -> Vec<SpecReport> {
-    let semaphore = Arc::new(Semaphore::new(env.options.procs));
-    let mut set = JoinSet::new();
-    let mut tasks = HashMap::new();
-    for spec in specs {
+    let procs = u32::try_from(env.options.procs.max(1)).unwrap_or(Semaphore::MAX_PERMITS as u32);
+    let semaphore = Arc::new(Semaphore::new(procs as usize));
+    let mut tasks = SpecTasks::default();
+    let order = serial.iter().map(|spec| (spec, procs)).chain(parallel.iter().map(|spec| (spec, 1)));
+    for (spec, permits) in order {
+        if spec.info.is_serial() {
+            tasks.finish().await;
+        }
         let permit = tokio::select! {
             biased;
             () = env.interrupt.cancelled() => break,
             () = env.stop_new.cancelled() => break,
-            permit = semaphore.clone().acquire_owned() => permit,
+            permit = semaphore.clone().acquire_many_owned(permits) => permit,
         };
         let Ok(permit) = permit else { break };
         started.insert(spec.info.index());
-        let (env, task_spec) = (env.clone(), spec.clone());
-        let slot = Slot::held(semaphore.clone(), permit);
-        let handle = set.spawn(run_tries(env, task_spec, attempt, slot));
-        tasks.insert(handle.id(), spec.clone());
+        let slot = Slot::held(semaphore.clone(), permit, permits);
+        tasks.spawn(spec, run_tries(env.clone(), spec.clone(), attempt, slot), attempt);
     }
-    let mut reports = Vec::new();
-    while let Some(joined) = set.join_next_with_id().await {
-        match joined {
-            Ok((_, report)) => reports.push(report),
-            Err(e) => {
-                if let Some(spec) = tasks.get(&e.id()) {
-                    reports.push(runner_failure(spec, attempt, &e));
+    tasks.finish().await;
+    tasks.reports
+}
+
+/// The spec tasks of one attempt (each in its own task, so nothing in a spec can take the
+/// runner down) and the reports of those that ended.
+#[derive(Default)]
+struct SpecTasks {
+    set: JoinSet<SpecReport>,
+    specs: HashMap<tokio::task::Id, (Arc<SpecDef>, u32)>,
+    reports: Vec<SpecReport>,
+}
+
+impl SpecTasks {
+    /// Starts `run`, the life of `spec` in `attempt`.
+    fn spawn(
+        &mut self,
+        spec: &Arc<SpecDef>,
+        run: impl Future<Output = SpecReport> + Send + 'static,
+        attempt: u32,
+    ) {
+        let handle = self.set.spawn(run);
+        self.specs.insert(handle.id(), (spec.clone(), attempt));
+    }
+
+    /// Waits until every started spec has ended, its deferred checks included.
+    async fn finish(&mut self) {
+        while let Some(joined) = self.set.join_next_with_id().await {
+            match joined {
+                Ok((_, report)) => self.reports.push(report),
+                Err(e) => {
+                    if let Some((spec, attempt)) = self.specs.get(&e.id()) {
+                        self.reports.push(runner_failure(spec, *attempt, &e));
+                    }
                 }
             }
         }
-    }
-    reports
-}
-
-/// Runs one spec in its own task (so nothing in it can take the runner down).
-async fn spawn_spec(env: &Arc<Env>, spec: Arc<SpecDef>, attempt: u32) -> SpecReport {
-    match tokio::spawn(run_tries(env.clone(), spec.clone(), attempt, Slot::serial())).await {
-        Ok(report) => report,
-        Err(e) => runner_failure(&spec, attempt, &e),
     }
 }
 
