@@ -266,15 +266,21 @@ impl ProxiedPlugin {
             .await
             .map_err(|source| ProxiedError::Plugin { pod: pod.display(), source })?;
 
-        // Then per socket (DRA before registration, so the DRA endpoint works before the kubelet
-        // learns of it): the tunnel, then the proxy process in the pod.
+        // Then per socket: the tunnel, then the proxy process in the pod. The registration
+        // proxy starts once the DRA socket exists, so the kubelet cannot call the plugin before
+        // its DRA endpoint exists (a NodePrepareResources that fails so is retried only at the
+        // pod's next resync, a minute later).
         let watch = PodWatch::start(client.clone(), pod.clone());
         let mut sockets = Vec::new();
         let paths = (dra.clone(), registration.clone());
-        for (socket, port, sender) in [(dra, DRA_PORT, dra_tx), (registration, REGISTRATION_PORT, reg_tx)] {
+        let registration_proxy = ProxyProcessConfig::new(registration, REGISTRATION_PORT).after_socket(&dra);
+        let dra_proxy = ProxyProcessConfig::new(dra, DRA_PORT);
+        for (config, port, sender) in
+            [(dra_proxy, DRA_PORT, dra_tx), (registration_proxy, REGISTRATION_PORT, reg_tx)]
+        {
             let dialer = PortForwardDialer::new(client.clone(), pod.clone(), port);
             let tunnel = Tunnel::start(Arc::new(dialer), sender, tunnel_config.clone());
-            let proxy = ProxyProcess::start(exec.clone(), ProxyProcessConfig::new(socket, port));
+            let proxy = ProxyProcess::start(exec.clone(), config);
             let retry = retry_on_start(&tunnel, &proxy);
             sockets.push(ProxiedSocket { tunnel, proxy, retry });
         }

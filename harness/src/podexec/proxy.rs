@@ -43,10 +43,17 @@ stop_matching() {
 }
 "#;
 
-/// `$1` binary, `$2` verbosity, `$3` socket, `$4` proxy endpoint. The script's own arguments
-/// never contain `--endpoint=<socket>` as one word, so it cannot match itself.
+/// `$1` binary, `$2` verbosity, `$3` socket, `$4` proxy endpoint, `$5` a socket to wait for
+/// first (empty: none), at most 50 × 0.1 s: shorter than [`START_GRACE`], so a stop during the
+/// wait still sees the start marker and kills the proxy. The script's own arguments never contain
+/// `--endpoint=<socket>` as one word, so it cannot match itself.
 const START_SCRIPT: &str = r#"
 stop_matching "--endpoint=$3" || exit 1
+if [ -n "$5" ]; then
+  i=0
+  while [ ! -S "$5" ] && [ "$i" -lt 50 ]; do i=$((i+1)); sleep 0.1; done
+  [ -S "$5" ] || echo "$5 did not appear within 5s; starting anyway" >&2
+fi
 echo "dra-e2e-proxy-started $$"
 exec "$1" "--v=$2" "--endpoint=$3" "--proxy-endpoint=$4"
 "#;
@@ -71,6 +78,10 @@ pub struct ProxyProcessConfig {
     pub initial_backoff: Duration,
     /// Longest restart delay (default 30 s). A run that lasted longer resets the delay.
     pub max_backoff: Duration,
+    /// A socket that must exist before the proxy starts (waited for up to 5 s per start): the
+    /// registration proxy waits for the DRA socket, so the kubelet cannot learn of the plugin
+    /// (and call it) before its DRA endpoint exists.
+    pub after_socket: Option<String>,
 }
 
 impl ProxyProcessConfig {
@@ -83,7 +94,14 @@ impl ProxyProcessConfig {
             verbosity: 5,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
+            after_socket: None,
         }
+    }
+
+    /// Sets [`ProxyProcessConfig::after_socket`].
+    pub fn after_socket(mut self, socket: impl Into<String>) -> Self {
+        self.after_socket = Some(socket.into());
+        self
     }
 
     /// Sets [`ProxyProcessConfig::binary`].
@@ -109,7 +127,8 @@ impl ProxyProcessConfig {
     /// The command that (after stopping a stale instance for the same socket) becomes the proxy.
     pub fn start_command(&self) -> Vec<String> {
         let verbosity = self.verbosity.to_string();
-        self.script(START_SCRIPT, &[&self.binary, &verbosity, &self.socket, &self.proxy_endpoint])
+        let after = self.after_socket.as_deref().unwrap_or_default();
+        self.script(START_SCRIPT, &[&self.binary, &verbosity, &self.socket, &self.proxy_endpoint, after])
     }
 
     /// The command that stops every proxy for the socket and removes the socket file.

@@ -213,3 +213,36 @@ async fn tunnel_retries_until_the_proxy_listens() {
     assert_eq!((final_stats.open, final_stats.idle), (0, 0));
     drop(listener);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_waits_for_the_socket_it_comes_after_at_most_five_seconds() {
+    // As the registration proxy waits for the DRA socket: `waits` starts only once `dra.sock`
+    // exists; `gives_up` waits for a socket that never appears and starts anyway.
+    let dir = tempfile::tempdir().unwrap();
+    let (dra, reg, other) =
+        (dir.path().join("dra.sock"), dir.path().join("reg.sock"), dir.path().join("other.sock"));
+    let runner = Arc::new(harness::podexec::LocalRunner::new());
+    let waits = harness::podexec::ProxyProcess::start(
+        runner.clone(),
+        local_proxy(&reg, free_port()).after_socket(dra.display().to_string()),
+    );
+    let gives_up = harness::podexec::ProxyProcess::start(
+        runner,
+        local_proxy(&other, free_port()).after_socket(dir.path().join("never.sock").display().to_string()),
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(waits.starts(), 0, "started before the socket it waits for existed");
+    assert!(!reg.exists());
+    let _dra = std::os::unix::net::UnixListener::bind(&dra).unwrap();
+    waits.wait_starts(1, TIMEOUT).await.unwrap();
+    within("reg.sock to appear", async {
+        while !reg.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    gives_up.wait_starts(1, TIMEOUT).await.unwrap();
+    within("stop", waits.stop()).await.unwrap();
+    within("stop", gives_up.stop()).await.unwrap();
+    assert!(!reg.exists() && !other.exists());
+}

@@ -100,6 +100,13 @@ pub fn processes_with_arg(arg: &str) -> Vec<i32> {
     pids
 }
 
+/// The real `hostpathplugin` proxying the Unix socket `path` to `127.0.0.1:port`.
+pub fn local_proxy(path: &Path, port: u16) -> ProxyProcessConfig {
+    ProxyProcessConfig::new(path.display().to_string(), port)
+        .binary(hostpathplugin().display().to_string())
+        .proxy_endpoint(format!("tcp://127.0.0.1:{port}"))
+}
+
 /// One socket of the chain: its proxy process (a local `hostpathplugin`) and its tunnel.
 pub struct Socket {
     pub path: PathBuf,
@@ -109,15 +116,20 @@ pub struct Socket {
 }
 
 impl Socket {
-    /// Starts the proxy for `path` on a free port and a TCP tunnel to it feeding `sender`.
-    fn start(path: PathBuf, sender: harness::plugin::ConnectionSender, config: TunnelConfig) -> Socket {
+    /// Starts the proxy for `path` on a free port (once `after` exists, if given) and a TCP
+    /// tunnel to it feeding `sender`.
+    fn start(
+        path: PathBuf,
+        after: Option<&Path>,
+        sender: harness::plugin::ConnectionSender,
+        config: TunnelConfig,
+    ) -> Socket {
         let port = free_port();
-        let proxy = ProxyProcess::start(
-            Arc::new(LocalRunner::new()),
-            ProxyProcessConfig::new(path.display().to_string(), port)
-                .binary(hostpathplugin().display().to_string())
-                .proxy_endpoint(format!("tcp://127.0.0.1:{port}")),
-        );
+        let mut proxy_config = local_proxy(&path, port);
+        if let Some(after) = after {
+            proxy_config = proxy_config.after_socket(after.display().to_string());
+        }
+        let proxy = ProxyProcess::start(Arc::new(LocalRunner::new()), proxy_config);
         let tunnel = Tunnel::start(Arc::new(TcpDialer::new(([127, 0, 0, 1], port).into())), sender, config);
         Socket { path, port, proxy, tunnel }
     }
@@ -155,7 +167,8 @@ pub struct Chain {
 
 impl Chain {
     /// Starts the plugin (claims from `claims`, files through `files`), then per socket a
-    /// tunnel and a `hostpathplugin` proxy, DRA first.
+    /// tunnel and a `hostpathplugin` proxy; the registration proxy waits for the DRA socket, as
+    /// in a proxy pod (and is started first here, to show it).
     pub async fn start(claims: Arc<dyn ClaimSource>, files: Arc<dyn FileOps>, tunnel: TunnelConfig) -> Chain {
         let dir = tempfile::Builder::new().prefix("dra-tunnel").tempdir().unwrap();
         let plugin_dir = dir.path().join("plugins").join(DRIVER);
@@ -178,8 +191,8 @@ impl Chain {
         .start(PluginListeners { registration: reg_listener, dra: dra_listener })
         .await
         .unwrap();
-        let dra = Socket::start(dra_path, dra_tx, tunnel.clone());
-        let registration = Socket::start(reg_path, reg_tx, tunnel);
+        let registration = Socket::start(reg_path, Some(&dra_path), reg_tx, tunnel.clone());
+        let dra = Socket::start(dra_path, None, dra_tx, tunnel);
         Chain { dir, plugin, dra, registration, cdi_dir }
     }
 
