@@ -151,6 +151,7 @@ mod run_identity;
 mod runner;
 mod selection;
 mod spec_end;
+mod spec_tasks;
 
 pub use args::{RunnerArgs, run, run_on};
 pub use artifacts::ArtifactSource;

@@ -5,14 +5,9 @@
 //! It talks to the cluster only through a [`ClusterBackend`], so it runs the
 //! same against [`KubeBackend`](super::KubeBackend) and against test doubles.
 
-use std::{
-    collections::{HashMap, HashSet},
-    path::Path,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashSet, path::Path, sync::Arc, time::Duration};
 
-use tokio::{sync::Semaphore, task::JoinSet, time::Instant};
+use tokio::{sync::Semaphore, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -38,7 +33,8 @@ use super::{
     registry::{Registry, SpecDef, SuiteHooks},
     requirements::{self, Precheck},
     selection::Selection,
-    spec_end::{body_outcome, runner_failure, stop_body, with_failures, write_failure_files},
+    spec_end::{body_outcome, stop_body, with_failures, write_failure_files},
+    spec_tasks::SpecTasks,
 };
 
 /// Waits at least this long (in all, per name) go into the report.
@@ -238,42 +234,6 @@ async fn run_attempt(
     }
     tasks.finish().await;
     tasks.reports
-}
-
-/// The spec tasks of one attempt (each in its own task, so nothing in a spec can take the
-/// runner down) and the reports of those that ended.
-#[derive(Default)]
-struct SpecTasks {
-    set: JoinSet<SpecReport>,
-    specs: HashMap<tokio::task::Id, (Arc<SpecDef>, u32)>,
-    reports: Vec<SpecReport>,
-}
-
-impl SpecTasks {
-    /// Starts `run`, the life of `spec` in `attempt`.
-    fn spawn(
-        &mut self,
-        spec: &Arc<SpecDef>,
-        run: impl Future<Output = SpecReport> + Send + 'static,
-        attempt: u32,
-    ) {
-        let handle = self.set.spawn(run);
-        self.specs.insert(handle.id(), (spec.clone(), attempt));
-    }
-
-    /// Waits until every started spec has ended, its deferred checks included.
-    async fn finish(&mut self) {
-        while let Some(joined) = self.set.join_next_with_id().await {
-            match joined {
-                Ok((_, report)) => self.reports.push(report),
-                Err(e) => {
-                    if let Some((spec, attempt)) = self.specs.get(&e.id()) {
-                        self.reports.push(runner_failure(spec, *attempt, &e));
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Runs a spec up to `--flake-attempts` times, until it does not fail (or the run is
