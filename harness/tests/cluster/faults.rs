@@ -201,6 +201,20 @@ async fn dropped_connections_body(ctx: Ctx, created: Created, api: String) -> Sp
     assert!(closed >= 4, "expected the tunnels' connections among ours, closed {closed}");
     tracing::info!(closed, "closed this process's connections to the API server");
     let before = calls.count(Method::NodePrepareResources);
+    // The client's pooled connections were closed too, and a request sent before the client
+    // noticed fails ("error writing a body to connection"): the spec is about the tunnels, so
+    // the first request after the kill is a GET that may meet such a connection and is retried.
+    let client = ctx.client().clone();
+    harness::wait::poll("the API server to answer this process again", T, Duration::from_millis(100), || {
+        let client = client.clone();
+        async move {
+            match client.apiserver_version().await {
+                Ok(_) => harness::wait::Attempt::Done(()),
+                Err(e) => harness::wait::Attempt::Retry(format!("{e}")),
+            }
+        }
+    })
+    .await?;
 
     // The kubelet reaches the plugin again: a second pod is prepared and the first unprepared.
     let (second, template) = b.pod_inline();
