@@ -213,14 +213,16 @@ async fn run_attempt(
     attempt: u32,
     started: &mut HashSet<usize>,
 ) -> Vec<SpecReport> {
-    let procs = u32::try_from(env.options.procs.max(1)).unwrap_or(Semaphore::MAX_PERMITS as u32);
+    let procs = u32::try_from(env.options.procs.max(1)).unwrap_or(u32::MAX);
     let semaphore = Arc::new(Semaphore::new(procs as usize));
-    let mut tasks = SpecTasks::default();
-    let order = serial.iter().map(|spec| (spec, procs)).chain(parallel.iter().map(|spec| (spec, 1)));
-    for (spec, permits) in order {
-        if spec.info.is_serial() {
+    let mut tasks = SpecTasks::new(attempt);
+    for spec in serial.iter().chain(parallel) {
+        let permits = if spec.info.is_serial() {
             tasks.finish().await;
-        }
+            procs
+        } else {
+            1
+        };
         let permit = tokio::select! {
             biased;
             () = env.interrupt.cancelled() => break,
@@ -230,7 +232,7 @@ async fn run_attempt(
         let Ok(permit) = permit else { break };
         started.insert(spec.info.index());
         let slot = Slot::held(semaphore.clone(), permit, permits);
-        tasks.spawn(spec, run_tries(env.clone(), spec.clone(), attempt, slot), attempt);
+        tasks.spawn(spec, run_tries(env.clone(), spec.clone(), attempt, slot));
     }
     tasks.finish().await;
     tasks.reports

@@ -9,24 +9,28 @@ use super::{outcome::SpecReport, registry::SpecDef, spec_end::runner_failure};
 
 /// The spec tasks of one attempt (each in its own task, so nothing in a spec can take the
 /// runner down) and the reports of those that ended.
-#[derive(Default)]
 pub(crate) struct SpecTasks {
+    attempt: u32,
     set: JoinSet<SpecReport>,
-    specs: HashMap<tokio::task::Id, (Arc<SpecDef>, u32)>,
+    specs: HashMap<tokio::task::Id, Arc<SpecDef>>,
     /// The reports of the specs that ended.
     pub(crate) reports: Vec<SpecReport>,
 }
 
 impl SpecTasks {
-    /// Starts `run`, the life of `spec` in `attempt`.
+    /// No tasks yet, for `attempt` (of `--repeat`).
+    pub(crate) fn new(attempt: u32) -> Self {
+        Self { attempt, set: JoinSet::new(), specs: HashMap::new(), reports: Vec::new() }
+    }
+
+    /// Starts `run`, the life of `spec` in this attempt.
     pub(crate) fn spawn(
         &mut self,
         spec: &Arc<SpecDef>,
         run: impl Future<Output = SpecReport> + Send + 'static,
-        attempt: u32,
     ) {
         let handle = self.set.spawn(run);
-        self.specs.insert(handle.id(), (spec.clone(), attempt));
+        self.specs.insert(handle.id(), spec.clone());
     }
 
     /// Waits until every started spec has ended, its deferred checks included.
@@ -35,8 +39,8 @@ impl SpecTasks {
             match joined {
                 Ok((_, report)) => self.reports.push(report),
                 Err(e) => {
-                    if let Some((spec, attempt)) = self.specs.get(&e.id()) {
-                        self.reports.push(runner_failure(spec, *attempt, &e));
+                    if let Some(spec) = self.specs.get(&e.id()) {
+                        self.reports.push(runner_failure(spec, self.attempt, &e));
                     }
                 }
             }
