@@ -82,7 +82,6 @@ use crate::{
     manifests::{self, INSTANCE_LABEL, ManifestError},
     plugin::{
         ClaimId, HealthState, KubeClaims, MetadataConfig, MetadataConfigError, MetadataVersion, PluginConfig,
-        kubelet_needs_dra_authority_rewrite,
     },
     proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec},
     wait::{self, Attempt, Verdict, WaitError},

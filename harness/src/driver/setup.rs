@@ -22,9 +22,6 @@ impl Driver {
         let inner = &self.inner;
         for (node, state) in &inner.per_node {
             let Some(pod) = lock(&state.pod).clone() else { continue };
-            // Kubelets before v1.36 may re-dial the DRA socket with an
-            // `:authority` h2 rejects; an unknown version counts as old.
-            let kubelet = ctx.cluster().nodes.iter().find(|n| n.name == *node).and_then(|n| n.kubelet());
             let plugin = PluginConfig::new(&inner.name, node, "/cdi")
                 .dra_endpoint(format!(
                     "{}/dra.sock",
@@ -34,9 +31,6 @@ impl Driver {
                 .dra_v1beta1(inner.config.dra_v1beta1)
                 .health_v1(inner.config.health_v1)
                 .health_v1alpha1(inner.config.health_v1alpha1)
-                .dra_authority_rewrite(kubelet_needs_dra_authority_rewrite(
-                    kubelet.map(|v| v.minor_version()),
-                ))
                 .metadata(self.metadata_config()?);
             *lock(&state.plugin_config) = Some(plugin);
             let claims = shared_claims::Lease::acquire(&inner.name, node);

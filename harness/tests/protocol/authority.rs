@@ -1,8 +1,9 @@
 //! What the kubelet's grpc-go client really sends: it dials the registration
 //! socket with a passthrough target, so its `:authority` is the
 //! percent-encoded socket path, which h2's server alone resets with
-//! PROTOCOL_ERROR. The plugin must answer it on every kind of registration
-//! listener, and on the DRA listener when `dra_authority_rewrite` is set.
+//! PROTOCOL_ERROR. The plugin must answer it on every kind of listener,
+//! registration and DRA alike (`interop.rs` makes the same point with live
+//! grpc-go and C-core clients).
 //!
 //! - The captured bytes of a kubelet-like registration (GetInfo +
 //!   NotifyRegistrationStatus on one connection, see `data/README.md`) are
@@ -11,7 +12,7 @@
 //!   test needs `go` on PATH.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc};
 
 use crate::common::*;
 use futures::StreamExt as _;
@@ -198,80 +199,36 @@ async fn replayed_kubelet_registration_is_answered(#[case] via: Via) {
     plugin.stop().await;
 }
 
-/// The DRA listener passes the client's bytes through unless
-/// `dra_authority_rewrite` is set (for kubelets before v1.36): then the
-/// percent-encoded `:authority` is reset by h2, with it the calls are answered
-/// (UNIMPLEMENTED: the DRA server has no registration service).
-#[rstest]
-#[case::without_the_option(false)]
-#[case::with_the_option(true)]
+/// The DRA listener answers the percent-encoded `:authority` too
+/// (UNIMPLEMENTED: the DRA server has no registration service), as grpc-go's
+/// server does, whatever the kubelet's version.
 #[tokio::test]
-async fn dra_listener_rewrites_only_with_the_option(#[case] rewrite: bool) {
+async fn dra_listener_answers_a_percent_encoded_authority() {
     let p = paths();
     let (sender, dra) = Listener::channel(1);
     let (client, server) = tokio::io::duplex(64 * 1024);
     sender.send(server).await.unwrap();
-    let plugin = KubeletPlugin::builder(
-        PluginConfig::new(DRIVER, NODE, &p.cdi_dir).dra_endpoint("/dra.sock").dra_authority_rewrite(rewrite),
-    )
-    .claim_source(Arc::new(MemoryClaims::new()))
-    .start(PluginListeners { registration: Listener::unix(&p.reg_socket), dra })
-    .await
-    .unwrap();
+    let plugin =
+        KubeletPlugin::builder(PluginConfig::new(DRIVER, NODE, &p.cdi_dir).dra_endpoint("/dra.sock"))
+            .claim_source(Arc::new(MemoryClaims::new()))
+            .start(PluginListeners { registration: Listener::unix(&p.reg_socket), dra })
+            .await
+            .unwrap();
 
     let replies = replay(client).await;
     for stream in [1, 3] {
         let reply = &replies[&stream];
-        if rewrite {
-            assert_eq!(reply.reset, None, "stream {stream}: {reply:?}");
-            assert_eq!(reply.field(":status"), Some("200"), "stream {stream}: {reply:?}");
-            assert_eq!(reply.field("grpc-status"), Some("12"), "stream {stream}: {reply:?}");
-        } else {
-            // RST_STREAM(PROTOCOL_ERROR).
-            assert_eq!(reply.reset, Some(1), "stream {stream}: {reply:?}");
-        }
+        assert_eq!(reply.reset, None, "stream {stream}: {reply:?}");
+        assert_eq!(reply.field(":status"), Some("200"), "stream {stream}: {reply:?}");
+        assert_eq!(reply.field("grpc-status"), Some("12"), "stream {stream}: {reply:?}");
     }
     plugin.stop().await;
     drop(sender);
 }
 
-/// Builds `tests/go-client` (Go's build cache makes later runs quick).
-async fn build_go_client(out: &Path) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/go-client");
-    let build = Command::new("go")
-        .args(["build", "-o"])
-        .arg(out)
-        .arg(".")
-        .current_dir(&dir)
-        // Never fetch another toolchain; the module cache may be filled from
-        // the module proxy with the committed go.sum.
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
-        .kill_on_drop(true)
-        .output();
-    let build = match tokio::time::timeout(Duration::from_secs(600), build).await {
-        Err(_) => panic!("`go build` in {} took longer than 10 minutes", dir.display()),
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-            "this test runs the kubelet-like grpc-go client in {} and needs the Go toolchain (1.25 or \
-             newer) on PATH, but `go` was not found",
-            dir.display()
-        ),
-        Ok(result) => result.unwrap(),
-    };
-    assert!(
-        build.status.success(),
-        "`go build` in {} failed ({}):\n{}",
-        dir.display(),
-        build.status,
-        String::from_utf8_lossy(&build.stderr)
-    );
-}
-
 #[tokio::test]
 async fn grpc_go_client_dialing_like_the_kubelet_registers() {
-    let bin_dir = tempfile::tempdir().unwrap();
-    let client = bin_dir.path().join("go-client");
-    build_go_client(&client).await;
+    let client = crate::clients::go_client().await;
 
     let t = TestPlugin::start(Arc::new(MemoryClaims::new()), Arc::new(CountingFiles::default()), |c| c).await;
     // An absolute path: grpc-go sends it percent-encoded as :authority.

@@ -1,28 +1,40 @@
 //! Rewrites HTTP/2 `:authority` values that h2's server would reject.
 //!
-//! grpc-go clients that dial with a passthrough target send the
-//! percent-encoded socket path as `:authority`, e.g.
-//! `%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fx-reg.sock` (grpc-go
-//! `clientconn.go`, `encodeAuthority`). h2's server resets every stream whose
-//! `:authority` is not an [`http::uri::Authority`] with
-//! RST_STREAM(PROTOCOL_ERROR), and its maintainers declined to relax that
-//! (hyperium/h2#487, hyperium/hyper#3750). Which kubelet connections do this
-//! (Kubernetes v1.34.3, v1.35.4, v1.36.3, v1.37.2):
+//! Some gRPC clients of a Unix socket send an `:authority` that is not a valid
+//! URI authority, and h2's server resets every such stream with
+//! RST_STREAM(PROTOCOL_ERROR) (its maintainers declined to relax that,
+//! hyperium/h2#487, hyperium/hyper#3750), where grpc-go's server, which
+//! upstream's plugins use, answers them:
 //!
-//! - registration: `pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go`
-//!   (`dial`) uses `grpc.DialContext(ctx, unixSocketPath, WithContextDialer(..))`,
-//!   a passthrough target, in every version. So the registration listener
-//!   always rewrites.
-//! - DRA: `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go` uses
-//!   `grpc.NewClient("unix:" + endpoint)`, and grpc-go's unix resolver
-//!   overrides the authority with `localhost`. But in v1.34 and v1.35,
-//!   `dra_plugin.go` `getOrCreateGRPCConn` (NodeWatchResources, the health
-//!   stream) re-dials with `grpc.Dial(endpoint, WithContextDialer(..))` once
-//!   that connection is shut down; v1.36 removed it. So the DRA listener only
-//!   rewrites when [`PluginConfig::dra_authority_rewrite`](super::PluginConfig::dra_authority_rewrite)
-//!   is set, for kubelets older than v1.36.
+//! - grpc-go dialing a passthrough target sends the percent-encoded socket
+//!   path, e.g. `%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fx-reg.sock`
+//!   (grpc-go `clientconn.go`, `encodeAuthority`). The kubelet's plugin
+//!   watcher dials the registration socket this way in every version
+//!   (`pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go`),
+//!   and kubelets v1.34 and v1.35 re-dial the DRA socket this way for the
+//!   health stream (`dra_plugin.go`, `getOrCreateGRPCConn`).
+//! - gRPC's C core (grpcio for Python, C++, Ruby, ...) sends the
+//!   percent-encoded path without its leading slash for `unix:` targets.
+//! - grpc-go's `unix:` resolver (the kubelet's DRA connection since v1.34)
+//!   and tonic send `localhost`, which h2 accepts.
 //!
-//! [`NormalizeAuthority`] rewrites the client→server bytes of one connection:
+//! So every listener of the plugin wraps its connections in a
+//! [`NormalizeAuthority`], and what it does is chosen per connection from the
+//! client's first header block:
+//!
+//! - its `:authority` is valid (or absent): the block's frames are handed on
+//!   unchanged and so is every later byte of the connection; this costs one
+//!   HPACK decode per connection;
+//! - it is invalid: that block and every later one of the connection are
+//!   rewritten as below (≈ 50 µs per request with tonic's client in
+//!   `plugin_roundtrip`, mostly loona-hpack building a Huffman table for every
+//!   Huffman-coded string).
+//!
+//! gRPC clients send one authority per channel, so a connection is never
+//! split between the two cases; a client that switched from a valid to an
+//! invalid authority on one connection would see the later streams reset.
+//!
+//! How a connection is rewritten (client→server bytes only):
 //!
 //! - the 24-byte connection preface passes through; any other start means the
 //!   peer does not speak HTTP/2 with prior knowledge, and every byte passes
@@ -42,9 +54,7 @@
 //! - server→client bytes pass through untouched.
 //!
 //! A malformed or oversized header block is an I/O error, which closes the
-//! connection. A rewritten request costs tens of µs (≈ 50 µs with tonic's
-//! client in `plugin_roundtrip`), mostly loona-hpack building a Huffman table
-//! for every Huffman-coded string; fine for the few calls that take this path.
+//! connection.
 
 use std::{
     io,
@@ -94,7 +104,8 @@ enum Phase {
     Preface(usize),
     /// Frames follow.
     Frames,
-    /// Not HTTP/2 with prior knowledge: everything passes through.
+    /// Not HTTP/2 with prior knowledge, or the first header block's
+    /// `:authority` was valid: everything passes through.
     Raw,
 }
 
@@ -105,6 +116,9 @@ struct Block {
     flags: u8,
     priority: [u8; PRIORITY_LEN],
     fragment: Vec<u8>,
+    /// The block's frames as received, while the connection's mode is
+    /// undecided (they are handed on unchanged if it passes through).
+    frames: Option<BytesMut>,
 }
 
 fn malformed(stream: u32, what: impl std::fmt::Display) -> io::Error {
@@ -125,8 +139,9 @@ pub(crate) struct NormalizeAuthority {
     block: Option<Block>,
     /// Follows the client's HPACK encoder.
     decoder: loona_hpack::Decoder<'static>,
-    /// Whether a replacement was logged on this connection.
-    logged: bool,
+    /// Whether the first header block had an invalid `:authority`, so that
+    /// every block of the connection is rewritten.
+    rewriting: bool,
 }
 
 impl NormalizeAuthority {
@@ -141,7 +156,7 @@ impl NormalizeAuthority {
             out: BytesMut::new(),
             block: None,
             decoder,
-            logged: false,
+            rewriting: false,
         }
     }
 
@@ -186,7 +201,7 @@ impl NormalizeAuthority {
                     return Ok(false);
                 } else {
                     let frame = self.held.split_to(FRAME_HEADER_LEN + len);
-                    self.header_frame(ty, flags, stream, &frame[FRAME_HEADER_LEN..])?;
+                    self.header_frame(ty, flags, stream, frame)?;
                     if self.held.capacity() > 4 * READ_SIZE {
                         // Do not keep what a rare big header block grew.
                         self.held = BytesMut::from(&self.held[..]);
@@ -197,15 +212,17 @@ impl NormalizeAuthority {
         Ok(true)
     }
 
-    /// Adds a HEADERS or CONTINUATION frame to the header block and rewrites
-    /// the block once it is complete.
-    fn header_frame(&mut self, ty: u8, flags: u8, stream: u32, payload: &[u8]) -> io::Result<()> {
-        let block = match (self.block.take(), ty) {
+    /// Adds a HEADERS or CONTINUATION frame (header and payload) to the
+    /// header block and hands the block on once it is complete.
+    fn header_frame(&mut self, ty: u8, flags: u8, stream: u32, frame: BytesMut) -> io::Result<()> {
+        let payload = &frame[FRAME_HEADER_LEN..];
+        let mut block = match (self.block.take(), ty) {
             (None, HEADERS) => {
                 let (priority, fragment) = split_headers_payload(flags, payload)
                     .ok_or_else(|| malformed(stream, "malformed HEADERS frame (padding or priority)"))?;
                 let flags = flags & (END_STREAM | PRIORITY);
-                Block { stream, flags, priority, fragment: fragment.to_vec() }
+                let frames = (!self.rewriting).then(BytesMut::new);
+                Block { stream, flags, priority, fragment: fragment.to_vec(), frames }
             }
             (Some(mut block), CONTINUATION) if stream == block.stream => {
                 if block.fragment.len() + payload.len() > MAX_HEADER_BLOCK {
@@ -225,18 +242,41 @@ impl NormalizeAuthority {
             }
             (None, _) => return Err(malformed(stream, "CONTINUATION frame without a HEADERS frame")),
         };
+        if let Some(frames) = &mut block.frames {
+            frames.extend_from_slice(&frame);
+        }
         if flags & END_HEADERS == 0 {
             self.block = Some(block);
             return Ok(());
         }
-        let encoded = self.rewrite_block(block.stream, &block.fragment)?;
-        put_header_frames(&mut self.out, &block, &encoded);
+        let (encoded, replaced) = self.rewrite_block(block.stream, &block.fragment)?;
+        match block.frames.take() {
+            Some(frames) if replaced.is_none() => {
+                // The first block is fine: so is the connection.
+                tracing::trace!("the client's first :authority is valid, passing the connection through");
+                self.out.extend_from_slice(&frames);
+                self.phase = Phase::Raw;
+            }
+            _ => {
+                if let Some(authority) = replaced
+                    && !std::mem::replace(&mut self.rewriting, true)
+                {
+                    tracing::debug!(
+                        stream = block.stream,
+                        %authority,
+                        "the client sent an HTTP/2 :authority the server would reject, rewriting this \
+                         connection's requests with localhost"
+                    );
+                }
+                put_header_frames(&mut self.out, &block, &encoded);
+            }
+        }
         Ok(())
     }
 
     /// Decodes a complete header block and re-encodes it with an invalid
-    /// `:authority` replaced.
-    fn rewrite_block(&mut self, stream: u32, block: &[u8]) -> io::Result<Vec<u8>> {
+    /// `:authority` replaced; also returns the replaced value.
+    fn rewrite_block(&mut self, stream: u32, block: &[u8]) -> io::Result<(Vec<u8>, Option<String>)> {
         let mut encoded = Vec::with_capacity(block.len() + 256);
         let mut list_size = 0usize;
         let mut replaced = None;
@@ -259,17 +299,7 @@ impl NormalizeAuthority {
         if list_size > MAX_HEADER_BLOCK {
             return Err(malformed(stream, format!("header list larger than {MAX_HEADER_BLOCK} bytes")));
         }
-        if let Some(authority) = replaced
-            && !std::mem::replace(&mut self.logged, true)
-        {
-            tracing::debug!(
-                stream,
-                %authority,
-                "the client sent an HTTP/2 :authority the server would reject, replacing it with localhost \
-                 (logged once per connection)"
-            );
-        }
-        Ok(encoded)
+        Ok((encoded, replaced))
     }
 }
 

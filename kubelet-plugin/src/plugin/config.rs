@@ -53,30 +53,9 @@ pub struct PluginConfig {
     /// How long [`KubeletPlugin::stop`](super::KubeletPlugin::stop) lets
     /// in-flight calls finish before it closes all connections.
     pub stop_grace: Duration,
-    /// Replace an HTTP/2 `:authority` that h2 would reject on the DRA
-    /// listener too (the registration listener always does). Needed for
-    /// kubelets older than v1.36, whose health stream may re-dial the DRA
-    /// socket with a passthrough target and so send the percent-encoded
-    /// socket path; see [`kubelet_needs_dra_authority_rewrite`]. Off by
-    /// default: newer kubelets send `localhost`.
-    pub dra_authority_rewrite: bool,
     /// Write device metadata files for prepared claims and mount them into the containers
     /// (upstream's `EnableDeviceMetadata`); `None`: off, as by default upstream.
     pub metadata: Option<MetadataConfig>,
-}
-
-/// Whether a kubelet of this `(major, minor)` version (`None`: unknown) may
-/// send an `:authority` h2 rejects on the DRA socket, so that
-/// [`PluginConfig::dra_authority_rewrite`] must be on: before v1.36, and when
-/// the version is unknown, to be safe.
-///
-/// ```
-/// use kubelet_plugin::plugin::kubelet_needs_dra_authority_rewrite as needs;
-/// assert!(needs(Some((1, 35))) && needs(None));
-/// assert!(!needs(Some((1, 36))) && !needs(Some((2, 0))));
-/// ```
-pub fn kubelet_needs_dra_authority_rewrite(kubelet: Option<(u32, u32)>) -> bool {
-    kubelet.is_none_or(|version| version < (1, 36))
 }
 
 impl PluginConfig {
@@ -98,7 +77,6 @@ impl PluginConfig {
             health_v1alpha1: true,
             health_resend_interval: Some(DEFAULT_HEALTH_RESEND_INTERVAL),
             stop_grace: Duration::from_millis(500),
-            dra_authority_rewrite: false,
             metadata: None,
         }
     }
@@ -144,12 +122,6 @@ impl PluginConfig {
     /// Sets [`PluginConfig::health_resend_interval`].
     pub fn health_resend_interval(mut self, interval: Option<Duration>) -> Self {
         self.health_resend_interval = interval;
-        self
-    }
-
-    /// Sets [`PluginConfig::dra_authority_rewrite`].
-    pub fn dra_authority_rewrite(mut self, on: bool) -> Self {
-        self.dra_authority_rewrite = on;
         self
     }
 

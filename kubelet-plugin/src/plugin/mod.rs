@@ -55,7 +55,7 @@ pub use cdi::{
     device_id, device_name, env_for_result, kind as cdi_kind, spec_path,
 };
 pub use claims::{ClaimSource, ClaimSourceError, KubeClaims, MemoryClaims, NoClaims};
-pub use config::{DEFAULT_HEALTH_RESEND_INTERVAL, PluginConfig, kubelet_needs_dra_authority_rewrite};
+pub use config::{DEFAULT_HEALTH_RESEND_INTERVAL, PluginConfig};
 pub use dra::{ClaimId, ClaimState, PreparedDevice};
 pub use files::{FileOps, FileOpsError, LocalDirFiles, tmp_path, write_atomically};
 pub use health::{DeviceHealth, Health, HealthState};
@@ -285,7 +285,7 @@ impl KubeletPlugin {
                         )
                     }))
             };
-        plugin.serve("DRA", dra_router, listeners.dra, config.dra_authority_rewrite)?;
+        plugin.serve("DRA", dra_router, listeners.dra)?;
 
         let registration = RegistrationService::new(
             &config.driver_name,
@@ -296,9 +296,7 @@ impl KubeletPlugin {
         let registration_router = server_builder(&shared.calls, record_calls).add_service(
             crate::grpc::registration::registration_server::RegistrationServer::new(registration),
         );
-        // The kubelet always dials the registration socket with a passthrough
-        // target (see `authority`).
-        plugin.serve("registration", registration_router, listeners.registration, true)?;
+        plugin.serve("registration", registration_router, listeners.registration)?;
 
         tracing::info!(
             driver = %config.driver_name,
@@ -317,7 +315,6 @@ impl KubeletPlugin {
             tower::layer::util::Stack<Layered, tower::layer::util::Identity>,
         >,
         listener: Listener,
-        rewrite_authority: bool,
     ) -> Result<(), PluginError> {
         let what = match &listener {
             Listener::Unix(path) => path.display().to_string(),
@@ -329,8 +326,7 @@ impl KubeletPlugin {
             source,
         })?;
         let kill = self.shared.kill.clone();
-        let incoming =
-            bound.incoming.map(move |c| c.map(|c| ServedConnection::new(c, &kill, rewrite_authority)));
+        let incoming = bound.incoming.map(move |c| c.map(|c| ServedConnection::new(c, &kill)));
         let shutdown = self.shared.shutdown.clone();
         let task = tokio::spawn(async move {
             if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned()).await {

@@ -9,8 +9,8 @@
 //!
 //! Every served connection is wrapped so that stopping the plugin closes it
 //! (a hard stop after a short grace period, like upstream's `grpc.Server.Stop`),
-//! and, on listeners that need it, so that an HTTP/2 `:authority` h2 would
-//! reject is replaced (see [`NormalizeAuthority`]).
+//! and so that an HTTP/2 `:authority` h2 would reject is replaced (see
+//! [`NormalizeAuthority`]).
 
 use std::{
     io,
@@ -125,19 +125,17 @@ impl ConnectionSender {
 /// connection task ends even while the peer keeps the connection open.
 pub(crate) struct ServedConnection {
     io: BoxedConnection,
-    /// On listeners that need it.
-    authority: Option<NormalizeAuthority>,
+    authority: NormalizeAuthority,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl ServedConnection {
-    /// Wraps `io`; with `rewrite_authority`, the client's HTTP/2 `:authority`
-    /// is normalised on the way in (see [`NormalizeAuthority`]), otherwise
-    /// every byte passes through untouched.
-    pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken, rewrite_authority: bool) -> Self {
+    /// Wraps `io`; the client's HTTP/2 `:authority` is normalised on the way
+    /// in (see [`NormalizeAuthority`]).
+    pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken) -> Self {
         ServedConnection {
             io,
-            authority: rewrite_authority.then(NormalizeAuthority::new),
+            authority: NormalizeAuthority::new(),
             killed: Box::pin(kill.clone().cancelled_owned()),
         }
     }
@@ -154,10 +152,7 @@ impl AsyncRead for ServedConnection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        match &mut this.authority {
-            Some(authority) => authority.poll_read(Pin::new(&mut this.io), cx, buf),
-            None => Pin::new(&mut this.io).poll_read(cx, buf),
-        }
+        this.authority.poll_read(Pin::new(&mut this.io), cx, buf)
     }
 }
 
@@ -257,12 +252,11 @@ mod tests {
     const VECTOR: &[u8] = include_bytes!("../../tests/data/grpc-go-1.82.1-kubelet-registration.c2s.bin");
 
     /// What the server side reads from a served connection when the client
-    /// sends [`VECTOR`].
-    async fn served_bytes(rewrite_authority: bool) -> Vec<u8> {
+    /// sends `bytes`.
+    async fn served_bytes(bytes: &[u8]) -> Vec<u8> {
         let (mut client, server) = tokio::io::duplex(1 << 16);
-        let mut served =
-            ServedConnection::new(Box::new(server), &CancellationToken::new(), rewrite_authority);
-        client.write_all(VECTOR).await.unwrap();
+        let mut served = ServedConnection::new(Box::new(server), &CancellationToken::new());
+        client.write_all(bytes).await.unwrap();
         drop(client);
         let mut got = Vec::new();
         served.read_to_end(&mut got).await.unwrap();
@@ -270,12 +264,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_rewriting_connections_touch_the_client_bytes() {
-        assert_eq!(served_bytes(false).await, VECTOR);
-        let rewritten = served_bytes(true).await;
+    async fn every_served_connection_normalises_the_authority() {
+        let rewritten = served_bytes(VECTOR).await;
         assert_ne!(rewritten, VECTOR);
         let has = |bytes: &[u8], what: &[u8]| bytes.windows(what.len()).any(|w| w == what);
         assert!(has(&rewritten, b"localhost"));
         assert!(!has(VECTOR, b"localhost"));
+        // Not HTTP/2: untouched.
+        assert_eq!(served_bytes(b"hello").await, b"hello");
     }
 }

@@ -1,5 +1,6 @@
-//! Tests of the `:authority` rewrite: byte-level, split at every read boundary, against
-//! loona-hpack's decoder, h2's server and a recorded grpc-go connection.
+//! Tests of the `:authority` rewrite and of the per-connection choice to pass a connection
+//! through: byte-level, split at every read boundary, against loona-hpack's decoder, h2's server
+//! and a recorded grpc-go connection.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,9 +18,9 @@ const SOCKET_AUTHORITY: &[u8] = b"%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fcd
 
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// `io` served as the plugin serves connections, rewriting or not.
-fn served(io: impl crate::plugin::Connection, rewrite: bool) -> ServedConnection {
-    ServedConnection::new(Box::new(io), &tokio_util::sync::CancellationToken::new(), rewrite)
+/// `io` served as the plugin serves connections.
+fn served(io: impl crate::plugin::Connection) -> ServedConnection {
+    ServedConnection::new(Box::new(io), &tokio_util::sync::CancellationToken::new())
 }
 
 /// Yields `data` in reads of the given sizes (the last one repeating),
@@ -70,7 +71,7 @@ impl AsyncWrite for Chunked {
 /// Everything the adapter hands on for `input` read in `sizes` chunks,
 /// with reader buffers of `capacity` bytes.
 async fn rewrite_with(input: &[u8], sizes: &[usize], capacity: usize) -> io::Result<Vec<u8>> {
-    let mut adapter = served(Chunked::new(input, sizes), true);
+    let mut adapter = served(Chunked::new(input, sizes));
     let mut out = Vec::new();
     let mut buf = vec![0; capacity];
     loop {
@@ -246,6 +247,50 @@ async fn keeps_a_valid_authority_byte_for_byte() {
 }
 
 #[tokio::test]
+async fn a_valid_first_authority_passes_the_whole_connection_through() {
+    // Huffman-coded, indexed, padded: handed on as sent, and so is everything after,
+    // even a later block h2 would reset (gRPC clients keep one authority per channel).
+    let c4 = ["828684418cf1e3c2e5f23a6ba0ab90f4ff", "828684be5886a8eb10649cbf"];
+    let padded = [&[3u8][..], &hex_bytes(c4[0]), &[0, 0, 0]].concat();
+    let input = with_preface(&[
+        frame(0x4, 0, 0, &[]),
+        frame(HEADERS, END_HEADERS | PADDED, 1, &padded),
+        frame(0x0, END_STREAM, 1, b"data"),
+        frame(HEADERS, END_HEADERS, 3, &hex_bytes(c4[1])),
+        frame(HEADERS, END_HEADERS, 5, &request_block(SOCKET_AUTHORITY)),
+    ]);
+    assert_eq!(rewrite_any_split(&input).await.unwrap(), input);
+
+    // Split over CONTINUATION frames, too.
+    let block = request_block(b"localhost");
+    let (a, b) = block.split_at(12);
+    let input = with_preface(&[
+        frame(HEADERS, 0, 1, a),
+        frame(CONTINUATION, END_HEADERS, 1, b),
+        frame(HEADERS, END_HEADERS, 3, &request_block(SOCKET_AUTHORITY)),
+    ]);
+    assert_eq!(rewrite_any_split(&input).await.unwrap(), input);
+}
+
+#[tokio::test]
+async fn an_invalid_first_authority_rewrites_every_later_block() {
+    let input = with_preface(&[
+        frame(HEADERS, END_HEADERS, 1, &request_block(SOCKET_AUTHORITY)),
+        frame(HEADERS, END_HEADERS, 3, &[indexed_literal(b":authority", b"localhost"), vec![0x84]].concat()),
+        frame(HEADERS, END_HEADERS, 5, &request_block(SOCKET_AUTHORITY)),
+    ]);
+    let out = rewrite_any_split(&input).await.unwrap();
+    let blocks = header_blocks(&frames(&out));
+    blocks.iter().for_each(|(_, b)| assert_plain_literals(b));
+    let path = |p: &str| (b":path".to_vec(), p.as_bytes().to_vec());
+    let localhost = (b":authority".to_vec(), b"localhost".to_vec());
+    assert_eq!(
+        decode(&blocks),
+        vec![owned(&request(b"localhost")), vec![localhost, path("/")], owned(&request(b"localhost"))]
+    );
+}
+
+#[tokio::test]
 async fn replaces_every_authority_h2_rejects() {
     for authority in [&b""[..], b"%2Ftmp%2Fx.sock", b"/tmp/x.sock", b"a b", b"\xff", b"user@host"] {
         let input = with_preface(&[frame(HEADERS, END_HEADERS, 1, &request_block(authority))]);
@@ -356,16 +401,20 @@ async fn follows_the_dynamic_table_and_huffman_coding() {
         "828684be5886a8eb10649cbf",
         "828785bf408825a849e95ba97d7f8925a849e95bb8e8b4bf",
     ];
-    let mut input_frames: Vec<Vec<u8>> = c4
-        .iter()
-        .zip([1, 3, 5])
-        .map(|(hex, stream)| frame(HEADERS, END_HEADERS | END_STREAM, stream, &hex_bytes(hex)))
-        .collect();
+    // The first block's socket authority makes the connection a rewritten one
+    // (never-indexed literals leave the dynamic table alone).
+    let opening = [literal(b":authority", SOCKET_AUTHORITY), literal(b":path", b"/0")].concat();
+    let mut input_frames = vec![frame(HEADERS, END_HEADERS, 1, &opening)];
+    input_frames.extend(
+        c4.iter()
+            .zip([3, 5, 7])
+            .map(|(hex, stream)| frame(HEADERS, END_HEADERS | END_STREAM, stream, &hex_bytes(hex))),
+    );
     // A socket authority put into the dynamic table, then used by index
     // only (index 62 is the newest entry).
     let first = [indexed_literal(b":authority", SOCKET_AUTHORITY), literal(b":path", b"/a")].concat();
-    input_frames.push(frame(HEADERS, END_HEADERS, 7, &first));
-    input_frames.push(frame(HEADERS, END_HEADERS, 9, &[0xbe, 0x84]));
+    input_frames.push(frame(HEADERS, END_HEADERS, 9, &first));
+    input_frames.push(frame(HEADERS, END_HEADERS, 11, &[0xbe, 0x84]));
     let input = with_preface(&input_frames);
 
     let out = rewrite_any_split(&input).await.unwrap();
@@ -387,6 +436,7 @@ async fn follows_the_dynamic_table_and_huffman_coding() {
     assert_eq!(
         decode(&blocks),
         vec![
+            as_fields(&[(":authority", "localhost"), (":path", "/0")]),
             as_fields(&example),
             as_fields(&second),
             as_fields(&third),
@@ -402,7 +452,12 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn honours_dynamic_table_size_updates() {
-    let insert = frame(HEADERS, END_HEADERS, 1, &indexed_literal(b"x-a", b"1"));
+    let insert = frame(
+        HEADERS,
+        END_HEADERS,
+        1,
+        &[literal(b":authority", SOCKET_AUTHORITY), indexed_literal(b"x-a", b"1")].concat(),
+    );
     // Shrinking the table to 0 evicts the entry: a later reference fails.
     let evict = frame(HEADERS, END_HEADERS, 3, &[0x20, 0xbe]);
     let err = rewrite(&with_preface(&[insert.clone(), evict])).await.unwrap_err();
@@ -413,6 +468,7 @@ async fn honours_dynamic_table_size_updates() {
     let keep = frame(HEADERS, END_HEADERS, 3, &[0x3f, 0xe1, 0x1f, 0xbe]);
     let out = rewrite_any_split(&with_preface(&[insert.clone(), keep])).await.unwrap();
     assert_eq!(decode(&header_blocks(&frames(&out)))[1], vec![(b"x-a".to_vec(), b"1".to_vec())]);
+    assert_eq!(decode(&header_blocks(&frames(&out)))[0][1], (b"x-a".to_vec(), b"1".to_vec()));
 
     // Beyond SETTINGS_HEADER_TABLE_SIZE (4097), or after a field: errors.
     for block in [&[0x3f, 0xe2, 0x1f, 0xbe][..], &[0xbe, 0x20]] {
@@ -544,7 +600,7 @@ async fn random_input_never_panics() {
 #[tokio::test]
 async fn writes_pass_through() {
     let (client, server) = tokio::io::duplex(1024);
-    let mut adapter = served(server, true);
+    let mut adapter = served(server);
     adapter.write_all(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00server bytes").await.unwrap();
     adapter.flush().await.unwrap();
     adapter.shutdown().await.unwrap();
@@ -603,7 +659,9 @@ async fn real_grpc_go_vector_gets_localhost_and_keeps_every_other_field() {
 async fn h2_requests(client_bytes: &[u8], adapt: bool) -> Vec<http::request::Parts> {
     let (mut client, server) = tokio::io::duplex(1 << 16);
     let server = tokio::spawn(async move {
-        let mut connection = h2::server::handshake(served(server, adapt)).await.unwrap();
+        let io: crate::plugin::BoxedConnection =
+            if adapt { Box::new(served(server)) } else { Box::new(server) };
+        let mut connection = h2::server::handshake(io).await.unwrap();
         let mut requests = Vec::new();
         while let Some(accepted) = connection.accept().await {
             let Ok((request, mut respond)) = accepted else { break };
