@@ -1,7 +1,9 @@
 //! Protocol tests of the in-process plugin and the tunnel against real peers (real Unix sockets,
-//! a real grpc-go client, the real hostpathplugin proxy), in one test binary: linking one binary
+//! real grpc-go and C-core clients, the real hostpathplugin proxy), in one test binary: linking one binary
 //! instead of seven saves minutes on two cores.
 
+#[path = "../clients/mod.rs"]
+mod clients;
 #[path = "../common/mod.rs"]
 mod common;
 #[path = "../tunnel_support/mod.rs"]
@@ -10,6 +12,7 @@ mod tunnel_support;
 mod authority;
 mod concurrency;
 mod errors;
+mod interop;
 mod kubelet;
 mod metadata;
 mod plugin_tunnel;
