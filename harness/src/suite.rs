@@ -7,7 +7,7 @@
 //! harness::suite::configure(&mut registry);
 //! ```
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use async_trait::async_trait;
 use kube::{
@@ -20,8 +20,10 @@ use crate::framework::{ArtifactSource, Registry, write_list};
 /// The API group version every DRA spec needs.
 pub const DRA_API: &str = "resource.k8s.io/v1";
 
-/// Requires [`DRA_API`] at preflight and adds [`DraObjects`] to every spec's artifacts.
+/// Requires [`DRA_API`] at preflight and adds [`DraObjects`] to every spec's artifacts; the
+/// waits of the kubelet plugin's call API show in the runner's progress reports.
 pub fn configure(registry: &mut Registry) {
+    kubelet_plugin::progress::set_wait_reporter(RunnerWaits);
     registry
         .require_api(DRA_API, format!("the DRA specs need Kubernetes 1.34 or newer with {DRA_API} enabled"));
     registry.before_each(|ctx| {
@@ -30,6 +32,15 @@ pub fn configure(registry: &mut Registry) {
             namespace: ctx.namespace().to_owned(),
         }))
     });
+}
+
+/// Hands the kubelet plugin's waits to the spec runner's progress reports.
+struct RunnerWaits;
+
+impl kubelet_plugin::progress::WaitReporter for RunnerWaits {
+    fn waiting(&self, what: String, timeout: Option<Duration>) -> kubelet_plugin::progress::WaitToken {
+        Box::new(crate::framework::waiting(what, timeout))
+    }
 }
 
 /// Lists a `resource.k8s.io/v1` kind as dynamic objects, so no field the compiled-in k8s-openapi

@@ -7,6 +7,7 @@
 //!   device health streams, served on any connection stream.
 //! - [`calls`]: the tower layer that records each call and injects faults, and the one API to
 //!   count, assert on and wait for the recorded calls.
+//! - [`progress`]: the hook through which a test runner names the waits of [`calls`].
 //!
 //! The plugin knows nothing of clusters or proxies: it reads claims through a [`plugin::ClaimSource`]
 //! source and writes CDI files through [`plugin::FileOps`]; `harness` connects it to a proxy pod.
@@ -14,3 +15,4 @@
 pub mod calls;
 pub mod grpc;
 pub mod plugin;
+pub mod progress;

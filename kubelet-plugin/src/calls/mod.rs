@@ -399,8 +399,8 @@ impl Calls {
     where
         F: Fn(&CallLog) -> bool + Send + 'static,
     {
-        // Progress reports and the Ctrl-C messages of the spec runner name this wait.
-        let _waiting = spec_runner::waiting(format!("the kubelet's calls: {what}"), Some(timeout));
+        // Progress reports (of a runner that installed a reporter) name this wait.
+        let _waiting = crate::progress::waiting(|| format!("the kubelet's calls: {what}"), Some(timeout));
         let mut changed = self.inner.changed.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
