@@ -206,6 +206,10 @@ fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "faults::"],
         ),
         (
+            "example driver against a real kubelet (kubelet-plugin/tests/node_driver.rs)",
+            vec!["test", "--workspace", "--test", "node_driver", "--", "--ignored"],
+        ),
+        (
             "leftovers cluster test: a SIGKILLed run, a cleaning run, a live run (suites/tests/leftovers.rs)",
             vec!["test", "--workspace", "--test", "leftovers", "--", "--ignored"],
         ),
