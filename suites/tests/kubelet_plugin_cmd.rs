@@ -1,5 +1,9 @@
-//! Runs the built `dra-e2e kubelet-plugin` and talks to it like the kubelet.
+//! Runs the built `dra-e2e kubelet-plugin` and talks to it like the kubelet, and as gRPC
+//! clients of other stacks do (gRPC's C core, grpc-go with a passthrough target).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../harness/tests/clients/mod.rs"]
+mod clients;
 
 use std::{path::Path, process::Stdio, time::Duration};
 
@@ -32,8 +36,29 @@ async fn unix_channel(path: &Path) -> Channel {
         .unwrap()
 }
 
-#[tokio::test]
-async fn kubelet_plugin_serves_get_info_and_stops_on_ctrl_c() {
+/// A running `dra-e2e kubelet-plugin` and its sockets.
+struct Running {
+    _dir: tempfile::TempDir,
+    child: tokio::process::Child,
+    reg_socket: std::path::PathBuf,
+    dra_socket: std::path::PathBuf,
+}
+
+impl Running {
+    /// Ctrl-C: the process stops and removes its sockets.
+    async fn stop(mut self) {
+        let pid = self.child.id().expect("the plugin is running").to_string();
+        let killed = Command::new("kill").args(["-INT", &pid]).status().await.unwrap();
+        assert!(killed.success());
+        let status = within("the plugin to exit", self.child.wait()).await.unwrap();
+        assert!(status.success(), "{status}");
+        assert!(!self.reg_socket.exists(), "registration socket left behind");
+        assert!(!self.dra_socket.exists(), "DRA socket left behind");
+    }
+}
+
+/// Starts `dra-e2e kubelet-plugin` without a kubeconfig and waits for its ready line.
+async fn start() -> Running {
     let dir = tempfile::Builder::new().prefix("dra-cmd").tempdir().unwrap();
     let plugin_dir = dir.path().join("plugins").join(DRIVER);
     let registry_dir = dir.path().join("plugins_registry");
@@ -56,10 +81,20 @@ async fn kubelet_plugin_serves_get_info_and_stops_on_ctrl_c() {
     let ready = within("the ready line", stdout.next_line()).await.unwrap().unwrap();
     assert!(ready.starts_with("kubelet plugin ready:"), "{ready}");
 
-    let reg_socket = registry_dir.join(format!("{DRIVER}-reg.sock"));
-    let dra_socket = plugin_dir.join("dra.sock");
+    Running {
+        _dir: dir,
+        child,
+        reg_socket: registry_dir.join(format!("{DRIVER}-reg.sock")),
+        dra_socket: plugin_dir.join("dra.sock"),
+    }
+}
+
+#[tokio::test]
+async fn kubelet_plugin_serves_get_info_and_stops_on_ctrl_c() {
+    let running = start().await;
+    let (reg_socket, dra_socket) = (&running.reg_socket, &running.dra_socket);
     let mut client = registration::registration_client::RegistrationClient::new(
-        within("connecting", unix_channel(&reg_socket)).await,
+        within("connecting", unix_channel(reg_socket)).await,
     );
     let mut request = tonic::Request::new(registration::InfoRequest {});
     request.set_timeout(Duration::from_secs(1));
@@ -73,9 +108,8 @@ async fn kubelet_plugin_serves_get_info_and_stops_on_ctrl_c() {
     );
 
     // Without a kubeconfig prepare fails with a clear error.
-    let mut dra = dra_v1::dra_plugin_client::DraPluginClient::new(
-        within("connecting", unix_channel(&dra_socket)).await,
-    );
+    let mut dra =
+        dra_v1::dra_plugin_client::DraPluginClient::new(within("connecting", unix_channel(dra_socket)).await);
     let err = within(
         "prepare",
         dra.node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
@@ -86,12 +120,32 @@ async fn kubelet_plugin_serves_get_info_and_stops_on_ctrl_c() {
     .unwrap_err();
     assert!(err.message().contains("no kubeconfig"), "{}", err.message());
 
-    // Ctrl-C: the process stops and removes its sockets.
-    let pid = child.id().expect("the plugin is running").to_string();
-    let killed = Command::new("kill").args(["-INT", &pid]).status().await.unwrap();
-    assert!(killed.success());
-    let status = within("the plugin to exit", child.wait()).await.unwrap();
-    assert!(status.success(), "{status}");
-    assert!(!reg_socket.exists(), "registration socket left behind");
-    assert!(!dra_socket.exists(), "DRA socket left behind");
+    running.stop().await;
+}
+
+/// Every listener of the standalone plugin answers clients whose `:authority` h2 alone rejects.
+#[rstest::rstest]
+#[case::c_core(clients::Client::CCore)]
+#[case::grpc_go_passthrough(clients::Client::GoPassthrough)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_plugin_answers_c_core_and_passthrough_clients(#[case] client: clients::Client) {
+    use clients::Call;
+    let running = start().await;
+    let answers = client.run(&running.reg_socket, &[Call::GetInfo]).await;
+    let info: registration::PluginInfo = answers[0].ok();
+    assert_eq!(info.name, DRIVER);
+
+    let claims = vec![("ns".to_owned(), "claim".to_owned(), "uid".to_owned())];
+    let answers = client
+        .run(
+            &running.dra_socket,
+            &[Call::PrepareV1(claims.clone()), Call::UnprepareV1(claims), Call::WatchV1],
+        )
+        .await;
+    assert_eq!(answers[0].code, tonic::Code::Unknown);
+    assert!(answers[0].message.contains("no kubeconfig"), "{}", answers[0].message);
+    let unprepared: dra_v1::NodeUnprepareResourcesResponse = answers[1].ok();
+    assert_eq!(unprepared.claims["uid"].error, "");
+    let _: harness::grpc::health_v1::NodeWatchResourcesResponse = answers[2].ok();
+    running.stop().await;
 }

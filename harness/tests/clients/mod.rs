@@ -236,8 +236,9 @@ async fn run_with_input(command: &mut Command, input: &[u8], what: &str) -> Vec<
     out.stdout
 }
 
+/// `harness/tests/<relative>` (from any crate of the workspace that includes this module).
 fn dir(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(relative)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/tests").join(relative)
 }
 
 /// The plugin crate's proto files.
