@@ -12,7 +12,7 @@
 //! temp dir with write + rename) followed by one `NodeUnprepareResources` (file removed),
 //! sequentially on one connection, the way one kubelet talks to one plugin.
 
-#[path = "../tests/clients/mod.rs"]
+#[path = "../../kubelet-plugin/tests/clients/mod.rs"]
 mod clients;
 mod common;
 
@@ -31,7 +31,7 @@ use tonic::transport::Channel;
 enum Driver {
     /// tonic's client on one connection.
     Tonic(DraPluginClient<Channel>),
-    /// The grpc-go client (`tests/go-client bench`), one process and connection per batch.
+    /// The grpc-go client (`kubelet-plugin/tests/clients/go-client bench`), one process and connection per batch.
     GrpcGo { binary: PathBuf, target: &'static str },
 }
 

@@ -4,13 +4,16 @@
 //! pod unprepares the claim. `#[ignore]`d: `cargo xtask test` runs it with `DRA_E2E_KUBECONFIG`
 //! set to the local cluster's admin kubeconfig, whose directory holds the nodes' directories
 //! (`nodes/<node>/kubelet` is the node's `/var/lib/kubelet`, `nodes/<node>/cdi` its
-//! `/var/run/cdi`).
+//! `/var/run/cdi`). gRPC's C core (`clients/`) then prepares the same claim again, read from the
+//! API server.
 
 #![allow(clippy::unwrap_used)]
 
 #[path = "../examples/node_driver.rs"]
 #[allow(dead_code)]
 mod node_driver;
+
+mod clients;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -173,6 +176,17 @@ async fn the_example_driver_serves_a_pod_on_a_real_kubelet() {
         assert_eq!(calls.count(Method::NodeUnprepareResources), 0);
 
         let uid = claims.get("claim").await.unwrap().metadata.uid.unwrap();
+
+        // gRPC's C core gets the same answer for the claim, read from the API server.
+        let claim = vec![(namespace.clone(), "claim".to_owned(), uid.clone())];
+        let dra_socket = args.kubelet_dir.join("plugins").join(&driver_name).join("dra.sock");
+        let answers = clients::Client::CCore.run(&dra_socket, &[clients::Call::PrepareV1(claim)]).await;
+        let prepared: kubelet_plugin::grpc::dra_v1::NodePrepareResourcesResponse = answers[0].ok();
+        let devices = &prepared.claims[&uid].devices;
+        assert_eq!(prepared.claims[&uid].error, "");
+        assert_eq!(devices.len(), 1, "{prepared:?}");
+        assert_eq!(devices[0].pool_name, NODE);
+        assert!(devices[0].device_name.starts_with("device-0"), "{prepared:?}");
         pods.delete("tester", &DeleteParams::default()).await.unwrap();
         calls.wait_unprepared(&uid, TIMEOUT).await.unwrap();
         assert!(driver.plugin.prepared_claims().is_empty());

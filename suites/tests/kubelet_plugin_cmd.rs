@@ -2,7 +2,7 @@
 //! clients of other stacks do (gRPC's C core, grpc-go with a passthrough target).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../harness/tests/clients/mod.rs"]
+#[path = "../../kubelet-plugin/tests/clients/mod.rs"]
 mod clients;
 
 use std::{path::Path, process::Stdio, time::Duration};

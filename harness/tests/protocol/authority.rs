@@ -8,7 +8,7 @@
 //! - The captured bytes of a kubelet-like registration (GetInfo +
 //!   NotifyRegistrationStatus on one connection, see `data/README.md`) are
 //!   replayed over a Unix socket and over connection streams.
-//! - The kubelet-like grpc-go client in `go-client/` registers for real; this
+//! - The kubelet-like grpc-go client in `kubelet-plugin/tests/clients/go-client/` registers for real; this
 //!   test needs `go` on PATH.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions unwrap too
 

@@ -2,7 +2,7 @@
 //! real grpc-go and C-core clients, the real hostpathplugin proxy), in one test binary: linking one binary
 //! instead of seven saves minutes on two cores.
 
-#[path = "../clients/mod.rs"]
+#[path = "../../../kubelet-plugin/tests/clients/mod.rs"]
 mod clients;
 #[path = "../common/mod.rs"]
 mod common;
