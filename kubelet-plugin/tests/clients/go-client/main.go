@@ -251,12 +251,18 @@ func invoke(conn *grpc.ClientConn, c call) result {
 	return result{Code: uint32(st.Code()), Message: st.Message(), Response: reply.bytes}
 }
 
-func runCalls(socketPath, target string) error {
+// callsAndConnection reads the calls from stdin and dials the socket.
+func callsAndConnection(socketPath, target string) ([]call, *grpc.ClientConn, error) {
 	calls, err := readCalls()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	conn, err := dialTarget(socketPath, target)
+	return calls, conn, err
+}
+
+func runCalls(socketPath, target string) error {
+	calls, conn, err := callsAndConnection(socketPath, target)
 	if err != nil {
 		return err
 	}
@@ -271,11 +277,7 @@ func runCalls(socketPath, target string) error {
 }
 
 func runBench(socketPath, target string, rounds int) error {
-	calls, err := readCalls()
-	if err != nil {
-		return err
-	}
-	conn, err := dialTarget(socketPath, target)
+	calls, conn, err := callsAndConnection(socketPath, target)
 	if err != nil {
 		return err
 	}
