@@ -26,6 +26,7 @@ use kube::{Api, api::ListParams};
 use tracing::{debug, info, warn};
 
 mod commands;
+pub mod engine;
 mod host;
 mod load;
 
