@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 use tracing::{debug, info, warn};
 
+mod binary;
 mod commands;
 pub mod engine;
 mod host;
@@ -36,6 +37,7 @@ pub use host::{readiness, wait_nodes_ready};
 pub use load::load_archives;
 
 use crate::{
+    cli::UsageError,
     cluster_config::{self, ClusterConfig},
     kube_api::{client_for, node_is_ready},
     overrides::Overrides,
@@ -78,9 +80,14 @@ pub struct KindArgs {
     /// Node image for kind (for example kindest/node:v1.37.2); kind's default image if unset.
     #[arg(long, env = "KIND_NODE_IMAGE")]
     pub image: Option<String>,
-    /// The kind version expected on PATH (for example v0.33.0); a different version is an error.
+    /// The kind version to use (default v0.33.0): the kind on PATH if it has that version, else
+    /// installed with `go install sigs.k8s.io/kind@VERSION` into dra-e2e's cache.
     #[arg(long, env = "KIND_VERSION")]
     pub kind_version: Option<String>,
+    /// Use the kind on PATH and never install one: a missing kind or another version than
+    /// --kind-version is an error.
+    #[arg(long)]
+    pub kind_from_path: bool,
 }
 
 /// Options of `build-node-image`.
@@ -161,14 +168,24 @@ async fn up_in(
         return Ok(kubeconfig);
     }
 
-    let tools = host.tools()?;
-    tools.check_docker_daemon().await?;
-    tools.check_kind_version(args.kind_version.as_deref()).await?;
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
+    let daemon = &tools.daemon;
+    let owner = owner_path(&host.repo, &args.name);
+    let exists = tools.cluster_exists(&args.name).await?;
+    if exists && std::fs::read_to_string(&owner).ok().as_deref().map(str::trim) != Some(daemon.as_str()) {
+        return Err(UsageError::new(name_in_use_sentence(&args.name)).into());
+    }
+    if !exists {
+        let taken = node_name_conflicts(&args.name, &tools.container_names().await?);
+        if !taken.is_empty() {
+            return Err(UsageError::new(names_taken_sentence(&args.name, &taken)).into());
+        }
+    }
     for image in SUITE_IMAGES {
         tools.pull_if_missing(image).await?;
     }
 
-    if tools.cluster_exists(&args.name).await? {
+    if exists {
         info!(
             "kind cluster {:?} exists; reusing it (run `cargo xtask cluster down --provider kind` first to apply kind.yaml changes)",
             args.name
@@ -184,6 +201,11 @@ async fn up_in(
             config_path.display()
         );
         tools.run(&create_cluster_cmd(&args.name, config_path, image, &kubeconfig), CREATE_TIMEOUT).await?;
+        if let Some(dir) = owner.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        std::fs::write(&owner, format!("{daemon}\n"))
+            .with_context(|| format!("write {}", owner.display()))?;
     }
 
     let nodes = tools.nodes(&args.name).await?;
@@ -207,14 +229,16 @@ async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Writ
     if dry_run {
         return write_lines(out, &down_lines(&args.name, &kubeconfig));
     }
-    let tools = host.tools()?;
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     // kind deletes nothing and succeeds when the cluster does not exist.
     tools.run(&delete_cluster_cmd(&args.name, &kubeconfig), DELETE_TIMEOUT).await?;
-    match std::fs::remove_file(&kubeconfig) {
-        Ok(()) => {}
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-        Err(err) => {
-            return Err(err).with_context(|| format!("cannot remove {}", kubeconfig.display()));
+    for file in [&kubeconfig, &owner_path(&host.repo, &args.name)] {
+        match std::fs::remove_file(file) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                return Err(err).with_context(|| format!("cannot remove {}", file.display()));
+            }
         }
     }
     info!("kind cluster {:?} deleted", args.name);
@@ -223,7 +247,7 @@ async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Writ
 
 async fn status_in(host: &Host, args: &KindArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
     validate_name(&args.name)?;
-    let tools = host.tools()?;
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     let kubeconfig = kubeconfig_path(&host.repo, &args.name);
     let mut lines = Vec::new();
     let exists = tools.cluster_exists(&args.name).await?;
@@ -291,8 +315,7 @@ async fn build_node_image_in(
         args.k8s_source.display(),
         go_mod.display()
     );
-    let tools = host.tools()?;
-    tools.check_docker_daemon().await?;
+    let tools = host.tools(None, false).await?;
     info!("building node image {} from {} (this takes a long time)", args.image, args.k8s_source.display());
     tools.run(&cmd, BUILD_TIMEOUT).await?;
     writeln!(out, "{}", args.image).context("cannot write to stdout")?;

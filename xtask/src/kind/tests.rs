@@ -10,15 +10,23 @@ use super::*;
 const REPO: &str = "/src/dra-e2e";
 
 fn args(name: &str) -> KindArgs {
-    KindArgs { name: name.to_string(), image: None, kind_version: None }
+    KindArgs { name: name.to_string(), image: None, kind_version: None, kind_from_path: false }
 }
 
+/// A host with `path` as PATH and a cache no test writes to (tests that install use their own).
 fn host_with_path(path: &str) -> Host {
     Host {
         path: Some(path.into()),
         repo: crate::repo::repo_root(),
         kind_yaml: cluster_config::default_path(),
+        cache: PathBuf::from("/nonexistent/dra-e2e-test-cache"),
+        docker_host: None,
     }
+}
+
+/// Whether `err` is a usage error (exit code 2) with exactly `sentence`.
+fn is_usage_error(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<UsageError>().is_some()
 }
 
 #[test]
@@ -170,11 +178,13 @@ async fn empty_path_gives_one_sentence_saying_what_to_install() {
     let host = host_with_path("");
     let err =
         up_in(&host, &args("dra-e2e"), &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
+    assert!(is_usage_error(&err));
     let text = format!("{err:#}");
     assert_eq!(
         text,
-        "docker and kind were not found on PATH: install Docker Engine (https://docs.docker.com/engine/install/) \
-         and kind (`go install sigs.k8s.io/kind@v0.33.0`), or use `--provider local`, which needs neither."
+        "docker was not found on PATH: the kind provider runs its nodes as Docker containers, so install Docker \
+         Engine (https://docs.docker.com/engine/install/), start the run's own engine with `cargo xtask docker up` \
+         (as root on Debian), or use `--provider local`, which needs no Docker."
     );
     assert_eq!(text.matches(". ").count(), 0, "one sentence: {text}");
     let down = down_in(&host, &args("dra-e2e"), false, &mut Vec::new()).await;
@@ -183,7 +193,14 @@ async fn empty_path_gives_one_sentence_saying_what_to_install() {
     assert_eq!(format!("{:#}", status.unwrap_err()), text);
     let mut host_none = host.clone();
     host_none.path = None;
-    assert!(host_none.tools().unwrap_err().to_string().starts_with("docker and kind were not found on PATH"));
+    assert!(
+        host_none
+            .tools(None, false)
+            .await
+            .unwrap_err()
+            .to_string()
+            .starts_with("docker was not found on PATH")
+    );
 }
 
 #[cfg(unix)]
@@ -196,49 +213,118 @@ fn fake_tool(dir: &Path, name: &str, script: &str) {
 
 #[cfg(unix)]
 #[tokio::test]
-async fn one_missing_tool_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    fake_tool(dir.path(), "docker", "exit 0");
-    let host = host_with_path(dir.path().to_str().unwrap());
-    let err = host.tools().unwrap_err().to_string();
-    assert!(
-        err.starts_with("kind was not found on PATH: install it with `go install sigs.k8s.io/kind@v0.33.0`"),
-        "{err}"
-    );
-
+async fn a_non_executable_docker_is_no_docker() {
     let dir = tempfile::tempdir().unwrap();
     fake_tool(dir.path(), "kind", "exit 0");
     std::fs::write(dir.path().join("docker"), "not executable").unwrap();
     let host = host_with_path(dir.path().to_str().unwrap());
-    let err = host.tools().unwrap_err().to_string();
+    let err = host.tools(None, false).await.unwrap_err();
+    assert!(is_usage_error(&err));
+    let err = err.to_string();
     assert!(err.starts_with("docker was not found on PATH:"), "{err}");
     assert!(err.contains("--provider local"), "{err}");
 }
 
 #[cfg(unix)]
 #[tokio::test]
-async fn wrong_kind_version_and_dead_docker_daemon_are_clear_errors() {
+async fn kind_from_path_with_another_version_or_none_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();
-    fake_tool(dir.path(), "docker", "echo 29.1.0");
+    fake_tool(dir.path(), "docker", "echo 'id|/var/lib/docker'");
     fake_tool(dir.path(), "kind", "echo 'kind v0.31.0 go1.25.5 linux/amd64'");
     let host = host_with_path(dir.path().to_str().unwrap());
     let mut wanted = args("dra-e2e");
-    wanted.kind_version = Some("v0.33.0".into());
-    let err = format!(
-        "{:#}",
-        up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
-    );
-    assert!(err.starts_with("kind v0.31.0 is on PATH ("), "{err}");
+    wanted.kind_from_path = true;
+    let err = up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
+    assert!(is_usage_error(&err));
+    let err = err.to_string();
+    assert!(err.starts_with(&format!("kind v0.31.0 is on PATH ({}/kind)", dir.path().display())), "{err}");
     assert!(err.contains("but v0.33.0 is required (--kind-version / KIND_VERSION)"), "{err}");
-    assert!(err.contains("go install sigs.k8s.io/kind@v0.33.0"), "{err}");
-
-    fake_tool(dir.path(), "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1");
-    let err = format!(
-        "{:#}",
-        up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
+    assert!(
+        err.contains(
+            "--kind-from-path forbids installing it: install it with `go install sigs.k8s.io/kind@v0.33.0`"
+        ),
+        "{err}"
     );
-    assert!(err.contains("its daemon does not answer"), "{err}");
-    assert!(err.contains("Cannot connect to the Docker daemon"), "{err}");
+    assert_eq!(err.matches(". ").count(), 0, "one sentence: {err}");
+
+    std::fs::remove_file(dir.path().join("kind")).unwrap();
+    let err = host.tools(None, true).await.unwrap_err();
+    assert!(is_usage_error(&err));
+    assert!(
+        err.to_string().starts_with("kind was not found on PATH and --kind-from-path forbids installing it"),
+        "{err}"
+    );
+
+    // Without --kind-from-path the provider installs kind, which needs Go: none on this PATH.
+    let err = host.tools(Some("v0.33.0"), false).await.unwrap_err();
+    assert!(is_usage_error(&err));
+    assert_eq!(
+        err.to_string(),
+        "kind v0.33.0 is needed and kind is not on PATH, and Go is not on PATH to install it: install Go 1.26 \
+         (https://go.dev/dl/) or put kind v0.33.0 on PATH."
+    );
+    let err = host.tools(Some("latest"), false).await.unwrap_err();
+    assert!(is_usage_error(&err), "{err}");
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_missing_or_other_kind_is_installed_into_the_cache_with_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("go.log");
+    fake_tool(dir.path(), "docker", "echo 'id|/var/lib/docker'");
+    fake_tool(dir.path(), "kind", "echo 'kind v0.31.0 go1.25.5 linux/amd64'");
+    // A fake `go install` that writes a kind of the asked version into $GOBIN.
+    fake_tool(
+        dir.path(),
+        "go",
+        &format!(
+            "echo \"GOBIN=$GOBIN go $*\" >> '{}'\n\
+             v=${{2#sigs.k8s.io/kind@}}\n\
+             printf '#!/bin/sh\\necho kind %s go1.26 linux/amd64\\n' \"$v\" > \"$GOBIN/kind\"\n\
+             /bin/chmod +x \"$GOBIN/kind\"",
+            log.display()
+        ),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let mut host = host_with_path(dir.path().to_str().unwrap());
+    host.cache = cache.path().to_path_buf();
+    let tools = host.tools(None, false).await.unwrap();
+    let cached = cache.path().join("kind/v0.33.0/kind");
+    assert_eq!(tools.kind, cached);
+    assert_eq!(tools.daemon, "id|/var/lib/docker");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        format!("GOBIN={} go install sigs.k8s.io/kind@v0.33.0\n", cached.parent().unwrap().display())
+    );
+    // The second time the cached one is used; a kind of the wanted version on PATH wins.
+    assert_eq!(host.tools(None, false).await.unwrap().kind, cached);
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+    fake_tool(dir.path(), "kind", "echo 'kind v0.33.0 go1.26.8 linux/amd64'");
+    assert_eq!(host.tools(None, false).await.unwrap().kind, dir.path().join("kind"));
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_dead_docker_daemon_is_a_usage_error_naming_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_tool(
+        dir.path(),
+        "docker",
+        "echo 'Cannot connect to the Docker daemon at unix:///run/x.sock. Is the docker daemon running?' >&2; exit 1",
+    );
+    fake_tool(dir.path(), "kind", "echo 'kind v0.33.0 go1.26.8 linux/amd64'");
+    let mut host = host_with_path(dir.path().to_str().unwrap());
+    host.docker_host = Some("unix:///run/x.sock".into());
+    let err =
+        up_in(&host, &args("dra-e2e"), &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
+    assert!(is_usage_error(&err));
+    assert_eq!(
+        err.to_string(),
+        "the Docker daemon at unix:///run/x.sock does not answer (docker info: Cannot connect to the Docker daemon \
+         at unix:///run/x.sock): start it (or, for the run's own engine, `cargo xtask docker down` and `cargo xtask \
+         docker up` as root), or point DOCKER_HOST at one that runs."
+    );
 }
 
 /// Fake docker and kind that append their arguments to `log`; kind knows clusters `existing`.
@@ -250,7 +336,7 @@ fn fake_tools(dir: &Path, log: &Path, existing: &str) {
         "docker",
         &format!(
             "echo \"docker $*\" >> '{log}'\n\
-             case \"$1\" in info) echo 29.1.0 ;; image) exit 1 ;; esac"
+             case \"$1\" in info) echo 'engine-id|/var/lib/docker' ;; image) exit 1 ;; esac"
         ),
     );
     fake_tool(
@@ -277,6 +363,8 @@ async fn up_runs_the_dry_run_commands_in_order() {
         path: Some(dir.path().as_os_str().to_owned()),
         repo: repo.path().to_path_buf(),
         kind_yaml: cluster_config::default_path(),
+        cache: PathBuf::from("/nonexistent/dra-e2e-test-cache"),
+        docker_host: Some("unix:///run/dra-e2e-test/docker.sock".into()),
     };
     let mut wanted = args("t");
     wanted.kind_version = Some("0.33.0".into());
@@ -292,24 +380,92 @@ async fn up_runs_the_dry_run_commands_in_order() {
         let args: Vec<String> = cmd.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
         format!("{} {}", cmd.program, args.join(" "))
     };
-    let mut expected = vec![unquoted(docker_info_cmd()), unquoted(kind_version_cmd())];
+    let mut expected = vec![
+        unquoted(docker_info_cmd()),
+        unquoted(kind_version_cmd()),
+        unquoted(get_clusters_cmd()),
+        unquoted(container_names_cmd()),
+    ];
     for image in SUITE_IMAGES {
         expected.push(unquoted(image_present_cmd(image)));
         expected.push(unquoted(pull_cmd(image)));
     }
-    expected.push(unquoted(get_clusters_cmd()));
     expected.push(unquoted(create_cluster_cmd("t", &host.kind_yaml, None, &kubeconfig)));
     expected.push(unquoted(get_nodes_cmd("t")));
     let calls = std::fs::read_to_string(&log).unwrap();
     assert_eq!(calls.lines().collect::<Vec<_>>(), expected);
 
-    // An existing cluster is reused: its kubeconfig is exported instead of creating it.
+    // Every docker and kind command got the engine's DOCKER_HOST.
+    let env = dir.path().join("env.log");
+    fake_tool(
+        dir.path(),
+        "docker",
+        &format!("echo \"$DOCKER_HOST\" >> '{}'; echo 'engine-id|/x'", env.display()),
+    );
+    host.tools(None, false).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&env).unwrap(), "unix:///run/dra-e2e-test/docker.sock\n");
+
+    // The cluster it created is reused: its kubeconfig is exported instead of creating it.
+    assert_eq!(std::fs::read_to_string(owner_path(repo.path(), "t")).unwrap(), "engine-id|/var/lib/docker\n");
     std::fs::remove_file(&log).unwrap();
     fake_tools(dir.path(), &log, "t");
     up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
     let calls = std::fs::read_to_string(&log).unwrap();
     assert!(calls.contains(&unquoted(export_kubeconfig_cmd("t", &kubeconfig))), "{calls}");
     assert!(!calls.contains("kind create"), "{calls}");
+
+    // A cluster of that name it did not create (no owner file, or another daemon's) is in use.
+    for owner in [None, Some("other-id|/var/lib/docker\n")] {
+        match owner {
+            Some(text) => std::fs::write(owner_path(repo.path(), "t"), text).unwrap(),
+            None => std::fs::remove_file(owner_path(repo.path(), "t")).unwrap(),
+        }
+        let err = up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
+        assert!(is_usage_error(&err));
+        assert_eq!(err.to_string(), name_in_use_sentence("t"));
+    }
+    assert_eq!(
+        name_in_use_sentence("t"),
+        "a kind cluster named \"t\" already exists on this Docker daemon and was not created by `cargo xtask cluster \
+         up`: delete it (`cargo xtask cluster down --provider kind --name t`) if it is yours to delete, or choose \
+         another name with --name (KIND_CLUSTER_NAME)."
+    );
+
+    // Containers named like the nodes, without a cluster kind lists, are a usage error too.
+    fake_tools(dir.path(), &log, "");
+    fake_tool(
+        dir.path(),
+        "docker",
+        "case \"$1\" in info) echo 'engine-id|/var/lib/docker' ;; container) printf 'web\\nt-control-plane\\n' ;; esac",
+    );
+    let err = up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
+    assert!(is_usage_error(&err));
+    assert_eq!(
+        err.to_string(),
+        "containers named as the nodes of kind cluster \"t\" already exist (t-control-plane) though kind lists no \
+         such cluster: remove them (`docker rm -f t-control-plane`) or choose another name with --name \
+         (KIND_CLUSTER_NAME)."
+    );
+}
+
+#[test]
+fn node_names_of_a_cluster_are_recognised() {
+    let names: Vec<String> = [
+        "t-control-plane",
+        "t-worker",
+        "t-worker3",
+        "t-external-load-balancer",
+        "t-workers",
+        "tt-worker",
+        "t-web",
+    ]
+    .map(String::from)
+    .to_vec();
+    assert_eq!(
+        node_name_conflicts("t", &names),
+        ["t-control-plane", "t-worker", "t-worker3", "t-external-load-balancer"]
+    );
+    assert!(node_name_conflicts("dra-e2e", &names).is_empty());
 }
 
 #[test]
