@@ -324,3 +324,5 @@ async fn build_node_image_in(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod workflow_tests;
