@@ -36,7 +36,7 @@ use crate::{
 const DOCKERD: &str = "dockerd";
 /// How long dockerd may take until `docker info` answers (a first start initialises the data root).
 pub const START_TIMEOUT: Duration = Duration::from_secs(90);
-/// How long dockerd gets after SIGTERM (it stops its containers, 15 s each at most, in parallel)
+/// How long dockerd gets after SIGTERM (it stops its containers first, within its 15 s shutdown timeout)
 /// before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(45);
 /// How long a command waits for another one holding the engine's lock.
