@@ -69,6 +69,13 @@ pub enum Command {
         #[command(subcommand)]
         action: ClusterAction,
     },
+    /// The run's own Docker engine for the kind provider: `docker up` starts a dockerd with its own
+    /// data root and socket (installing Debian's docker.io as root if there is no dockerd) and
+    /// prints its DOCKER_HOST; `docker down` stops it and removes what it left; `docker status`.
+    Docker {
+        #[command(subcommand)]
+        action: kind::engine::DockerAction,
+    },
     /// Build a kind node image from a Kubernetes source tree (`kind build node-image`).
     BuildNodeImage(kind::BuildNodeImageArgs),
     /// Run the DRA suites: `cargo xtask e2e [--provider local|kind] [--kubeconfig PATH]
@@ -214,6 +221,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             ClusterAction::Status(args) => args.provider.status(&args.kind).await.map(exit_code),
         },
+        Command::Docker { action } => kind::engine::run(action).await,
         Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
         Command::E2e { args } => e2e::run(args).await,
         Command::Bench { args } => bench::run(args).await,

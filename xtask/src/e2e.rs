@@ -168,6 +168,7 @@ fn kind_args(args: &E2eArgs) -> kind::KindArgs {
             .unwrap_or_else(|| "dra-e2e".into()),
         image: args.kind_image.clone().or_else(|| std::env::var("KIND_NODE_IMAGE").ok()),
         kind_version: std::env::var("KIND_VERSION").ok(),
+        kind_from_path: false,
     }
 }
 

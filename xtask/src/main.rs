@@ -25,6 +25,10 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // The engine's runc shim runs before anything else (no logging, no runtime).
+    if let Some(code) = kind::engine::shim::main_if_invoked() {
+        return code;
+    }
     let cli = cli::Cli::kubectl_verbatim(std::env::args().collect()).unwrap_or_else(cli::Cli::parse);
     init_tracing(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -105,9 +105,57 @@ pub fn kind_version_cmd() -> Cmd {
     Cmd::new("kind", ["version"])
 }
 
-/// `docker info --format {{.ServerVersion}}`: fails when the daemon does not answer.
+/// `docker info --format {{.ID}}|{{.DockerRootDir}}`: the daemon's identity (the same ID and
+/// data root is the same daemon); fails when the daemon does not answer.
 pub fn docker_info_cmd() -> Cmd {
-    Cmd::new("docker", ["info", "--format", "{{.ServerVersion}}"])
+    Cmd::new("docker", ["info", "--format", "{{.ID}}|{{.DockerRootDir}}"])
+}
+
+/// `docker container ls --all --format {{.Names}}`.
+pub fn container_names_cmd() -> Cmd {
+    Cmd::new("docker", ["container", "ls", "--all", "--format", "{{.Names}}"])
+}
+
+/// `<repo>/.e2e/kind-<name>.owner`: written when `cluster up` creates the cluster, with the
+/// identity of the Docker daemon it runs on; a cluster of that name without it is someone else's.
+pub fn owner_path(repo: &Path, name: &str) -> PathBuf {
+    repo.join(".e2e").join(format!("kind-{name}.owner"))
+}
+
+/// The containers among `names` that kind would name as nodes of cluster `cluster`
+/// (`<cluster>-control-plane`, `<cluster>-worker3`, `<cluster>-external-load-balancer`, …).
+pub fn node_name_conflicts(cluster: &str, names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|name| {
+            let Some(rest) = name.strip_prefix(cluster).and_then(|r| r.strip_prefix('-')) else {
+                return false;
+            };
+            ["control-plane", "worker", "external-load-balancer"]
+                .iter()
+                .any(|role| rest.strip_prefix(role).is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())))
+        })
+        .cloned()
+        .collect()
+}
+
+/// The sentence for a cluster name that is in use by a cluster `cargo xtask` did not create.
+pub fn name_in_use_sentence(name: &str) -> String {
+    format!(
+        "a kind cluster named {name:?} already exists on this Docker daemon and was not created by `cargo xtask \
+         cluster up`: delete it (`cargo xtask cluster down --provider kind --name {name}`) if it is yours to delete, \
+         or choose another name with --name (KIND_CLUSTER_NAME)."
+    )
+}
+
+/// The sentence for containers that already carry the names of the cluster's nodes.
+pub fn names_taken_sentence(name: &str, taken: &[String]) -> String {
+    format!(
+        "containers named as the nodes of kind cluster {name:?} already exist ({}) though kind lists no such \
+         cluster: remove them (`docker rm -f {}`) or choose another name with --name (KIND_CLUSTER_NAME).",
+        taken.join(", "),
+        taken.join(" ")
+    )
 }
 
 /// `docker image inspect --format {{.Id}} IMG`: succeeds when the image is present locally.

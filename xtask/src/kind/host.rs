@@ -2,6 +2,20 @@
 //! commands with timeouts; and the wait for the cluster's nodes.
 
 use super::*;
+use crate::cli::UsageError;
+
+/// The sentence for a Docker daemon that does not answer at `address`; `said` is what `docker
+/// info` wrote (its first sentence is quoted).
+pub fn dead_daemon_sentence(address: &str, said: &str) -> String {
+    let line = said.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no answer");
+    let first = line.split(". ").next().unwrap_or(line).trim_end_matches('.');
+    let said = format!("docker info: {first}");
+    format!(
+        "the Docker daemon at {address} does not answer ({said}): start it (or, for the run's own engine, \
+         `cargo xtask docker down` and `cargo xtask docker up` as root), or point DOCKER_HOST at one that runs."
+    )
+}
+
 /// Whether every node in `expected` is listed and Ready, and a one-line account of each.
 pub fn readiness(listed: &[Node], expected: &[String]) -> (bool, String) {
     let mut all_ready = true;
@@ -39,56 +53,84 @@ pub async fn wait_nodes_ready(kubeconfig: &Path, nodes: &[String], timeout: Dura
     .await
 }
 
-/// Where the provider looks for its tools and files; the tests substitute both.
+/// Where the provider looks for its tools and files; the tests substitute all of it.
 #[derive(Debug, Clone)]
 pub(super) struct Host {
-    /// The PATH to search for docker and kind (and to give them).
+    /// The PATH to search for docker, kind and go (and to give them).
     pub(super) path: Option<OsString>,
     /// The repository root (.e2e/ is under it).
     pub(super) repo: PathBuf,
     /// The kind configuration, normally `<repo>/kind.yaml`.
     pub(super) kind_yaml: PathBuf,
+    /// dra-e2e's cache, where kind is installed when PATH lacks the wanted version.
+    pub(super) cache: PathBuf,
+    /// `DOCKER_HOST` for docker and kind: the run's own engine while it runs and the environment
+    /// names no other; None leaves the environment's.
+    pub(super) docker_host: Option<String>,
 }
 
-/// docker and kind, as found on PATH.
+/// docker and kind, as found on PATH (kind possibly installed into the cache).
 #[derive(Debug)]
 pub(super) struct Tools {
     pub(super) docker: PathBuf,
     pub(super) kind: PathBuf,
     pub(super) path: Option<OsString>,
+    pub(super) docker_host: Option<String>,
+    /// The daemon's identity (`ID|DockerRootDir`, from `docker info`).
+    pub(super) daemon: String,
 }
+
+/// What to install when docker is missing.
+const DOCKER: &str = "Docker Engine (https://docs.docker.com/engine/install/)";
 
 impl Host {
     pub(super) fn current() -> Host {
+        let repo = crate::repo::repo_root();
+        let cache = crate::local::Layout::from_env(repo.clone())
+            .map(|layout| layout.cache)
+            .unwrap_or_else(|_| repo.join("target").join("dra-e2e-cache"));
+        let docker_host = match std::env::var_os("DOCKER_HOST") {
+            Some(_) => None,
+            None => engine::Engine::from_env().running_docker_host(),
+        };
         Host {
             path: std::env::var_os("PATH"),
-            repo: crate::repo::repo_root(),
             kind_yaml: cluster_config::default_path(),
+            repo,
+            cache,
+            docker_host,
         }
     }
 
-    /// Finds docker and kind on PATH; if one is missing, says in one sentence what to install.
-    pub(super) fn tools(&self) -> anyhow::Result<Tools> {
-        let path = self.path.as_deref();
-        let docker = find_program("docker", path);
-        let kind = find_program("kind", path);
-        const DOCKER: &str = "Docker Engine (https://docs.docker.com/engine/install/)";
-        let kind_install = format!("`go install sigs.k8s.io/kind@{KIND_VERSION}`");
-        match (docker, kind) {
-            (Some(docker), Some(kind)) => Ok(Tools { docker, kind, path: self.path.clone() }),
-            (None, None) => bail!(
-                "docker and kind were not found on PATH: install {DOCKER} and kind ({kind_install}), \
-                 or use `--provider local`, which needs neither."
-            ),
-            (None, Some(_)) => bail!(
+    /// Finds docker on PATH, checks that its daemon answers, and finds the kind binary to run
+    /// (see [`super::binary`]); a missing docker or a daemon that does not answer is a
+    /// [`UsageError`] saying what to do.
+    pub(super) async fn tools(
+        &self,
+        kind_version: Option<&str>,
+        kind_from_path: bool,
+    ) -> anyhow::Result<Tools> {
+        let Some(docker) = find_program("docker", self.path.as_deref()) else {
+            return Err(UsageError::new(format!(
                 "docker was not found on PATH: the kind provider runs its nodes as Docker containers, so install \
-                 {DOCKER} or use `--provider local`, which needs no Docker."
-            ),
-            (Some(_), None) => bail!(
-                "kind was not found on PATH: install it with {kind_install} (and put $(go env GOPATH)/bin on PATH) \
-                 or see https://kind.sigs.k8s.io/docs/user/quick-start/#installation."
-            ),
+                 {DOCKER}, start the run's own engine with `cargo xtask docker up` (as root on Debian), or use \
+                 `--provider local`, which needs no Docker."
+            ))
+            .into());
+        };
+        if let Some(host) = &self.docker_host {
+            info!("using the run's own Docker engine ({host})");
         }
+        let mut tools = Tools {
+            docker,
+            kind: PathBuf::from("kind"),
+            path: self.path.clone(),
+            docker_host: self.docker_host.clone(),
+            daemon: String::new(),
+        };
+        tools.daemon = tools.check_docker_daemon().await?;
+        tools.kind = binary::resolve(self, kind_version, kind_from_path).await?;
+        Ok(tools)
     }
 }
 
@@ -118,6 +160,9 @@ impl Tools {
         command.args(&cmd.args).kill_on_drop(true).stdin(Stdio::null());
         if let Some(path) = &self.path {
             command.env("PATH", path);
+        }
+        if let Some(host) = &self.docker_host {
+            command.env("DOCKER_HOST", host);
         }
         command
     }
@@ -155,39 +200,34 @@ impl Tools {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    /// Fails with a clear sentence if the Docker daemon does not answer.
-    pub(super) async fn check_docker_daemon(&self) -> anyhow::Result<()> {
-        let version = self.output(&docker_info_cmd(), QUICK_TIMEOUT).await.with_context(|| {
-            format!(
-                "docker is installed ({}) but its daemon does not answer; start Docker and make sure your user may use it",
-                self.docker.display()
-            )
-        })?;
-        debug!("docker server version {}", version.trim());
-        Ok(())
+    /// The daemon's identity (`ID|DockerRootDir`), or a [`UsageError`] saying that it does not
+    /// answer and what to do.
+    async fn check_docker_daemon(&self) -> anyhow::Result<String> {
+        let cmd = docker_info_cmd();
+        debug!("running: {cmd}");
+        let said = match tokio::time::timeout(QUICK_TIMEOUT, self.command(&cmd).output()).await {
+            Ok(Ok(output)) if output.status.success() => {
+                return Ok(String::from_utf8_lossy(&output.stdout).trim().to_string());
+            }
+            Ok(Ok(output)) => String::from_utf8_lossy(&output.stderr).into_owned(),
+            Ok(Err(err)) => return Err(err).with_context(|| format!("cannot run `{cmd}`")),
+            Err(_) => format!("no answer within {QUICK_TIMEOUT:?}"),
+        };
+        Err(UsageError::new(dead_daemon_sentence(&self.daemon_address(), &said)).into())
     }
 
-    /// Checks `kind version` against `expected` (an error on mismatch) or, if unset, against
-    /// [`KIND_VERSION`] (a warning).
-    pub(super) async fn check_kind_version(&self, expected: Option<&str>) -> anyhow::Result<()> {
-        let out = self.output(&kind_version_cmd(), QUICK_TIMEOUT).await?;
-        let found = parse_kind_version(&out)
-            .with_context(|| format!("cannot read the version in `kind version` output {out:?}"))?;
-        match expected {
-            Some(expected) if !same_version(found, expected) => bail!(
-                "kind {found} is on PATH ({}) but {expected} is required (--kind-version / KIND_VERSION); \
-                 install it with `go install sigs.k8s.io/kind@v{}`",
-                self.kind.display(),
-                expected.trim().trim_start_matches('v')
-            ),
-            Some(_) => {}
-            None if !same_version(found, KIND_VERSION) => {
-                warn!("kind {found} is on PATH; this project is tested with kind {KIND_VERSION}")
-            }
-            None => {}
-        }
-        info!("using kind {found} ({})", self.kind.display());
-        Ok(())
+    /// Where docker looks for its daemon.
+    fn daemon_address(&self) -> String {
+        self.docker_host
+            .clone()
+            .or_else(|| std::env::var("DOCKER_HOST").ok())
+            .unwrap_or_else(|| "unix:///var/run/docker.sock (docker's default)".into())
+    }
+
+    /// Names of every container on the daemon, running or not.
+    pub(super) async fn container_names(&self) -> anyhow::Result<Vec<String>> {
+        let out = self.output(&container_names_cmd(), QUICK_TIMEOUT).await?;
+        Ok(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect())
     }
 
     pub(super) async fn cluster_exists(&self, name: &str) -> anyhow::Result<bool> {

@@ -24,7 +24,7 @@ async fn load_in(
     if dry_run {
         return write_lines(out, &cmds.iter().map(ToString::to_string).collect::<Vec<_>>());
     }
-    let tools = host.tools()?;
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     for (cmd, archive) in cmds.iter().zip(archives) {
         tools.run(cmd, LOAD_TIMEOUT).await?;
         info!("loaded {} into kind cluster {:?}", archive.display(), args.name);
@@ -38,7 +38,8 @@ mod tests {
 
     #[tokio::test]
     async fn dry_run_prints_one_kind_load_per_archive() {
-        let args = KindArgs { name: "dra-e2e".into(), image: None, kind_version: None };
+        let args =
+            KindArgs { name: "dra-e2e".into(), image: None, kind_version: None, kind_from_path: false };
         let archives = [PathBuf::from("/tmp/a.tar"), PathBuf::from("/tmp/b c.tar")];
         let mut out = Vec::new();
         // A host without docker or kind: the dry run must not need them.

@@ -25,7 +25,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 use tracing::{debug, info, warn};
 
+mod binary;
 mod commands;
+pub mod engine;
 mod host;
 mod load;
 
@@ -35,6 +37,7 @@ pub use host::{readiness, wait_nodes_ready};
 pub use load::load_archives;
 
 use crate::{
+    cli::UsageError,
     cluster_config::{self, ClusterConfig},
     kube_api::{client_for, node_is_ready},
     overrides::Overrides,
@@ -77,9 +80,14 @@ pub struct KindArgs {
     /// Node image for kind (for example kindest/node:v1.37.2); kind's default image if unset.
     #[arg(long, env = "KIND_NODE_IMAGE")]
     pub image: Option<String>,
-    /// The kind version expected on PATH (for example v0.33.0); a different version is an error.
+    /// The kind version to use (default v0.33.0): the kind on PATH if it has that version, else
+    /// installed with `go install sigs.k8s.io/kind@VERSION` into dra-e2e's cache.
     #[arg(long, env = "KIND_VERSION")]
     pub kind_version: Option<String>,
+    /// Use the kind on PATH and never install one: a missing kind or another version than
+    /// --kind-version is an error.
+    #[arg(long)]
+    pub kind_from_path: bool,
 }
 
 /// Options of `build-node-image`.
@@ -160,14 +168,24 @@ async fn up_in(
         return Ok(kubeconfig);
     }
 
-    let tools = host.tools()?;
-    tools.check_docker_daemon().await?;
-    tools.check_kind_version(args.kind_version.as_deref()).await?;
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
+    let daemon = &tools.daemon;
+    let owner = owner_path(&host.repo, &args.name);
+    let exists = tools.cluster_exists(&args.name).await?;
+    if exists && std::fs::read_to_string(&owner).ok().as_deref().map(str::trim) != Some(daemon.as_str()) {
+        return Err(UsageError::new(name_in_use_sentence(&args.name)).into());
+    }
+    if !exists {
+        let taken = node_name_conflicts(&args.name, &tools.container_names().await?);
+        if !taken.is_empty() {
+            return Err(UsageError::new(names_taken_sentence(&args.name, &taken)).into());
+        }
+    }
     for image in SUITE_IMAGES {
         tools.pull_if_missing(image).await?;
     }
 
-    if tools.cluster_exists(&args.name).await? {
+    if exists {
         info!(
             "kind cluster {:?} exists; reusing it (run `cargo xtask cluster down --provider kind` first to apply kind.yaml changes)",
             args.name
@@ -183,6 +201,11 @@ async fn up_in(
             config_path.display()
         );
         tools.run(&create_cluster_cmd(&args.name, config_path, image, &kubeconfig), CREATE_TIMEOUT).await?;
+        if let Some(dir) = owner.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        std::fs::write(&owner, format!("{daemon}\n"))
+            .with_context(|| format!("write {}", owner.display()))?;
     }
 
     let nodes = tools.nodes(&args.name).await?;
@@ -206,14 +229,16 @@ async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Writ
     if dry_run {
         return write_lines(out, &down_lines(&args.name, &kubeconfig));
     }
-    let tools = host.tools()?;
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     // kind deletes nothing and succeeds when the cluster does not exist.
     tools.run(&delete_cluster_cmd(&args.name, &kubeconfig), DELETE_TIMEOUT).await?;
-    match std::fs::remove_file(&kubeconfig) {
-        Ok(()) => {}
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-        Err(err) => {
-            return Err(err).with_context(|| format!("cannot remove {}", kubeconfig.display()));
+    for file in [&kubeconfig, &owner_path(&host.repo, &args.name)] {
+        match std::fs::remove_file(file) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => {
+                return Err(err).with_context(|| format!("cannot remove {}", file.display()));
+            }
         }
     }
     info!("kind cluster {:?} deleted", args.name);
@@ -222,7 +247,7 @@ async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Writ
 
 async fn status_in(host: &Host, args: &KindArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
     validate_name(&args.name)?;
-    let tools = host.tools()?;
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     let kubeconfig = kubeconfig_path(&host.repo, &args.name);
     let mut lines = Vec::new();
     let exists = tools.cluster_exists(&args.name).await?;
@@ -290,8 +315,7 @@ async fn build_node_image_in(
         args.k8s_source.display(),
         go_mod.display()
     );
-    let tools = host.tools()?;
-    tools.check_docker_daemon().await?;
+    let tools = host.tools(None, false).await?;
     info!("building node image {} from {} (this takes a long time)", args.image, args.k8s_source.display());
     tools.run(&cmd, BUILD_TIMEOUT).await?;
     writeln!(out, "{}", args.image).context("cannot write to stdout")?;
@@ -299,535 +323,6 @@ async fn build_node_image_in(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, reason = "tests may unwrap; helpers outside #[test] functions too")]
-mod tests {
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
-    use kube::api::ObjectMeta;
-
-    use super::*;
-
-    const REPO: &str = "/src/dra-e2e";
-
-    fn args(name: &str) -> KindArgs {
-        KindArgs { name: name.to_string(), image: None, kind_version: None }
-    }
-
-    fn host_with_path(path: &str) -> Host {
-        Host {
-            path: Some(path.into()),
-            repo: crate::repo::repo_root(),
-            kind_yaml: cluster_config::default_path(),
-        }
-    }
-
-    #[test]
-    fn create_command_is_exact() {
-        let cmd = create_cluster_cmd(
-            "dra-e2e",
-            Path::new("/src/dra-e2e/kind.yaml"),
-            None,
-            Path::new("/src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig"),
-        );
-        assert_eq!(
-            cmd.to_string(),
-            "kind create cluster --name dra-e2e --config /src/dra-e2e/kind.yaml \
-             --kubeconfig /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig --wait 5m"
-        );
-        let with_image =
-            create_cluster_cmd("n", Path::new("k.yaml"), Some("kindest/node:v1.37.2"), Path::new("kc"));
-        assert_eq!(
-            with_image.args,
-            [
-                "create",
-                "cluster",
-                "--name",
-                "n",
-                "--config",
-                "k.yaml",
-                "--image",
-                "kindest/node:v1.37.2",
-                "--kubeconfig",
-                "kc",
-                "--wait",
-                "5m"
-            ]
-            .map(OsString::from)
-        );
-    }
-
-    #[test]
-    fn dry_run_lines_are_exact() {
-        let repo = Path::new(REPO);
-        let lines = up_lines(
-            "dra-e2e",
-            &repo.join("kind.yaml"),
-            Some("dra/node:latest"),
-            &kubeconfig_path(repo, "dra-e2e"),
-        );
-        assert_eq!(
-            lines,
-            [
-                "docker image inspect --format '{{.Id}}' registry.k8s.io/sig-storage/hostpathplugin:v1.17.1 >/dev/null 2>&1 \
-                 || docker pull registry.k8s.io/sig-storage/hostpathplugin:v1.17.1",
-                "docker image inspect --format '{{.Id}}' registry.k8s.io/e2e-test-images/busybox:1.37.0-2 >/dev/null 2>&1 \
-                 || docker pull registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
-                "kind create cluster --name dra-e2e --config /src/dra-e2e/kind.yaml --image dra/node:latest \
-                 --kubeconfig /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig --wait 5m",
-                "kind load docker-image --name dra-e2e registry.k8s.io/sig-storage/hostpathplugin:v1.17.1",
-                "kind load docker-image --name dra-e2e registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
-            ]
-        );
-        assert_eq!(
-            down_lines("dra-e2e", &kubeconfig_path(repo, "dra-e2e")),
-            [
-                "kind delete cluster --name dra-e2e --kubeconfig /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig",
-                "rm -f /src/dra-e2e/.e2e/kind-dra-e2e.kubeconfig",
-            ]
-        );
-    }
-
-    #[test]
-    fn other_commands_are_exact() {
-        let kc = Path::new("/r/.e2e/kind-x.kubeconfig");
-        assert_eq!(
-            export_kubeconfig_cmd("x", kc).to_string(),
-            "kind export kubeconfig --name x --kubeconfig /r/.e2e/kind-x.kubeconfig"
-        );
-        assert_eq!(get_nodes_cmd("x").to_string(), "kind get nodes --name x");
-        assert_eq!(
-            save_image_cmd("busybox:1", "linux/amd64", Path::new("/t/i.tar")).to_string(),
-            "docker image save --platform linux/amd64 --output /t/i.tar busybox:1"
-        );
-        assert_eq!(
-            load_archive_cmd("x", Path::new("/t/i.tar")).to_string(),
-            "kind load image-archive --name x /t/i.tar"
-        );
-        assert_eq!(
-            build_node_image_cmd("dra/node:latest", Path::new("/go/src/k8s.io/kubernetes")).to_string(),
-            "kind build node-image --image dra/node:latest /go/src/k8s.io/kubernetes"
-        );
-    }
-
-    #[test]
-    fn shell_quoting() {
-        assert_eq!(shell_quote(OsStr::new("a/b-c_d.e:f@1")), "a/b-c_d.e:f@1");
-        assert_eq!(shell_quote(OsStr::new("with space")), "'with space'");
-        assert_eq!(shell_quote(OsStr::new("it's")), r"'it'\''s'");
-        assert_eq!(shell_quote(OsStr::new("")), "''");
-    }
-
-    #[tokio::test]
-    async fn a_lane_s_gates_go_into_a_derived_kind_config() {
-        let host = host_with_path("");
-        let overrides = crate::overrides::OverrideArgs {
-            feature_gates: Some("GenericWorkload=true".into()),
-            runtime_config: Some("scheduling.k8s.io/v1beta1=true".into()),
-            kubelet_version: None,
-        }
-        .parse()
-        .unwrap()
-        .unwrap();
-        let mut out = Vec::new();
-        up_in(&host, &args("dra-e2e-lane-test"), &overrides, true, &mut out).await.unwrap();
-        let derived = host.repo.join(".e2e").join("kind-dra-e2e-lane-test.yaml");
-        let printed = String::from_utf8(out).unwrap();
-        assert!(printed.contains(&format!("--config {}", derived.display())), "{printed}");
-        let config = ClusterConfig::load(&derived).unwrap();
-        std::fs::remove_file(&derived).unwrap();
-        assert!(config.feature_gates["GenericWorkload"]);
-        assert_eq!(config.runtime_config["scheduling.k8s.io/v1beta1"], "true");
-    }
-
-    #[tokio::test]
-    async fn dry_run_prints_the_commands_without_docker_or_kind() {
-        let host = host_with_path(""); // nothing on PATH
-        let mut out = Vec::new();
-        let kubeconfig = up_in(&host, &args("dra-e2e"), &Overrides::default(), true, &mut out).await.unwrap();
-        let repo = crate::repo::repo_root();
-        assert_eq!(kubeconfig, repo.join(".e2e").join("kind-dra-e2e.kubeconfig"));
-        let printed = String::from_utf8(out).unwrap();
-        let expected = up_lines("dra-e2e", &repo.join("kind.yaml"), None, &kubeconfig).join("\n") + "\n";
-        assert_eq!(printed, expected);
-        assert!(printed.contains(&format!(
-            "kind create cluster --name dra-e2e --config {}",
-            repo.join("kind.yaml").display()
-        )));
-
-        let mut out = Vec::new();
-        down_in(&host, &args("dra-e2e"), true, &mut out).await.unwrap();
-        assert!(
-            String::from_utf8(out).unwrap().starts_with("kind delete cluster --name dra-e2e --kubeconfig ")
-        );
-
-        let mut out = Vec::new();
-        let build =
-            BuildNodeImageArgs { k8s_source: "/k8s".into(), image: "dra/node:latest".into(), dry_run: true };
-        build_node_image_in(&host, &build, &mut out).await.unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), "kind build node-image --image dra/node:latest /k8s\n");
-    }
-
-    #[tokio::test]
-    async fn empty_path_gives_one_sentence_saying_what_to_install() {
-        let host = host_with_path("");
-        let err =
-            up_in(&host, &args("dra-e2e"), &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
-        let text = format!("{err:#}");
-        assert_eq!(
-            text,
-            "docker and kind were not found on PATH: install Docker Engine (https://docs.docker.com/engine/install/) \
-             and kind (`go install sigs.k8s.io/kind@v0.33.0`), or use `--provider local`, which needs neither."
-        );
-        assert_eq!(text.matches(". ").count(), 0, "one sentence: {text}");
-        let down = down_in(&host, &args("dra-e2e"), false, &mut Vec::new()).await;
-        assert_eq!(format!("{:#}", down.unwrap_err()), text);
-        let status = status_in(&host, &args("dra-e2e"), &mut Vec::new()).await;
-        assert_eq!(format!("{:#}", status.unwrap_err()), text);
-        let mut host_none = host.clone();
-        host_none.path = None;
-        assert!(
-            host_none.tools().unwrap_err().to_string().starts_with("docker and kind were not found on PATH")
-        );
-    }
-
-    #[cfg(unix)]
-    fn fake_tool(dir: &Path, name: &str, script: &str) {
-        use std::os::unix::fs::PermissionsExt;
-        let path = dir.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-
-    #[cfg(unix)]
-    #[tokio::test]
-    async fn one_missing_tool_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        fake_tool(dir.path(), "docker", "exit 0");
-        let host = host_with_path(dir.path().to_str().unwrap());
-        let err = host.tools().unwrap_err().to_string();
-        assert!(
-            err.starts_with(
-                "kind was not found on PATH: install it with `go install sigs.k8s.io/kind@v0.33.0`"
-            ),
-            "{err}"
-        );
-
-        let dir = tempfile::tempdir().unwrap();
-        fake_tool(dir.path(), "kind", "exit 0");
-        std::fs::write(dir.path().join("docker"), "not executable").unwrap();
-        let host = host_with_path(dir.path().to_str().unwrap());
-        let err = host.tools().unwrap_err().to_string();
-        assert!(err.starts_with("docker was not found on PATH:"), "{err}");
-        assert!(err.contains("--provider local"), "{err}");
-    }
-
-    #[cfg(unix)]
-    #[tokio::test]
-    async fn wrong_kind_version_and_dead_docker_daemon_are_clear_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        fake_tool(dir.path(), "docker", "echo 29.1.0");
-        fake_tool(dir.path(), "kind", "echo 'kind v0.31.0 go1.25.5 linux/amd64'");
-        let host = host_with_path(dir.path().to_str().unwrap());
-        let mut wanted = args("dra-e2e");
-        wanted.kind_version = Some("v0.33.0".into());
-        let err = format!(
-            "{:#}",
-            up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
-        );
-        assert!(err.starts_with("kind v0.31.0 is on PATH ("), "{err}");
-        assert!(err.contains("but v0.33.0 is required (--kind-version / KIND_VERSION)"), "{err}");
-        assert!(err.contains("go install sigs.k8s.io/kind@v0.33.0"), "{err}");
-
-        fake_tool(dir.path(), "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1");
-        let err = format!(
-            "{:#}",
-            up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
-        );
-        assert!(err.contains("its daemon does not answer"), "{err}");
-        assert!(err.contains("Cannot connect to the Docker daemon"), "{err}");
-    }
-
-    /// Fake docker and kind that append their arguments to `log`; kind knows clusters `existing`.
-    #[cfg(unix)]
-    fn fake_tools(dir: &Path, log: &Path, existing: &str) {
-        let log = log.display();
-        fake_tool(
-            dir,
-            "docker",
-            &format!(
-                "echo \"docker $*\" >> '{log}'\n\
-                 case \"$1\" in info) echo 29.1.0 ;; image) exit 1 ;; esac"
-            ),
-        );
-        fake_tool(
-            dir,
-            "kind",
-            &format!(
-                "echo \"kind $*\" >> '{log}'\n\
-                 case \"$1 $2\" in\n\
-                 'version ') echo 'kind v0.33.0 go1.26.8 linux/amd64' ;;\n\
-                 'get clusters') echo '{existing}' ;;\n\
-                 esac"
-            ),
-        );
-    }
-
-    #[cfg(unix)]
-    #[tokio::test]
-    async fn up_runs_the_dry_run_commands_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("calls.log");
-        fake_tools(dir.path(), &log, "some-other-cluster");
-        let repo = tempfile::tempdir().unwrap();
-        let host = Host {
-            path: Some(dir.path().as_os_str().to_owned()),
-            repo: repo.path().to_path_buf(),
-            kind_yaml: cluster_config::default_path(),
-        };
-        let mut wanted = args("t");
-        wanted.kind_version = Some("0.33.0".into());
-        // The fake kind lists no nodes, so `up` stops before waiting for the API server.
-        let err = format!(
-            "{:#}",
-            up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err()
-        );
-        assert_eq!(err, "kind reports no nodes for cluster \"t\"");
-
-        let kubeconfig = kubeconfig_path(repo.path(), "t");
-        let unquoted = |cmd: Cmd| {
-            let args: Vec<String> = cmd.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-            format!("{} {}", cmd.program, args.join(" "))
-        };
-        let mut expected = vec![unquoted(docker_info_cmd()), unquoted(kind_version_cmd())];
-        for image in SUITE_IMAGES {
-            expected.push(unquoted(image_present_cmd(image)));
-            expected.push(unquoted(pull_cmd(image)));
-        }
-        expected.push(unquoted(get_clusters_cmd()));
-        expected.push(unquoted(create_cluster_cmd("t", &host.kind_yaml, None, &kubeconfig)));
-        expected.push(unquoted(get_nodes_cmd("t")));
-        let calls = std::fs::read_to_string(&log).unwrap();
-        assert_eq!(calls.lines().collect::<Vec<_>>(), expected);
-
-        // An existing cluster is reused: its kubeconfig is exported instead of creating it.
-        std::fs::remove_file(&log).unwrap();
-        fake_tools(dir.path(), &log, "t");
-        up_in(&host, &wanted, &Overrides::default(), false, &mut Vec::new()).await.unwrap_err();
-        let calls = std::fs::read_to_string(&log).unwrap();
-        assert!(calls.contains(&unquoted(export_kubeconfig_cmd("t", &kubeconfig))), "{calls}");
-        assert!(!calls.contains("kind create"), "{calls}");
-    }
-
-    #[test]
-    fn versions_and_names() {
-        assert_eq!(parse_kind_version("kind v0.33.0 go1.26.8 linux/amd64\n"), Some("v0.33.0"));
-        assert_eq!(
-            parse_kind_version("kind v0.34.0-alpha.12+abc go1.26 linux/arm64"),
-            Some("v0.34.0-alpha.12+abc")
-        );
-        assert_eq!(parse_kind_version("something else"), None);
-        assert!(same_version("v0.33.0", "0.33.0") && same_version("0.33.0\n", "v0.33.0"));
-        assert!(!same_version("v0.33.0", "v0.33.1"));
-        validate_name("dra-e2e").unwrap();
-        validate_name("a.b-1").unwrap();
-        for bad in ["", "Dra", "dra_e2e", "a b"] {
-            assert!(validate_name(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    fn node(name: &str, ready: Option<&str>) -> Node {
-        Node {
-            metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
-            status: ready.map(|status| NodeStatus {
-                conditions: Some(vec![NodeCondition {
-                    type_: "Ready".into(),
-                    status: status.into(),
-                    ..NodeCondition::default()
-                }]),
-                ..NodeStatus::default()
-            }),
-            ..Node::default()
-        }
-    }
-
-    #[test]
-    fn readiness_accounts_for_every_expected_node() {
-        let expected: Vec<String> = ["cp", "w1", "w2"].map(String::from).to_vec();
-        let listed = [node("cp", Some("True")), node("w1", Some("False")), node("other", Some("True"))];
-        assert_eq!(
-            readiness(&listed, &expected),
-            (false, "cp Ready, w1 NotReady, w2 not registered".to_string())
-        );
-        let listed = [node("cp", Some("True")), node("w1", Some("True")), node("w2", Some("True"))];
-        assert!(readiness(&listed, &expected).0);
-        assert!(!readiness(&[node("cp", None)], &expected[..1]).0);
-    }
-
-    /// A one-endpoint API server: answers every request with `nodes` as a NodeList.
-    async fn fake_api_server(nodes: Vec<Node>) -> (tempfile::TempDir, PathBuf) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let body =
-            serde_json::json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes})
-                .to_string();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let body = body.clone();
-                tokio::spawn(async move {
-                    let mut request = Vec::new();
-                    let mut buf = [0u8; 1024];
-                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match stream.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => request.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = stream.write_all(head.as_bytes()).await;
-                    let _ = stream.write_all(body.as_bytes()).await;
-                });
-            }
-        });
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
-                 clusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\n\
-                 contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-                 users:\n- name: fake\n  user: {{}}\n"
-            ),
-        )
-        .unwrap();
-        (dir, kubeconfig)
-    }
-
-    #[tokio::test]
-    async fn wait_nodes_ready_asks_the_api_server() {
-        let expected: Vec<String> = ["cp", "w1"].map(String::from).to_vec();
-
-        let (_dir, kubeconfig) =
-            fake_api_server(vec![node("cp", Some("True")), node("w1", Some("True"))]).await;
-        wait_nodes_ready(&kubeconfig, &expected, Duration::from_secs(30)).await.unwrap();
-
-        let (_dir, kubeconfig) =
-            fake_api_server(vec![node("cp", Some("True")), node("w1", Some("False"))]).await;
-        let err = wait_nodes_ready(&kubeconfig, &expected, Duration::from_millis(300))
-            .await
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            err,
-            "timed out after 300ms waiting for nodes cp, w1 to be Ready; last seen: cp Ready, w1 NotReady"
-        );
-    }
-
-    // ---- .github/workflows/e2e-kind.yaml ---------------------------------------------------------
-
-    /// actionlint, run through the Go module proxy so that nothing needs to be installed.
-    const ACTIONLINT: &str = "github.com/rhysd/actionlint/cmd/actionlint@v1.7.12";
-
-    fn workflow_path() -> PathBuf {
-        crate::repo::repo_root().join(".github/workflows/e2e-kind.yaml")
-    }
-
-    fn actionlint(file: &Path) -> std::process::Output {
-        std::process::Command::new("go")
-            .args(["run", ACTIONLINT, "-no-color"])
-            .arg(file)
-            .current_dir(crate::repo::repo_root())
-            .output()
-            .unwrap_or_else(|err| {
-                panic!("cannot run `go` ({err}): the workflow test runs actionlint with `go run` and needs Go on PATH (https://go.dev/dl/)")
-            })
-    }
-
-    #[test]
-    fn workflow_passes_actionlint() {
-        let output = actionlint(&workflow_path());
-        assert!(
-            output.status.success(),
-            "actionlint reports problems in {}:\n{}{}",
-            workflow_path().display(),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-
-        // ...and it does find problems: the same workflow with a broken expression fails.
-        let dir = tempfile::tempdir().unwrap();
-        let broken = dir.path().join("broken.yaml");
-        let text = std::fs::read_to_string(workflow_path()).unwrap();
-        std::fs::write(&broken, text.replace("if: always()", "if: ${{ alwayz() }}")).unwrap();
-        let output = actionlint(&broken);
-        assert!(!output.status.success(), "actionlint accepted a broken workflow");
-        assert!(String::from_utf8_lossy(&output.stdout).contains("alwayz"), "{output:?}");
-    }
-
-    fn step_named<'a>(steps: &'a [serde_yaml::Value], needle: &str) -> Vec<(usize, &'a serde_yaml::Value)> {
-        steps
-            .iter()
-            .enumerate()
-            .filter(|(_, step)| {
-                let field = |key: &str| {
-                    step.get(key).and_then(serde_yaml::Value::as_str).unwrap_or_default().to_string()
-                };
-                field("run").contains(needle) || field("uses").starts_with(needle)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn workflow_has_the_triggers_and_steps() {
-        let text = std::fs::read_to_string(workflow_path()).unwrap();
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-
-        let on = &doc["on"];
-        assert!(on.get("pull_request").is_some(), "no pull_request trigger");
-        let cron = on["schedule"][0]["cron"].as_str().unwrap();
-        assert_eq!(cron.split_whitespace().count(), 5, "cron {cron:?}");
-
-        // The kind version the workflow installs is the one xtask expects.
-        assert_eq!(doc["env"]["KIND_VERSION"].as_str(), Some(KIND_VERSION));
-
-        let jobs = doc["jobs"].as_mapping().unwrap();
-        assert_eq!(jobs.len(), 1);
-        let job = jobs.values().next().unwrap();
-        assert!(job["runs-on"].as_str().unwrap().starts_with("ubuntu"));
-        assert!(job["timeout-minutes"].as_u64().is_some(), "the job needs a timeout");
-        let steps = job["steps"].as_sequence().unwrap();
-        let first = |needle: &str| {
-            let found = step_named(steps, needle);
-            assert!(!found.is_empty(), "no step with {needle:?}");
-            found[0]
-        };
-
-        first("dtolnay/rust-toolchain@");
-        first("actions/setup-go@");
-        let (kind_install, _) = first("go install \"sigs.k8s.io/kind@${KIND_VERSION}\"");
-
-        let (e2e, e2e_step) = first("cargo xtask e2e --provider kind");
-        let e2e_run = e2e_step["run"].as_str().unwrap();
-        for flag in ["--focus DRA", "--junit target/e2e/junit.xml", "--artifacts target/e2e/artifacts"] {
-            assert!(e2e_run.contains(flag), "the e2e step lacks {flag:?}: {e2e_run}");
-        }
-        assert!(kind_install < e2e, "kind is installed after the e2e step");
-        assert!(e2e_step.get("if").is_none(), "the e2e step must run unconditionally");
-
-        let (down, down_step) = first("cargo xtask cluster down --provider kind");
-        assert!(down > e2e, "teardown must come after the e2e step");
-        assert_eq!(down_step["if"].as_str(), Some("always()"), "teardown must run even after failure");
-
-        let uploads = step_named(steps, "actions/upload-artifact@");
-        let paths: Vec<&str> =
-            uploads.iter().map(|(_, step)| step["with"]["path"].as_str().unwrap()).collect();
-        assert_eq!(paths, ["target/e2e/junit.xml", "target/e2e/artifacts"]);
-        for (index, step) in &uploads {
-            assert!(*index > e2e, "uploads come after the e2e step");
-            assert_eq!(step["if"].as_str(), Some("always()"), "uploads must run even after failure");
-        }
-    }
-}
+mod tests;
+#[cfg(test)]
+mod workflow_tests;

@@ -19,11 +19,11 @@ mod nodes;
 mod old_kubelet;
 mod pki;
 mod probes;
-mod process;
+pub(crate) mod process;
 mod registry;
 mod status;
 mod stop;
-mod teardown;
+pub(crate) mod teardown;
 mod tools;
 mod wait;
 
