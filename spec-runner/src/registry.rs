@@ -5,8 +5,10 @@ use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 use futures::{FutureExt as _, future::BoxFuture};
 
 use super::{
+    cluster::KubeVersion,
     ctx::Ctx,
     error::SpecResult,
+    gate::GateTable,
     label::{ALWAYS_TRAILING, Label},
     requirements::{Precheck, Requirement},
 };
@@ -63,6 +65,8 @@ pub struct Registry {
     hooks: SuiteHooks,
     /// Top-level containers registered so far, and the one being registered.
     top_level: (usize, Option<usize>),
+    /// The feature gates of the Kubernetes version the texts are for ([`Registry::for_version`]).
+    gates: Option<&'static GateTable>,
 }
 
 /// A hook run for every spec before its body ([`Registry::before_each`]).
@@ -217,6 +221,28 @@ impl Registry {
         Self::default()
     }
 
+    /// An empty registry whose texts are those of Kubernetes `gates.version`: every
+    /// [`Label::gate`] is expanded with that version's feature gates.
+    pub fn for_version(gates: &'static GateTable) -> Self {
+        Self { gates: Some(gates), ..Self::default() }
+    }
+
+    /// The feature gate table the texts are composed with, if any.
+    pub fn gate_table(&self) -> Option<&'static GateTable> {
+        self.gates
+    }
+
+    /// The Kubernetes version the texts are for (`None` without a gate table), for specs whose
+    /// structure changed between versions.
+    pub fn target_version(&self) -> Option<KubeVersion> {
+        self.gates.and_then(GateTable::kube_version)
+    }
+
+    /// Whether the texts are for Kubernetes `major.minor` or later (`false` without a gate table).
+    pub fn targets_at_least(&self, major: u32, minor: u32) -> bool {
+        self.target_version().is_some_and(|v| v.minor_version() >= (major, minor))
+    }
+
     /// A container (ginkgo `Describe`): specs registered in `body` get `text` in front of their name.
     pub fn describe(&mut self, text: &str, body: impl FnOnce(&mut Registry)) {
         self.container(text, Vec::<String>::new(), body);
@@ -283,9 +309,30 @@ impl Registry {
     {
         let mut out = Vec::new();
         for l in labels {
-            match l.into().validated() {
-                Ok(l) => out.push(l),
-                Err(problem) => self.problems.push(format!("{problem} (in {owner:?})")),
+            let l: Label = l.into();
+            let expanded = if l.is_gate() {
+                match self.gates.map(|t| t.expand(l.name())) {
+                    Some(Ok(labels)) => labels,
+                    Some(Err(problem)) => {
+                        self.problems.push(format!("{problem} (in {owner:?})"));
+                        continue;
+                    }
+                    None => {
+                        self.problems.push(format!(
+                            "feature gate {:?} in {owner:?} needs the gate table of a Kubernetes version (Registry::for_version)",
+                            l.name()
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                vec![l]
+            };
+            for l in expanded {
+                match l.validated() {
+                    Ok(l) => out.push(l),
+                    Err(problem) => self.problems.push(format!("{problem} (in {owner:?})")),
+                }
             }
         }
         out
