@@ -54,7 +54,7 @@ pub fn register(registry: &mut Registry) {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 pub(crate) fn registered_texts(register: impl FnOnce(&mut Registry)) -> Vec<String> {
-    let mut registry = Registry::new();
+    let mut registry = Registry::for_version(crate::versions::DEFAULT);
     register(&mut registry);
     registry.validate().unwrap();
     registry.specs().map(|s| s.full_text().to_owned()).collect()
