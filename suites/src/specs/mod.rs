@@ -28,6 +28,7 @@ mod metadata;
 mod node_allocatable;
 #[cfg(test)]
 mod prechecked;
+mod resource_quota;
 mod slice_controller;
 
 use harness::framework::Registry;
@@ -47,6 +48,7 @@ pub fn register(registry: &mut Registry) {
     slice_controller::register(registry);
     extended_resource::register(registry);
     node_allocatable::register(registry);
+    resource_quota::register(registry);
 }
 
 /// The full texts `register` registers, after the registry's own validation (for the
