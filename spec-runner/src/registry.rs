@@ -671,4 +671,65 @@ mod tests {
         }
         assert_eq!(reg.len(), 2);
     }
+
+    /// The gates of two made-up versions: `Dep` is GA then removed, `X` beta then GA.
+    const OLD: crate::GateTable = crate::GateTable {
+        version: "v1.37.2",
+        gates: &[
+            crate::Gate { name: "Dep", stability: crate::Stability::Ga, default: true, depends_on: &[] },
+            crate::Gate { name: "X", stability: crate::Stability::Beta, default: true, depends_on: &["Dep"] },
+            crate::Gate { name: "Y", stability: crate::Stability::Alpha, default: false, depends_on: &["X"] },
+        ],
+        removed: &[],
+    };
+    const NEW: crate::GateTable = crate::GateTable {
+        version: "v1.38.0",
+        gates: &[
+            crate::Gate { name: "X", stability: crate::Stability::Ga, default: true, depends_on: &[] },
+            crate::Gate { name: "Y", stability: crate::Stability::Alpha, default: false, depends_on: &["X"] },
+        ],
+        removed: &["Dep"],
+    };
+
+    fn gated(table: &'static crate::GateTable) -> Vec<String> {
+        let mut reg = Registry::for_version(table);
+        reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
+            r.context_with_labels("kubelet", [Label::gate("X")], |r| {
+                r.it("a", async |_| Ok(())).label(Label::gate("Y"));
+                r.it("b", async |_| Ok(())).label(Label::gate("Dep"));
+            });
+        });
+        reg.validate().unwrap();
+        reg.specs().map(|s| s.full_text().to_owned()).collect()
+    }
+
+    #[test]
+    fn composes_gate_labels_with_the_versions_table() {
+        assert_eq!(
+            gated(&OLD),
+            [
+                "[sig-node] [DRA] kubelet [FeatureGate:X] a [FeatureGate:Y] [Alpha] [Beta] [Feature:OffByDefault] [FeatureGate:Dep]",
+                "[sig-node] [DRA] kubelet [FeatureGate:X] b [FeatureGate:Dep] [Beta]",
+            ]
+        );
+        assert_eq!(
+            gated(&NEW),
+            [
+                "[sig-node] [DRA] kubelet [FeatureGate:X] a [FeatureGate:Y] [Alpha] [Feature:OffByDefault]",
+                "[sig-node] [DRA] kubelet [FeatureGate:X] b",
+            ]
+        );
+        let mut reg = Registry::for_version(&NEW);
+        assert!(reg.targets_at_least(1, 38) && !reg.targets_at_least(1, 39));
+        reg.it("c", async |_| Ok(())).label(Label::gate("Typo"));
+        assert!(
+            reg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("\"Typo\" is not in the gate table of Kubernetes v1.38.0")
+        );
+        let mut reg = Registry::new();
+        reg.it("d", async |_| Ok(())).label(Label::gate("X"));
+        assert!(reg.validate().unwrap_err().to_string().contains("needs the gate table"));
+    }
 }
