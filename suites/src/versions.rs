@@ -3,9 +3,10 @@
 //! upstream's `framework.WithFeatureGate` reads from the e2e binary's own feature gates.
 //!
 //! The values are those of `k8s.io/kubernetes/pkg/features` at each version, as its default
-//! feature gate reports them (`GetAll()` and `Dependencies()`, read with a small Go test against
-//! that version's module); the parity test checks the texts they compose against upstream's dry
-//! run of the same version (`suites/upstream/specs-V.txt`).
+//! feature gate reports them (`GetAll()` and `Dependencies()`): `cargo xtask upstream-specs V`
+//! writes them to `suites/upstream/gates-V.txt`, and a test here checks every table against it.
+//! The parity test checks the texts they compose against upstream's dry run of the same version
+//! (`suites/upstream/specs-V.txt`).
 
 use harness::framework::{Gate, GateTable, Stability};
 
@@ -119,6 +120,8 @@ pub const V1_38_0_BETA_0: GateTable = GateTable {
 
 #[cfg(test)]
 mod tests {
+    use std::{collections::HashMap, path::Path};
+
     use super::*;
 
     #[test]
@@ -138,5 +141,53 @@ mod tests {
             }
         }
         assert_eq!(DEFAULT.version, "v1.37.2");
+    }
+
+    /// `suites/upstream/gates-V.txt` as `name -> (stability, default, sorted dependencies)`.
+    fn upstream_gates(version: &str) -> HashMap<String, (String, bool, Vec<String>)> {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream").join(format!("gates-{version}.txt"));
+        let content = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e}; `cargo xtask upstream-specs {version}` writes it", path.display())
+        });
+        content
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| {
+                let f: Vec<&str> = l.split('\t').collect();
+                assert_eq!(f.len(), 4, "{}: {l:?}", path.display());
+                let deps = f[3].split(',').filter(|d| !d.is_empty()).map(str::to_owned).collect();
+                (f[0].to_owned(), (f[1].to_owned(), f[2] == "true", deps))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tables_are_upstreams_gates() {
+        for table in TABLES {
+            let upstream = upstream_gates(table.version);
+            for gate in table.gates {
+                let stability = match gate.stability {
+                    Stability::Alpha => "ALPHA",
+                    Stability::Beta => "BETA",
+                    Stability::Ga => "GA",
+                    Stability::Deprecated => "DEPRECATED",
+                };
+                let mut deps: Vec<String> = gate.depends_on.iter().map(|d| (*d).to_owned()).collect();
+                deps.sort();
+                assert_eq!(
+                    upstream.get(gate.name),
+                    Some(&(stability.to_owned(), gate.default, deps)),
+                    "{table}: gate {}",
+                    gate.name
+                );
+            }
+            for gone in table.removed {
+                assert!(
+                    !upstream.contains_key(*gone),
+                    "{table}: {gone} is listed as removed but upstream has it"
+                );
+            }
+        }
     }
 }

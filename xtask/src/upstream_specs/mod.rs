@@ -9,7 +9,10 @@
 //! flags, `framework.AfterReadingAllFlags`, ginkgo's `RunSpecs` with the framework's config.
 //! Then it runs the binary's ginkgo dry run (`--ginkgo.dry-run --ginkgo.focus=DRA`) with a JSON
 //! report and writes one line per selected spec: `FULL TEXT <TAB> labels <TAB> file:line`.
+//! Beside it, `gates-V.txt`: V's feature gates as the framework's `WithFeatureGate` reads them,
+//! which the suite's gate tables (suites/src/versions.rs) are checked against.
 
+mod gates;
 mod gomod;
 mod report;
 
@@ -28,7 +31,8 @@ use crate::repo::repo_root;
 pub struct UpstreamSpecsArgs {
     /// The Kubernetes version, as its tag: v1.37.2, v1.38.0-beta.0.
     pub version: String,
-    /// Where to write the list (default: suites/upstream/specs-V.txt in the repository).
+    /// Where to write the list (default: suites/upstream/specs-V.txt in the repository); the
+    /// gates go beside it as gates-V.txt.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
 }
@@ -106,6 +110,12 @@ pub fn run(args: &UpstreamSpecsArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(&target, report::render(&header, &specs))
         .with_context(|| format!("writing {}", target.display()))?;
     println!("{} specs ({}) -> {}", specs.len(), report::by_directory(&specs), target.display());
+
+    let gates = gates::dump(&work, &toolchain)?;
+    let gates_file = target.with_file_name(format!("gates-{version}.txt"));
+    std::fs::write(&gates_file, gates::render(version, &gates))
+        .with_context(|| format!("writing {}", gates_file.display()))?;
+    println!("{} feature gates -> {}", gates.len(), gates_file.display());
     Ok(ExitCode::SUCCESS)
 }
 
