@@ -86,11 +86,12 @@ impl Label {
     }
 
     /// Upstream's `framework.WithFeatureGate(name)`: the registry expands it with the feature
-    /// gate table of the Kubernetes version it registers for ([`Registry::for_version`](crate::Registry::for_version)):
-    /// `[FeatureGate:name]` in place, then at the end of each spec's text the gate's stability
-    /// (`[Alpha]`, `[Beta]`, `[Deprecated]`; nothing when GA), `[Feature:OffByDefault]` when it
-    /// is off by default, and the gates it depends on, recursively. A gate the version has
-    /// removed contributes nothing; one the table does not know is a registration problem.
+    /// gate table of the Kubernetes version it registers for
+    /// ([`Registry::for_version`](crate::Registry::for_version)): `[FeatureGate:name]` in place,
+    /// then at the end of each spec's text the gate's stability (`[Alpha]`, `[Beta]`,
+    /// `[Deprecated]`; nothing when GA), `[Feature:OffByDefault]` when it is off by default, and
+    /// the gates it depends on, recursively. A gate the version has removed contributes nothing;
+    /// one the table does not know is a registration problem.
     pub const fn gate(name: &'static str) -> Self {
         Self { name: Cow::Borrowed(name), trailing: false, hidden: false, gate: true }
     }

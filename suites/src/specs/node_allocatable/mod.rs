@@ -1,5 +1,6 @@
 //! `[sig-node] DRA Node Allocatable Resources ...`: upstream's
-//! test/e2e/common/node/dra_node_allocatable_resources.go (Kubernetes v1.37; test/e2e/dra from v1.38). A driver publishes
+//! test/e2e/common/node/dra_node_allocatable_resources.go (Kubernetes v1.37; from v1.38 in
+//! test/e2e/dra as `[sig-node] [DRA] Node Allocatable Resources ...`). A driver publishes
 //! devices whose `nodeAllocatableResources` map to CPU, memory or hugepages (per device, or as
 //! per-pod and per-container overhead); a pod with claims on them runs, and the kubelet must
 //! inflate the pod's and the containers' cgroups and the containers' OOM score adjustment by
