@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     backend::ClusterBackend,
     capture, duration,
+    gate::{GateTable, table_for_flag, table_for_server},
     kube_backend::KubeBackend,
     monitor::Monitor,
     options::RunOptions,
@@ -115,6 +116,12 @@ pub struct RunnerArgs {
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// The Kubernetes version whose spec texts to use, e.g. v1.38.0-beta.0 (upstream's texts
+    /// change with the feature gates of each version). Default: with --list the oldest version
+    /// known, in a run the cluster's version (`/version`), else the oldest.
+    #[arg(long, value_name = "VERSION")]
+    pub k8s_version: Option<String>,
+
     /// Only report the objects that runs which are gone (their Lease expired) left behind;
     /// by default a run removes them before its specs start.
     #[arg(long)]
@@ -192,6 +199,55 @@ pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
         Ok(backend) => backend,
         Err(e) => return usage_error(&e.to_string()),
     };
+    run_connected(registry, args, backend).await
+}
+
+/// [`run`] for a suite whose spec texts depend on the Kubernetes version it targets: `register`
+/// builds the registry for one of `tables` (the first is the default). `--k8s-version` picks
+/// the table (an unknown version is a usage error, exit 2); without it `--list` uses the
+/// default, and a run the table of the cluster's `/version` (same tag, else the same minor
+/// version; the default when none matches, saying so).
+pub async fn run_versioned(
+    tables: &'static [GateTable],
+    register: impl Fn(&'static GateTable) -> Registry,
+    args: RunnerArgs,
+) -> ExitCode {
+    capture::init_tracing();
+    let Some(default) = tables.first() else { return usage_error("the suite knows no Kubernetes version") };
+    let flagged = match args.k8s_version.as_deref().map(|v| table_for_flag(tables, v)).transpose() {
+        Ok(table) => table,
+        Err(e) => return usage_error(&e.to_string()),
+    };
+    if let Some(table) = flagged.or(args.list.then_some(default)) {
+        return run(register(table), args).await;
+    }
+    if let Some(code) = before_the_cluster(&register(default), &args) {
+        return code;
+    }
+    let backend = match KubeBackend::connect(args.kubeconfig.as_deref()).await {
+        Ok(backend) => backend,
+        Err(e) => return usage_error(&e.to_string()),
+    };
+    // An unreachable cluster is preflight's to report, with its hints.
+    let server = backend.client().apiserver_version().await.map(|v| v.git_version).ok();
+    let table = match server.as_deref().map(|v| (v, table_for_server(tables, v))) {
+        Some((version, Some(table))) => {
+            println!("Spec texts of Kubernetes {table}, the cluster's version ({version}).");
+            table
+        }
+        Some((version, None)) => {
+            println!(
+                "Spec texts of Kubernetes {default}: none for the cluster's version {version}; --k8s-version picks others."
+            );
+            default
+        }
+        None => default,
+    };
+    run_connected(register(table), args, backend).await
+}
+
+/// [`run`] once connected.
+async fn run_connected(registry: Registry, args: RunnerArgs, backend: KubeBackend) -> ExitCode {
     // The run's Lease and identity, and the sweep of gone runs' leftovers (run_guard).
     let lease = super::run_guard::begin(&backend, args.keep_leftovers).await;
     let backend = match &lease {

@@ -33,9 +33,10 @@ pub(crate) const ALWAYS_TRAILING: &[&str] = &[
 
 /// A label of a container or spec, and where the spec text shows it.
 ///
-/// `&str` and `String` convert into in-place labels. Upstream's
-/// `framework.WithFeatureGate(X)` on a container, for an alpha gate that is off by default
-/// and depends on `DynamicResourceAllocation`, is
+/// `&str` and `String` convert into in-place labels. Upstream's `framework.WithFeatureGate(X)`
+/// is [`Label::gate`]: the registry expands it with the feature gates of the Kubernetes version
+/// it composes texts for. By hand, for an alpha gate that is off by default and depends on
+/// `DynamicResourceAllocation` at that version, that would be
 ///
 /// ```
 /// use spec_runner::Label;
@@ -47,25 +48,28 @@ pub(crate) const ALWAYS_TRAILING: &[&str] = &[
 ///     Label::trailing("FeatureGate:DynamicResourceAllocation"),
 /// ];
 /// # assert!(GATE[1].is_trailing() && !GATE[0].is_trailing());
+/// # assert!(Label::gate("X").is_gate());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Label {
     name: Cow<'static, str>,
     trailing: bool,
     hidden: bool,
+    /// `framework.WithFeatureGate(name)`: expanded by the registry's [`GateTable`](crate::GateTable).
+    gate: bool,
 }
 
 impl Label {
     /// A label rendered `[name]` right after the text of the container or spec declaring it.
     pub const fn new(name: &'static str) -> Self {
-        Self { name: Cow::Borrowed(name), trailing: false, hidden: false }
+        Self { name: Cow::Borrowed(name), trailing: false, hidden: false, gate: false }
     }
 
     /// A label that selects (`--label-filter`) but is not shown in the text (upstream's plain
     /// `ginkgo.Label`, e.g. the `BetaOffByDefault` that `framework.WithFeatureGate` adds for a
     /// beta gate that is off by default).
     pub const fn hidden(name: &'static str) -> Self {
-        Self { name: Cow::Borrowed(name), trailing: false, hidden: true }
+        Self { name: Cow::Borrowed(name), trailing: false, hidden: true, gate: false }
     }
 
     /// A label rendered `[name]` at the end of the text of every spec it applies to, sorted with
@@ -73,7 +77,28 @@ impl Label {
     /// `[name]` (upstream: stability levels, `Feature:OffByDefault`, `Serial`, `Slow`,
     /// `Conformance`, and the feature gates a gate depends on).
     pub const fn trailing(name: &'static str) -> Self {
-        Self { name: Cow::Borrowed(name), trailing: true, hidden: false }
+        Self { name: Cow::Borrowed(name), trailing: true, hidden: false, gate: false }
+    }
+
+    /// [`Label::trailing`] with a computed name.
+    pub(crate) fn trailing_owned(name: String) -> Self {
+        Self { name: Cow::Owned(name), trailing: true, hidden: false, gate: false }
+    }
+
+    /// Upstream's `framework.WithFeatureGate(name)`: the registry expands it with the feature
+    /// gate table of the Kubernetes version it registers for
+    /// ([`Registry::for_version`](crate::Registry::for_version)): `[FeatureGate:name]` in place,
+    /// then at the end of each spec's text the gate's stability (`[Alpha]`, `[Beta]`,
+    /// `[Deprecated]`; nothing when GA), `[Feature:OffByDefault]` when it is off by default, and
+    /// the gates it depends on, recursively. A gate the version has removed contributes nothing;
+    /// one the table does not know is a registration problem.
+    pub const fn gate(name: &'static str) -> Self {
+        Self { name: Cow::Borrowed(name), trailing: false, hidden: false, gate: true }
+    }
+
+    /// Whether the label is a feature gate the registry expands ([`Label::gate`]).
+    pub fn is_gate(&self) -> bool {
+        self.gate
     }
 
     /// The label itself, without brackets.
@@ -105,13 +130,13 @@ impl Label {
 
 impl From<&str> for Label {
     fn from(name: &str) -> Self {
-        Self { name: Cow::Owned(name.to_owned()), trailing: false, hidden: false }
+        Self { name: Cow::Owned(name.to_owned()), trailing: false, hidden: false, gate: false }
     }
 }
 
 impl From<String> for Label {
     fn from(name: String) -> Self {
-        Self { name: Cow::Owned(name), trailing: false, hidden: false }
+        Self { name: Cow::Owned(name), trailing: false, hidden: false, gate: false }
     }
 }
 

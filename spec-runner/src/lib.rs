@@ -131,6 +131,7 @@ mod ctx;
 mod deferred;
 mod duration;
 mod error;
+mod gate;
 mod json_report;
 mod junit;
 mod kube_backend;
@@ -153,7 +154,7 @@ mod selection;
 mod spec_end;
 mod spec_tasks;
 
-pub use args::{RunnerArgs, run, run_on};
+pub use args::{RunnerArgs, run, run_on, run_versioned};
 pub use artifacts::ArtifactSource;
 pub use backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
 pub use capture::{
@@ -168,6 +169,7 @@ pub use cluster::{
 pub use ctx::{Ctx, current_cancellation};
 pub use duration::{display as display_duration, parse as parse_duration};
 pub use error::{Skip, SpecError, SpecResult, skip};
+pub use gate::{Gate, GateTable, Stability, UnknownGate, VersionError, table_for_flag, table_for_server};
 pub use json_report::{JsonConfig, render as json_report, write as write_json_report};
 pub use junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
 pub use kube_backend::{

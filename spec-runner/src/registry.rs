@@ -5,8 +5,10 @@ use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 use futures::{FutureExt as _, future::BoxFuture};
 
 use super::{
+    cluster::KubeVersion,
     ctx::Ctx,
     error::SpecResult,
+    gate::GateTable,
     label::{ALWAYS_TRAILING, Label},
     requirements::{Precheck, Requirement},
 };
@@ -63,6 +65,8 @@ pub struct Registry {
     hooks: SuiteHooks,
     /// Top-level containers registered so far, and the one being registered.
     top_level: (usize, Option<usize>),
+    /// The feature gates of the Kubernetes version the texts are for ([`Registry::for_version`]).
+    gates: Option<&'static GateTable>,
 }
 
 /// A hook run for every spec before its body ([`Registry::before_each`]).
@@ -217,6 +221,28 @@ impl Registry {
         Self::default()
     }
 
+    /// An empty registry whose texts are those of Kubernetes `gates.version`: every
+    /// [`Label::gate`] is expanded with that version's feature gates.
+    pub fn for_version(gates: &'static GateTable) -> Self {
+        Self { gates: Some(gates), ..Self::default() }
+    }
+
+    /// The feature gate table the texts are composed with, if any.
+    pub fn gate_table(&self) -> Option<&'static GateTable> {
+        self.gates
+    }
+
+    /// The Kubernetes version the texts are for (`None` without a gate table), for specs whose
+    /// structure changed between versions.
+    pub fn target_version(&self) -> Option<KubeVersion> {
+        self.gates.and_then(GateTable::kube_version)
+    }
+
+    /// Whether the texts are for Kubernetes `major.minor` or later (`false` without a gate table).
+    pub fn targets_at_least(&self, major: u32, minor: u32) -> bool {
+        self.target_version().is_some_and(|v| v.minor_version() >= (major, minor))
+    }
+
     /// A container (ginkgo `Describe`): specs registered in `body` get `text` in front of their name.
     pub fn describe(&mut self, text: &str, body: impl FnOnce(&mut Registry)) {
         self.container(text, Vec::<String>::new(), body);
@@ -283,9 +309,30 @@ impl Registry {
     {
         let mut out = Vec::new();
         for l in labels {
-            match l.into().validated() {
-                Ok(l) => out.push(l),
-                Err(problem) => self.problems.push(format!("{problem} (in {owner:?})")),
+            let l: Label = l.into();
+            let expanded = if l.is_gate() {
+                match self.gates.map(|t| t.expand(l.name())) {
+                    Some(Ok(labels)) => labels,
+                    Some(Err(problem)) => {
+                        self.problems.push(format!("{problem} (in {owner:?})"));
+                        continue;
+                    }
+                    None => {
+                        self.problems.push(format!(
+                            "feature gate {:?} in {owner:?} needs the gate table of a Kubernetes version (Registry::for_version)",
+                            l.name()
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                vec![l]
+            };
+            for l in expanded {
+                match l.validated() {
+                    Ok(l) => out.push(l),
+                    Err(problem) => self.problems.push(format!("{problem} (in {owner:?})")),
+                }
             }
         }
         out
@@ -623,5 +670,66 @@ mod tests {
             });
         }
         assert_eq!(reg.len(), 2);
+    }
+
+    /// The gates of two made-up versions: `Dep` is GA then removed, `X` beta then GA.
+    const OLD: crate::GateTable = crate::GateTable {
+        version: "v1.37.2",
+        gates: &[
+            crate::Gate { name: "Dep", stability: crate::Stability::Ga, default: true, depends_on: &[] },
+            crate::Gate { name: "X", stability: crate::Stability::Beta, default: true, depends_on: &["Dep"] },
+            crate::Gate { name: "Y", stability: crate::Stability::Alpha, default: false, depends_on: &["X"] },
+        ],
+        removed: &[],
+    };
+    const NEW: crate::GateTable = crate::GateTable {
+        version: "v1.38.0",
+        gates: &[
+            crate::Gate { name: "X", stability: crate::Stability::Ga, default: true, depends_on: &[] },
+            crate::Gate { name: "Y", stability: crate::Stability::Alpha, default: false, depends_on: &["X"] },
+        ],
+        removed: &["Dep"],
+    };
+
+    fn gated(table: &'static crate::GateTable) -> Vec<String> {
+        let mut reg = Registry::for_version(table);
+        reg.describe_with_labels("[sig-node]", ["DRA"], |r| {
+            r.context_with_labels("kubelet", [Label::gate("X")], |r| {
+                r.it("a", async |_| Ok(())).label(Label::gate("Y"));
+                r.it("b", async |_| Ok(())).label(Label::gate("Dep"));
+            });
+        });
+        reg.validate().unwrap();
+        reg.specs().map(|s| s.full_text().to_owned()).collect()
+    }
+
+    #[test]
+    fn composes_gate_labels_with_the_versions_table() {
+        assert_eq!(
+            gated(&OLD),
+            [
+                "[sig-node] [DRA] kubelet [FeatureGate:X] a [FeatureGate:Y] [Alpha] [Beta] [Feature:OffByDefault] [FeatureGate:Dep]",
+                "[sig-node] [DRA] kubelet [FeatureGate:X] b [FeatureGate:Dep] [Beta]",
+            ]
+        );
+        assert_eq!(
+            gated(&NEW),
+            [
+                "[sig-node] [DRA] kubelet [FeatureGate:X] a [FeatureGate:Y] [Alpha] [Feature:OffByDefault]",
+                "[sig-node] [DRA] kubelet [FeatureGate:X] b",
+            ]
+        );
+        let mut reg = Registry::for_version(&NEW);
+        assert!(reg.targets_at_least(1, 38) && !reg.targets_at_least(1, 39));
+        reg.it("c", async |_| Ok(())).label(Label::gate("Typo"));
+        assert!(
+            reg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("\"Typo\" is not in the gate table of Kubernetes v1.38.0")
+        );
+        let mut reg = Registry::new();
+        reg.it("d", async |_| Ok(())).label(Label::gate("X"));
+        assert!(reg.validate().unwrap_err().to_string().contains("needs the gate table"));
     }
 }

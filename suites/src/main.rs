@@ -3,6 +3,7 @@
 //! ```sh
 //! dra-e2e --kubeconfig ~/.kube/config --focus 'control plane' -p 4 --junit junit.xml
 //! dra-e2e --list --label-filter 'DRA && !Slow'
+//! dra-e2e --list --k8s-version v1.38.0-beta.0      # upstream's texts of another version
 //! dra-e2e cleanup --kubeconfig ~/.kube/config   # remove what killed runs left behind
 //! dra-e2e kubelet-plugin --driver-name D --node-name N --plugin-dir P --registry-dir R --cdi-dir C
 //! ```
@@ -12,11 +13,12 @@ mod kubelet_plugin_cmd;
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod parity;
 mod specs;
+mod versions;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use harness::framework::{Registry, RunnerArgs};
+use harness::framework::{GateTable, Registry, RunnerArgs};
 
 /// End-to-end tests for Kubernetes Dynamic Resource Allocation.
 #[derive(Debug, Parser)]
@@ -37,6 +39,14 @@ enum Command {
     Cleanup(harness::framework::CleanupArgs),
 }
 
+/// Every spec, with the texts of Kubernetes `gates.version`.
+fn registry(gates: &'static GateTable) -> Registry {
+    let mut registry = Registry::for_version(gates);
+    harness::suite::configure(&mut registry);
+    specs::register(&mut registry);
+    registry
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // Usage errors exit with 2, as ginkgo and the runner's own configuration errors do.
@@ -51,11 +61,6 @@ async fn main() -> ExitCode {
             }
         },
         Some(Command::Cleanup(args)) => harness::framework::cleanup(args).await,
-        None => {
-            let mut registry = Registry::new();
-            harness::suite::configure(&mut registry);
-            specs::register(&mut registry);
-            harness::framework::run(registry, cli.runner).await
-        }
+        None => harness::framework::run_versioned(versions::TABLES, registry, cli.runner).await,
     }
 }

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::{
     bench, e2e, image_archive, kind, kubectl, local, overrides::OverrideArgs, provider::Provider, test,
+    upstream_specs,
 };
 
 /// Bad input from the user (a missing file, no cluster to talk to, a flag for the wrong
@@ -106,6 +107,10 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Write upstream's spec list for a Kubernetes version (suites/upstream/specs-V.txt): build
+    /// its e2e test binary with the test packages that mention DRA, run its ginkgo dry run with
+    /// --ginkgo.focus=DRA. Go fetches the toolchain V's go.mod asks for.
+    UpstreamSpecs(upstream_specs::UpstreamSpecsArgs),
     /// Internal: forward a host TCP address into a network namespace (the local cluster's
     /// apiserver forwarder, started and stopped by `cluster up`/`down`).
     #[command(hide = true)]
@@ -227,6 +232,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { args } => bench::run(args).await,
         Command::Test(args) => test::run(args).await,
         Command::Kubectl { args } => kubectl::run(args).await,
+        Command::UpstreamSpecs(args) => upstream_specs::run(&args),
         Command::NetnsForward { netns, listen, connect } => {
             local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
         }

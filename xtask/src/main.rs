@@ -18,6 +18,7 @@ mod provider;
 mod repo;
 mod skew;
 mod test;
+mod upstream_specs;
 mod wait;
 
 use std::process::ExitCode;

@@ -1,57 +1,77 @@
-//! Spec parity with upstream: the specs `dra-e2e --list` prints, with their labels, against the
-//! list kubernetes v1.37.2's own ginkgo dry run printed (`<repo>/../shared/upstream/`), given
-//! the declarations in `suites/parity.txt`. `cargo xtask test --no-cluster` runs it (it is part
-//! of `cargo test --workspace`).
+//! Spec parity with upstream, per Kubernetes version: for every list committed as
+//! `suites/upstream/specs-V.txt` (written by `cargo xtask upstream-specs V` from upstream's own
+//! ginkgo dry run with `--ginkgo.focus=DRA`), the specs `dra-e2e --list --k8s-version V` prints,
+//! with their labels, must be the list's, except what `suites/upstream/parity-V.txt` declares.
+//! `cargo xtask test --no-cluster` runs it (it is part of `cargo test --workspace`).
 
 mod compare;
 mod files;
 
 use std::path::{Path, PathBuf};
 
-use harness::framework::{Registry, Selection};
+use harness::framework::{GateTable, Registry, Selection};
 
-use self::files::{Spec, parse_declarations, parse_upstream};
+use self::files::{Declaration, Spec, parse_declarations, parse_upstream};
+use crate::versions::TABLES;
 
-/// Upstream's list, relative to the repository root (CI has `shared/` next to the clone).
-const UPSTREAM_LIST: &str = "../shared/upstream/specs-v1.37.2.txt";
-/// Our declarations, relative to the suites crate.
-const DECLARATIONS: &str = "parity.txt";
+/// The committed lists and declarations, relative to the suites crate.
+const UPSTREAM_DIR: &str = "upstream";
 
-fn crate_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+fn upstream_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(UPSTREAM_DIR)
 }
 
-fn upstream_path() -> PathBuf {
-    // The suites crate is `<repo>/suites`.
-    crate_dir().parent().expect("the suites crate is inside the repository").join(UPSTREAM_LIST)
+/// `specs-V.txt` of a version.
+fn list_path(dir: &Path, version: &str) -> PathBuf {
+    dir.join(format!("specs-{version}.txt"))
 }
 
-/// Reads and parses upstream's list; the error says which file is missing and what it is.
-fn read_upstream(path: &Path) -> Result<Vec<Spec>, String> {
+/// `parity-V.txt` of a version.
+fn declarations_path(dir: &Path, version: &str) -> PathBuf {
+    dir.join(format!("parity-{version}.txt"))
+}
+
+/// The versions of the committed lists (`specs-V.txt`), sorted.
+fn committed_versions(dir: &Path) -> Result<Vec<String>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+    let mut versions: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("specs-")?.strip_suffix(".txt").map(str::to_owned)
+        })
+        .collect();
+    versions.sort();
+    Ok(versions)
+}
+
+/// Reads and parses upstream's list of a version; the error says how to make it.
+fn read_upstream(path: &Path, version: &str) -> Result<Vec<Spec>, String> {
     let content = std::fs::read_to_string(path).map_err(|e| {
         format!(
-            "cannot read upstream's spec list {}: {e}. The parity test needs it: it is \
-             shared/upstream/specs-v1.37.2.txt next to the repository (`<repo>/{UPSTREAM_LIST}`)",
+            "cannot read upstream's spec list {}: {e}. `cargo xtask upstream-specs {version}` writes it",
             path.display()
         )
     })?;
     parse_upstream(&content).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn upstream_specs() -> Vec<Spec> {
-    read_upstream(&upstream_path()).unwrap_or_else(|e| panic!("{e}"))
+fn read_declarations(path: &Path) -> Result<Vec<Declaration>, String> {
+    let content =
+        std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    parse_declarations(&content).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The registry `dra-e2e` runs and lists.
-fn registry() -> Registry {
-    let mut registry = Registry::new();
+/// The registry `dra-e2e --k8s-version V` runs and lists.
+fn registry(table: &'static GateTable) -> Registry {
+    let mut registry = Registry::for_version(table);
     crate::specs::register(&mut registry);
-    registry.validate().unwrap_or_else(|e| panic!("{e}"));
+    registry.validate().unwrap_or_else(|e| panic!("{table}: {e}"));
     registry
 }
 
-fn our_specs() -> Vec<Spec> {
-    registry()
+fn our_specs(registry: &Registry) -> Vec<Spec> {
+    registry
         .specs()
         .map(|s| Spec {
             text: s.full_text().to_owned(),
@@ -61,31 +81,80 @@ fn our_specs() -> Vec<Spec> {
         .collect()
 }
 
+/// The table of a committed list's version.
+fn table(version: &str) -> &'static GateTable {
+    TABLES.iter().find(|t| t.version == version).unwrap_or_else(|| {
+        panic!(
+            "suites/upstream/specs-{version}.txt is committed but the suite has no gate table for {version} (suites/src/versions.rs)"
+        )
+    })
+}
+
 #[test]
-fn registered_specs_match_upstream_or_are_declared() {
-    let upstream = upstream_specs();
-    let ours = our_specs();
-    let path = crate_dir().join(DECLARATIONS);
-    let content =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let declarations = parse_declarations(&content).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let discrepancies = compare::compare(&upstream, &ours, &declarations);
-    assert!(
-        discrepancies.is_empty(),
-        "{} discrepancies between our specs and upstream's {} (declarations: {}):\n{}",
-        discrepancies.len(),
-        upstream_path().display(),
-        path.display(),
-        discrepancies.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n")
-    );
-    // The counts, for the record (`cargo test -- --nocapture`).
-    let present = upstream.iter().filter(|u| ours.iter().any(|o| o.text == u.text)).count();
-    println!(
-        "upstream: {} specs, {present} registered, {} declared missing; ours only: {}",
-        upstream.len(),
-        upstream.len() - present,
-        ours.len() - present
-    );
+fn every_committed_list_matches_the_texts_of_its_version() {
+    let dir = upstream_dir();
+    let versions = committed_versions(&dir).unwrap();
+    assert!(!versions.is_empty(), "no specs-V.txt in {}", dir.display());
+    let mut failures = Vec::new();
+    for version in &versions {
+        let upstream = read_upstream(&list_path(&dir, version), version).unwrap();
+        let ours = our_specs(&registry(table(version)));
+        let declarations_file = declarations_path(&dir, version);
+        let declarations = read_declarations(&declarations_file).unwrap();
+        let discrepancies = compare::compare(&upstream, &ours, &declarations);
+        if !discrepancies.is_empty() {
+            failures.push(format!(
+                "{version}: {} discrepancies between our specs and upstream's {} (declarations: {}):\n{}",
+                discrepancies.len(),
+                list_path(&dir, version).display(),
+                declarations_file.display(),
+                discrepancies.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n")
+            ));
+        }
+        // The counts, for the record (`cargo test -- --nocapture`).
+        let present = upstream.iter().filter(|u| ours.iter().any(|o| o.text == u.text)).count();
+        println!(
+            "{version}: upstream {} specs, {present} registered, {} declared missing; ours only: {}",
+            upstream.len(),
+            upstream.len() - present,
+            ours.len() - present
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn every_version_with_texts_has_a_committed_list() {
+    let committed = committed_versions(&upstream_dir()).unwrap();
+    for table in TABLES {
+        assert!(
+            committed.iter().any(|v| v == table.version),
+            "no suites/upstream/specs-{0}.txt: `cargo xtask upstream-specs {0}` writes it",
+            table.version
+        );
+    }
+}
+
+/// `--focus` regexes written against either version's e2e.test select the same specs here:
+/// each spec's whole text, and upstream's DRA focus.
+#[test]
+fn upstream_focus_regexes_select_the_same_specs() {
+    let dir = upstream_dir();
+    for version in committed_versions(&dir).unwrap() {
+        let upstream = read_upstream(&list_path(&dir, &version), &version).unwrap();
+        let registry = registry(table(&version));
+        let specs: Vec<_> = registry.specs().collect();
+        for u in upstream.iter().filter(|u| specs.iter().any(|s| s.full_text() == u.text)) {
+            let selection = Selection::new(&[format!("^{}$", regex::escape(&u.text))], &[], None).unwrap();
+            let selected: Vec<_> =
+                specs.iter().filter(|s| selection.matches(s)).map(|s| s.full_text()).collect();
+            assert_eq!(selected, [u.text.as_str()], "{version}: --focus for upstream's {:?}", u.text);
+        }
+        // Upstream's `--ginkgo.focus=DRA` selected the whole list; here it selects every spec
+        // registered for the version.
+        let selection = Selection::new(&["DRA".to_owned()], &[], None).unwrap();
+        assert_eq!(specs.iter().filter(|s| selection.matches(s)).count(), specs.len(), "{version}");
+    }
 }
 
 /// The twelve `DRAResourcePoolStatus` specs of `control plane` and `control plane views`.
@@ -100,44 +169,41 @@ fn pool_status_specs(upstream: &[Spec]) -> Vec<&Spec> {
         .collect()
 }
 
-/// `--focus` regexes written against upstream's names select the same specs here.
+/// A focus on a gate and upstream's label filter select the same specs in both versions.
 #[test]
-fn upstream_focus_regexes_select_the_pool_status_specs() {
-    let upstream = upstream_specs();
-    let registry = registry();
-    let specs: Vec<_> = registry.specs().collect();
-    let wanted = pool_status_specs(&upstream);
-    assert_eq!(wanted.len(), 12, "upstream's list changed: {wanted:#?}");
-    for u in &wanted {
-        let selection = Selection::new(&[format!("^{}$", regex::escape(&u.text))], &[], None).unwrap();
-        let selected: Vec<_> = specs.iter().filter(|s| selection.matches(s)).map(|s| s.full_text()).collect();
-        assert_eq!(selected, [u.text.as_str()], "--focus for upstream's {:?}", u.text);
+fn upstream_gate_focus_and_label_filter_select_the_pool_status_specs() {
+    let dir = upstream_dir();
+    for version in committed_versions(&dir).unwrap() {
+        let upstream = read_upstream(&list_path(&dir, &version), &version).unwrap();
+        let registry = registry(table(&version));
+        let specs: Vec<_> = registry.specs().collect();
+        assert_eq!(pool_status_specs(&upstream).len(), 12, "{version}: upstream's list changed");
+        // A focus on the gate right before the spec name, as upstream's text has it.
+        let selection = Selection::new(
+            &[r"control plane( views)? \[FeatureGate:DRAResourcePoolStatus\] [a-z]".to_owned()],
+            &[],
+            None,
+        )
+        .unwrap();
+        let upstream_selected =
+            upstream.iter().filter(|u| selection.matches_text(&u.text, &[] as &[&str])).count();
+        let ours_selected = specs.iter().filter(|s| selection.matches(s)).count();
+        assert_eq!((upstream_selected, ours_selected), (12, 12), "{version}");
+        // And upstream's label filter for the gate.
+        let selection = Selection::new(&[], &[], Some("FeatureGate:DRAResourcePoolStatus && !Slow")).unwrap();
+        let labelled = |labels: &[String]| selection.matches_text("", labels);
+        let upstream_labelled =
+            upstream.iter().filter(|u| labelled(&u.labels.iter().cloned().collect::<Vec<_>>())).count();
+        let ours_labelled = specs.iter().filter(|s| selection.matches(s)).count();
+        // The 12 and CRUD's ResourcePoolStatusRequest spec.
+        assert_eq!((upstream_labelled, ours_labelled), (13, 13), "{version}");
     }
-    // A focus on the gate right before the spec name, as upstream's text has it.
-    let selection = Selection::new(
-        &[r"control plane( views)? \[FeatureGate:DRAResourcePoolStatus\] [a-z]".to_owned()],
-        &[],
-        None,
-    )
-    .unwrap();
-    let upstream_selected =
-        upstream.iter().filter(|u| selection.matches_text(&u.text, &[] as &[&str])).count();
-    let ours_selected = specs.iter().filter(|s| selection.matches(s)).count();
-    assert_eq!((upstream_selected, ours_selected), (12, 12));
-    // And upstream's label filter for the gate.
-    let selection = Selection::new(&[], &[], Some("FeatureGate:DRAResourcePoolStatus && !Slow")).unwrap();
-    let labelled = |labels: &[String]| selection.matches_text("", labels);
-    let upstream_labelled =
-        upstream.iter().filter(|u| labelled(&u.labels.iter().cloned().collect::<Vec<_>>())).count();
-    let ours_labelled = specs.iter().filter(|s| selection.matches(s)).count();
-    // The 12 and CRUD's ResourcePoolStatusRequest spec.
-    assert_eq!((upstream_labelled, ours_labelled), (13, 13));
 }
 
 #[test]
 fn reports_a_missing_upstream_list_clearly() {
-    let missing = crate_dir().join("no-such-dir").join(UPSTREAM_LIST);
-    let err = read_upstream(&missing).unwrap_err();
+    let missing = list_path(&upstream_dir().join("no-such-dir"), "v1.99.0");
+    let err = read_upstream(&missing, "v1.99.0").unwrap_err();
     assert!(err.starts_with(&format!("cannot read upstream's spec list {}: ", missing.display())), "{err}");
-    assert!(err.contains("shared/upstream/specs-v1.37.2.txt next to the repository"), "{err}");
+    assert!(err.ends_with("`cargo xtask upstream-specs v1.99.0` writes it"), "{err}");
 }

@@ -29,17 +29,8 @@ use super::kubelet_drivers::gates;
 const COUNTER_SET: &str = "gpu";
 
 /// Upstream's `framework.WithLabel("DRA")` and `framework.WithFeatureGate(
-/// features.DRADeviceCompatibilityGroups)`: the gate in place, then at the end of every spec text
-/// its level, off by default, the gates it depends on and their levels.
-const LABELS: [Label; 7] = [
-    Label::new("DRA"),
-    Label::new("FeatureGate:DRADeviceCompatibilityGroups"),
-    Label::trailing("Alpha"),
-    Label::trailing("Feature:OffByDefault"),
-    Label::trailing("FeatureGate:DRAPartitionableDevices"),
-    Label::trailing("Beta"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-];
+/// features.DRADeviceCompatibilityGroups)`.
+const LABELS: [Label; 2] = [Label::new("DRA"), Label::gate("DRADeviceCompatibilityGroups")];
 
 /// Registers the specs under `[sig-node]`.
 pub fn register(registry: &mut Registry) {
@@ -181,7 +172,7 @@ mod tests {
     /// The full texts as upstream renders them (ginkgo `--dry-run -v` of v1.37.2).
     #[test]
     fn full_texts_match_upstream() {
-        let mut registry = Registry::new();
+        let mut registry = Registry::for_version(crate::versions::DEFAULT);
         register(&mut registry);
         registry.validate().unwrap();
         let texts: Vec<&str> = registry.specs().map(|s| s.full_text()).collect();

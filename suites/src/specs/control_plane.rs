@@ -22,11 +22,10 @@ mod permissions;
 mod pool_status;
 pub(crate) mod single_node;
 
-use harness::framework::Registry;
+use harness::framework::{Label, Registry};
 
-/// `DRAResourceClaimDeviceStatus` (GA in 1.37, locked on): upstream's
-/// `f.WithFeatureGate(features.DRAResourceClaimDeviceStatus)` renders as this label only.
-pub(crate) const FG_DEVICE_STATUS: &str = "FeatureGate:DRAResourceClaimDeviceStatus";
+/// Upstream's `f.WithFeatureGate(features.DRAResourceClaimDeviceStatus)`.
+pub(crate) const FG_DEVICE_STATUS: Label = Label::gate("DRAResourceClaimDeviceStatus");
 
 /// Registers the control-plane specs under `[sig-node] [DRA]`, in upstream's order.
 pub fn register(registry: &mut Registry) {

@@ -67,16 +67,17 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The name of health.go's specs.
 const REFLECT: &str = "must reflect device health changes in the pod status";
-/// Upstream's framework appends the gate's stability and dependency to the spec name.
-const HEALTH_LEAF_LABELS: [Label; 2] =
-    [Label::trailing("Beta"), Label::trailing("FeatureGate:DynamicResourceAllocation")];
 
 /// Registers the specs under `[sig-node] [DRA]`.
 pub fn register(registry: &mut Registry) {
     registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
         r.context_with_labels(
             "kubelet",
-            [FEATURE_DRA, "FeatureGate:ResourceHealthStatus", "KubeletMinVersion:1.36"],
+            [
+                Label::new(FEATURE_DRA),
+                Label::gate("ResourceHealthStatus"),
+                Label::new("KubeletMinVersion:1.36"),
+            ],
             |r| {
                 r.requires(gates::api_server_requirement(
                     "ResourceHealthStatus",
@@ -84,31 +85,23 @@ pub fn register(registry: &mut Registry) {
                 ));
                 r.requires(|pre| kubelet_gate_requirement(pre, "ResourceHealthStatus"));
                 r.context("with a driver which serves all health API versions", |r| {
-                    r.it(REFLECT, |ctx| reflect_health(ctx, true, true)).labels(HEALTH_LEAF_LABELS);
+                    r.it(REFLECT, |ctx| reflect_health(ctx, true, true));
                 });
                 // Like a driver which shipped before the v1 API existed.
                 r.context("with a driver which only serves the v1alpha1 health API", |r| {
-                    r.it(REFLECT, |ctx| reflect_health(ctx, false, true)).labels(HEALTH_LEAF_LABELS);
+                    r.it(REFLECT, |ctx| reflect_health(ctx, false, true));
                 });
                 // Like a driver which dropped v1alpha1; kubelets before 1.37 cannot consume it.
                 r.context("with a driver which only serves the v1 health API", |r| {
-                    r.it(REFLECT, |ctx| reflect_health(ctx, true, false))
-                        .labels([Label::new("KubeletMinVersion:1.37")].into_iter().chain(HEALTH_LEAF_LABELS));
+                    r.it(REFLECT, |ctx| reflect_health(ctx, true, false)).label("KubeletMinVersion:1.37");
                 });
             },
         );
         r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             // `framework.WithLabel("KubeletMinVersion:1.36")` and
-            // `f.WithFeatureGate(features.ResourceHealthStatusMessage)` (beta; depends on
-            // `DynamicResourceAllocation` and `ResourceHealthStatus`).
+            // `f.WithFeatureGate(features.ResourceHealthStatusMessage)`.
             r.it("should report device health with custom messages", custom_messages)
-                .labels([
-                    Label::new("KubeletMinVersion:1.36"),
-                    Label::new("FeatureGate:ResourceHealthStatusMessage"),
-                    Label::trailing("Beta"),
-                    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-                    Label::trailing("FeatureGate:ResourceHealthStatus"),
-                ])
+                .labels([Label::new("KubeletMinVersion:1.36"), Label::gate("ResourceHealthStatusMessage")])
                 .requires(gates::api_server_requirement(
                     "ResourceHealthStatus",
                     "it drops allocatedResourcesStatus from pod status",

@@ -76,7 +76,7 @@ mod tests {
     /// The full texts as upstream renders them (ginkgo `--dry-run -v` of v1.37.2 dra.go).
     #[test]
     fn full_texts_match_upstream() {
-        let mut registry = Registry::new();
+        let mut registry = Registry::for_version(crate::versions::DEFAULT);
         register(&mut registry);
         registry.validate().unwrap();
         let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();

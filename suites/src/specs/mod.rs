@@ -28,6 +28,7 @@ mod metadata;
 mod node_allocatable;
 #[cfg(test)]
 mod prechecked;
+mod resource_quota;
 mod slice_controller;
 
 use harness::framework::Registry;
@@ -47,6 +48,7 @@ pub fn register(registry: &mut Registry) {
     slice_controller::register(registry);
     extended_resource::register(registry);
     node_allocatable::register(registry);
+    resource_quota::register(registry);
 }
 
 /// The full texts `register` registers, after the registry's own validation (for the
@@ -54,7 +56,7 @@ pub fn register(registry: &mut Registry) {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 pub(crate) fn registered_texts(register: impl FnOnce(&mut Registry)) -> Vec<String> {
-    let mut registry = Registry::new();
+    let mut registry = Registry::for_version(crate::versions::DEFAULT);
     register(&mut registry);
     registry.validate().unwrap();
     registry.specs().map(|s| s.full_text().to_owned()).collect()

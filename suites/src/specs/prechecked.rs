@@ -140,7 +140,7 @@ impl ClusterBackend for Simulated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmet_requirements_skip_before_any_namespace() {
-    let mut registry = Registry::new();
+    let mut registry = Registry::for_version(crate::versions::DEFAULT);
     super::register(&mut registry);
     let focus = ["PodGroup|DRAOptionalNodeOperations|FeatureGate:ResourceHealthStatus".to_owned()];
     let selection = Selection::new(&focus, &[], None).unwrap();

@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn full_texts_match_upstream() {
-        let mut registry = Registry::new();
+        let mut registry = Registry::for_version(crate::versions::DEFAULT);
         register(&mut registry);
         registry.validate().unwrap();
         let texts: Vec<&str> = registry.specs().map(|s| s.full_text()).collect();

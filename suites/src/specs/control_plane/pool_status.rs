@@ -26,34 +26,14 @@ use kube::{
 };
 use serde_json::json;
 
-/// Upstream's `f.WithFeatureGate(features.DRAResourcePoolStatus)`: the gate (in place), then at
-/// the end of the spec text its level, off by default, and the gate it depends on.
-const POOL_STATUS_LABELS: [Label; 4] = [
-    Label::new("FeatureGate:DRAResourcePoolStatus"),
-    Label::trailing("Alpha"),
-    Label::trailing("Feature:OffByDefault"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-];
-/// `f.WithFeatureGate(features.DRAPartitionableDevices)` (beta, on by default).
-const PARTITIONABLE_LABELS: [Label; 3] = [
-    Label::new("FeatureGate:DRAPartitionableDevices"),
-    Label::trailing("Beta"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-];
-/// `f.WithFeatureGate(features.DRAPartitionableDevicesType)` (alpha, off by default; depends
-/// on `DynamicResourceAllocation`, `DRAPartitionableDevices` and `DRAResourcePoolStatus`).
-const PARTITION_TYPE_LABELS: [Label; 4] = [
-    Label::new("FeatureGate:DRAPartitionableDevicesType"),
-    Label::trailing("Alpha"),
-    Label::trailing("Feature:OffByDefault"),
-    Label::trailing("FeatureGate:DRAResourcePoolStatus"),
-];
-/// `f.WithFeatureGate(features.DRAConsumableCapacity)` (beta, on by default).
-const CONSUMABLE_CAPACITY_LABELS: [Label; 3] = [
-    Label::new("FeatureGate:DRAConsumableCapacity"),
-    Label::trailing("Beta"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-];
+/// Upstream's `f.WithFeatureGate(features.DRAResourcePoolStatus)`.
+const POOL_STATUS_LABELS: [Label; 1] = [Label::gate("DRAResourcePoolStatus")];
+/// `f.WithFeatureGate(features.DRAPartitionableDevices)`.
+const PARTITIONABLE_LABELS: [Label; 1] = [Label::gate("DRAPartitionableDevices")];
+/// `f.WithFeatureGate(features.DRAPartitionableDevicesType)`.
+const PARTITION_TYPE_LABELS: [Label; 1] = [Label::gate("DRAPartitionableDevicesType")];
+/// `f.WithFeatureGate(features.DRAConsumableCapacity)`.
+const CONSUMABLE_CAPACITY_LABELS: [Label; 1] = [Label::gate("DRAConsumableCapacity")];
 /// How long a spec keeps creating requests (upstream: 60 s, every 2 s).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long one request may take to get the expected status (upstream: 15 s).

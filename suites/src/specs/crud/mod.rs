@@ -59,16 +59,9 @@ pub fn register(registry: &mut Registry) {
             r.it("resource.k8s.io/v1 ResourceClaim", resource_claim).label(CONFORMANCE);
             r.it("resource.k8s.io/v1 ResourceClaimTemplate", resource_claim_template).label(CONFORMANCE);
             r.it("resource.k8s.io/v1 ResourceSlice", resource_slice).label(CONFORMANCE);
-            // Upstream: f.WithFeatureGate(features.DRAResourcePoolStatus), rendered as the gate,
-            // then (sorted) its level, OffByDefault and the gate it depends on.
-            r.it("resource.k8s.io/v1alpha3 ResourcePoolStatusRequest", resource_pool_status_request).labels(
-                [
-                    Label::new("FeatureGate:DRAResourcePoolStatus"),
-                    Label::trailing("Alpha"),
-                    Label::trailing("Feature:OffByDefault"),
-                    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-                ],
-            );
+            // Upstream: f.WithFeatureGate(features.DRAResourcePoolStatus).
+            r.it("resource.k8s.io/v1alpha3 ResourcePoolStatusRequest", resource_pool_status_request)
+                .label(Label::gate("DRAResourcePoolStatus"));
         });
     });
 }
@@ -368,7 +361,7 @@ mod tests {
 
     #[test]
     fn spec_texts_match_upstream() {
-        let mut registry = Registry::new();
+        let mut registry = Registry::for_version(crate::versions::DEFAULT);
         register(&mut registry);
         let texts: Vec<&str> = registry.specs().map(|s| s.full_text()).collect();
         assert_eq!(

@@ -44,12 +44,8 @@ use kube::ResourceExt as _;
 use super::{FEATURE_DRA, kubelet::checks::only_node};
 
 /// `f.WithFeatureGate(features.DRAExtendedResource), feature.DynamicResourceAllocation` on the
-/// two contexts: the gate (on by default) in place, the gate it depends on at the end.
-const CONTEXT_LABELS: [Label; 3] = [
-    Label::new("FeatureGate:DRAExtendedResource"),
-    Label::new(FEATURE_DRA),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-];
+/// two contexts.
+const CONTEXT_LABELS: [Label; 2] = [Label::gate("DRAExtendedResource"), Label::new(FEATURE_DRA)];
 /// Upstream's `resourceapi.ResourceDeviceClassPrefix`: the implicit extended resource name of a
 /// class is this prefix plus the class name.
 const DEVICE_CLASS_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
@@ -203,10 +199,10 @@ fn container_name(pod: &Pod, index: usize) -> anyhow::Result<String> {
 mod tests {
     use super::*;
 
-    /// The full texts as upstream's dry run prints them (specs-v1.37.2.txt).
+    /// The full texts as upstream's dry run prints them (upstream/specs-v1.37.2.txt).
     #[test]
     fn full_texts_match_upstream() {
-        let mut registry = Registry::new();
+        let mut registry = Registry::for_version(crate::versions::DEFAULT);
         register(&mut registry);
         registry.validate().unwrap();
         let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();

@@ -45,14 +45,10 @@ use super::{
     pod_groups::{Inline, TAINT_POD_GROUP_LABELS, require_pod_groups},
 };
 
-/// Upstream's `f.WithFeatureGate(features.DRADeviceTaints)` (beta, on by default): the gate in
-/// place, the gate it depends on at the end.
-pub const DEVICE_TAINTS_LABELS: [Label; 2] =
-    [Label::new("FeatureGate:DRADeviceTaints"), Label::trailing("FeatureGate:DynamicResourceAllocation")];
-/// `f.WithFeatureGate(features.DRADeviceTaintRules)` on a spec: the gate in place, its
-/// dependency (already shown by the context) at the end.
-const TAINT_RULES_LABELS: [Label; 2] =
-    [Label::new("FeatureGate:DRADeviceTaintRules"), Label::trailing("FeatureGate:DRADeviceTaints")];
+/// Upstream's `f.WithFeatureGate(features.DRADeviceTaints)`.
+pub const DEVICE_TAINTS_LABELS: [Label; 1] = [Label::gate("DRADeviceTaints")];
+/// `f.WithFeatureGate(features.DRADeviceTaintRules)` on a spec.
+const TAINT_RULES_LABELS: [Label; 1] = [Label::gate("DRADeviceTaintRules")];
 /// The gate without which the API server drops device taints, and what the specs then lack.
 const DEVICE_TAINTS_GATE: &str = "DRADeviceTaints";
 const DEVICE_TAINTS_WHY: &str = "without it the API server drops device taints";

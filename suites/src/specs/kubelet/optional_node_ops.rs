@@ -42,15 +42,8 @@ use super::{
     checks::{self, POD_START_TIMEOUT, only_node, wait_event},
 };
 
-/// Upstream's `f.WithFeatureGate(features.DRAOptionalNodeOperations)` (alpha, off by default;
-/// depends on `DynamicResourceAllocation` and `NodeDeclaredFeatures`).
-pub const OPTIONAL_NODE_OPS_LABELS: [Label; 5] = [
-    Label::new("FeatureGate:DRAOptionalNodeOperations"),
-    Label::trailing("Alpha"),
-    Label::trailing("Feature:OffByDefault"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-    Label::trailing("FeatureGate:NodeDeclaredFeatures"),
-];
+/// Upstream's `f.WithFeatureGate(features.DRAOptionalNodeOperations)`.
+pub const OPTIONAL_NODE_OPS_LABELS: [Label; 1] = [Label::gate("DRAOptionalNodeOperations")];
 /// The gate, and the feature a node declares when its kubelet has it.
 const GATE: &str = "DRAOptionalNodeOperations";
 /// The first kubelet version that knows [`GATE`] (alpha in v1.37).

@@ -30,30 +30,20 @@ use super::super::{FEATURE_DRA, kubelet_drivers::gates};
 pub const LANE_FLAGS: &str = "--feature-gates DRAWorkloadResourceClaims=true,GenericWorkload=true --runtime-config scheduling.k8s.io/v1beta1=true";
 
 /// `f.WithFeatureGate(features.GenericWorkload), f.WithFeatureGate(features.DRAWorkloadResourceClaims),
-/// f.WithKubeletMinVersion("1.36")` on the `kubelet` context: both beta and off by default,
-/// DRAWorkloadResourceClaims depends on DynamicResourceAllocation and GenericWorkload.
-pub const POD_GROUP_LABELS: [Label; 9] = [
+/// f.WithKubeletMinVersion("1.36")` on the `kubelet` context.
+pub const POD_GROUP_LABELS: [Label; 4] = [
     Label::new(FEATURE_DRA),
-    Label::new("FeatureGate:GenericWorkload"),
-    Label::trailing("Beta"),
-    Label::trailing("Feature:OffByDefault"),
-    Label::hidden("BetaOffByDefault"),
-    Label::new("FeatureGate:DRAWorkloadResourceClaims"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-    Label::trailing("FeatureGate:GenericWorkload"),
+    Label::gate("GenericWorkload"),
+    Label::gate("DRAWorkloadResourceClaims"),
     Label::new("KubeletMinVersion:1.36"),
 ];
 
 /// The same gates on the PodGroup context inside the device-taint context, in its order:
 /// `f.WithFeatureGate(DRAWorkloadResourceClaims), f.WithFeatureGate(GenericWorkload),
 /// f.WithLabel("KubeletMinVersion:1.36")`.
-pub const TAINT_POD_GROUP_LABELS: [Label; 7] = [
-    Label::new("FeatureGate:DRAWorkloadResourceClaims"),
-    Label::trailing("Beta"),
-    Label::trailing("Feature:OffByDefault"),
-    Label::hidden("BetaOffByDefault"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-    Label::new("FeatureGate:GenericWorkload"),
+pub const TAINT_POD_GROUP_LABELS: [Label; 3] = [
+    Label::gate("DRAWorkloadResourceClaims"),
+    Label::gate("GenericWorkload"),
     Label::new("KubeletMinVersion:1.36"),
 ];
 

@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use harness::{
     builder::{Builder, node_name},
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{Ctx, Registry, SpecResult},
+    framework::{Ctx, Label, Registry, SpecResult},
 };
 use k8s_openapi::{
     api::resource::{v1beta1, v1beta2},
@@ -40,9 +40,9 @@ pub fn register(r: &mut Registry) {
     for api in [BetaApi::V1beta1, BetaApi::V1beta2] {
         r.context(api.context(), |r| {
             r.it("supports simple ResourceClaim", move |ctx| simple(ctx, api));
-            // DRAPrioritizedList is GA and locked on in 1.37; upstream still names the gate.
+            // Upstream: f.WithFeatureGate(features.DRAPrioritizedList).
             r.it("supports requests with alternatives", move |ctx| alternatives(ctx, api))
-                .labels(["FeatureGate:DRAPrioritizedList", "FeatureGate:DynamicResourceAllocation"])
+                .label(Label::gate("DRAPrioritizedList"))
                 .requires(gates::api_server_requirement(
                     "DRAPrioritizedList",
                     "it drops firstAvailable from claims",

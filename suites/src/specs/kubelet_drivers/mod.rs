@@ -33,30 +33,20 @@ use super::FEATURE_DRA;
 /// Registers the specs under `[sig-node] [DRA]`.
 pub fn register(registry: &mut Registry) {
     registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
-        // DRAPrioritizedList is GA (locked on) in 1.37: only the gate it depends on trails.
         r.context_with_labels(
             "kubelet",
-            [
-                Label::new(FEATURE_DRA),
-                Label::new("FeatureGate:DRAPrioritizedList"),
-                Label::trailing("FeatureGate:DynamicResourceAllocation"),
-            ],
+            [Label::new(FEATURE_DRA), Label::gate("DRAPrioritizedList")],
             prioritized_list::register,
         );
         r.context_with_labels(
             "kubelet",
-            [
-                Label::new(FEATURE_DRA),
-                Label::new("FeatureGate:DRAConsumableCapacity"),
-                Label::trailing("Beta"),
-                Label::trailing("FeatureGate:DynamicResourceAllocation"),
-            ],
+            [Label::new(FEATURE_DRA), Label::gate("DRAConsumableCapacity")],
             consumable_capacity::register,
         );
         r.context_with_labels("kubelet", [FEATURE_DRA], api_versions::register);
         r.context_with_labels(
             "kubelet",
-            [FEATURE_DRA, "FeatureGate:DRAPartitionableDevices"],
+            [Label::new(FEATURE_DRA), Label::gate("DRAPartitionableDevices")],
             partitionable::register,
         );
         r.context_with_labels("kubelet", [FEATURE_DRA], multiple_drivers::register);

@@ -28,12 +28,12 @@ use super::{
 /// Registers the spec (inside `kubelet [Feature:DynamicResourceAllocation]
 /// [FeatureGate:DRAPartitionableDevices]`).
 pub fn register(r: &mut Registry) {
-    r.it("must consume and free up counters", consume_and_free_counters)
-        .labels(["Beta", "FeatureGate:DynamicResourceAllocation"])
-        .requires(gates::api_server_requirement(
+    r.it("must consume and free up counters", consume_and_free_counters).requires(
+        gates::api_server_requirement(
             "DRAPartitionableDevices",
             "it drops sharedCounters and consumesCounters",
-        ));
+        ),
+    );
 }
 
 /// Counter set `counter-1` with 6Gi of memory, and two devices that consume 4Gi each.

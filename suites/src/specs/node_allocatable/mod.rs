@@ -1,5 +1,6 @@
 //! `[sig-node] DRA Node Allocatable Resources ...`: upstream's
-//! test/e2e/common/node/dra_node_allocatable_resources.go (Kubernetes v1.37). A driver publishes
+//! test/e2e/common/node/dra_node_allocatable_resources.go (Kubernetes v1.37; from v1.38 in
+//! test/e2e/dra as `[sig-node] [DRA] Node Allocatable Resources ...`). A driver publishes
 //! devices whose `nodeAllocatableResources` map to CPU, memory or hugepages (per device, or as
 //! per-pod and per-container overhead); a pod with claims on them runs, and the kubelet must
 //! inflate the pod's and the containers' cgroups and the containers' OOM score adjustment by
@@ -32,42 +33,52 @@ use harness::framework::{Label, Registry};
 
 use cases::{cgroup_cases, resize_cases};
 
-/// Upstream's `framework.WithSerial()`, `feature.DynamicResourceAllocation` and the two feature
-/// gates on the `Describe`, then at the end of every spec text the gates' levels, off by
-/// default, and the gates they depend on.
-const LABELS: [Label; 11] = [
-    Label::new("Feature:DynamicResourceAllocation"),
-    Label::new("FeatureGate:DRANodeAllocatableResources"),
-    Label::new("FeatureGate:InPlacePodLevelResourcesVerticalScaling"),
-    Label::trailing("Alpha"),
-    Label::trailing("Beta"),
-    Label::trailing("Feature:OffByDefault"),
-    Label::trailing("FeatureGate:DynamicResourceAllocation"),
-    Label::trailing("FeatureGate:InPlacePodVerticalScaling"),
-    Label::trailing("FeatureGate:NodeDeclaredFeatures"),
-    Label::trailing("FeatureGate:PodLevelResources"),
-    Label::trailing("Serial"),
-];
+/// Upstream's `feature.DynamicResourceAllocation`.
+const FEATURE: Label = Label::new("Feature:DynamicResourceAllocation");
+/// `framework.WithFeatureGate(features.DRANodeAllocatableResources)`.
+const ALLOCATABLE_GATE: Label = Label::gate("DRANodeAllocatableResources");
+/// `framework.WithFeatureGate(features.InPlacePodLevelResourcesVerticalScaling)`.
+const RESIZE_GATE: Label = Label::gate("InPlacePodLevelResourcesVerticalScaling");
 
-/// Registers the specs under `[sig-node] DRA Node Allocatable Resources`, in upstream's order.
+/// Registers the Node Allocatable Resources specs, in upstream's order and structure: up to
+/// v1.37 `[sig-node] DRA Node Allocatable Resources`, `[Serial]`, both gates on the `Describe`
+/// (test/e2e/common/node); from v1.38 `[sig-node] [DRA] Node Allocatable Resources` in
+/// test/e2e/dra, not serial, the resize specs in a `resize` context with the resize gate.
 pub fn register(registry: &mut Registry) {
-    registry.describe("[sig-node]", |r| {
-        r.context_with_labels("DRA Node Allocatable Resources", LABELS, |r| {
-            for case in cgroup_cases() {
-                let name =
-                    format!("verifies cgroup inflation and container OOM adjustment with {}", case.name);
-                let needs = case.clone();
-                r.it(&name, move |ctx| run::cgroup_spec(ctx, case.clone()))
-                    .requires(move |pre| fits::cgroup_case_fits(pre, needs.clone()));
-            }
-            for case in resize_cases() {
-                let name = format!("verifies cgroup settings and pod status after resize with {}", case.name);
-                let needs = case.clone();
-                r.it(&name, move |ctx| run::resize_spec(ctx, case.clone()))
-                    .requires(move |pre| fits::resize_case_fits(pre, needs.clone()));
-            }
+    if registry.targets_at_least(1, 38) {
+        registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
+            r.context_with_labels("Node Allocatable Resources", [FEATURE, ALLOCATABLE_GATE], |r| {
+                register_cgroup_specs(r);
+                r.context_with_labels("resize", [RESIZE_GATE], register_resize_specs);
+            });
         });
-    });
+    } else {
+        let labels = [FEATURE, ALLOCATABLE_GATE, RESIZE_GATE, Label::trailing("Serial")];
+        registry.describe("[sig-node]", |r| {
+            r.context_with_labels("DRA Node Allocatable Resources", labels, |r| {
+                register_cgroup_specs(r);
+                register_resize_specs(r);
+            });
+        });
+    }
+}
+
+fn register_cgroup_specs(r: &mut Registry) {
+    for case in cgroup_cases() {
+        let name = format!("verifies cgroup inflation and container OOM adjustment with {}", case.name);
+        let needs = case.clone();
+        r.it(&name, move |ctx| run::cgroup_spec(ctx, case.clone()))
+            .requires(move |pre| fits::cgroup_case_fits(pre, needs.clone()));
+    }
+}
+
+fn register_resize_specs(r: &mut Registry) {
+    for case in resize_cases() {
+        let name = format!("verifies cgroup settings and pod status after resize with {}", case.name);
+        let needs = case.clone();
+        r.it(&name, move |ctx| run::resize_spec(ctx, case.clone()))
+            .requires(move |pre| fits::resize_case_fits(pre, needs.clone()));
+    }
 }
 
 #[cfg(test)]
