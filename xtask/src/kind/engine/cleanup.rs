@@ -186,12 +186,42 @@ pub async fn remove(layout: &EngineLayout, runc: Option<&Path>) -> Vec<String> {
             Err(err) => problems.push(format!("remove {}: {err}", layout.run.display())),
         }
     }
+    remove_empty_shim_socket_dir(Path::new(SHIM_SOCKET_DIR));
     problems
+}
+
+/// Where containerd's shims put their sockets, whatever the engine's paths.
+const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
+
+/// Removes `dir` (the shims' socket directory) and then its parent, each only if it is empty: the
+/// engine's shims create them on a host that had neither, and an empty `/run/containerd` left
+/// behind is in the way of the local cluster, which mounts over that path and removes the mount
+/// point it created. A directory another containerd uses is not empty, or is recreated on demand.
+fn remove_empty_shim_socket_dir(dir: &Path) {
+    for dir in [Some(dir), dir.parent()].into_iter().flatten() {
+        // rmdir fails on a non-empty directory or a mount point: both stay.
+        let _ = fs::remove_dir(dir);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_empty_shim_socket_dirs_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parent = tmp.path().join("containerd");
+        let dir = parent.join("s");
+        fs::create_dir_all(&dir).unwrap();
+        remove_empty_shim_socket_dir(&dir);
+        assert!(!parent.exists(), "both empty directories are removed");
+
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("sock"), b"").unwrap();
+        remove_empty_shim_socket_dir(&dir);
+        assert!(dir.join("sock").exists(), "a socket of another containerd stays");
+    }
 
     fn roots() -> Vec<PathBuf> {
         vec!["/var/lib/dra-e2e/docker".into(), "/run/dra-e2e-docker".into()]
