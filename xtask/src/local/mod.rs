@@ -371,12 +371,15 @@ impl LocalCluster {
             )?)?;
         }
         let api: Api<Node> = Api::all(client.clone());
-        for node in &self.nodes {
+        for (node, old) in self.nodes.iter().zip(kubelets) {
+            // A restarted cluster keeps its Node objects: the old one reads Ready with the last
+            // run's kubelet version until this kubelet posts its first status.
+            let version = old.as_ref().map_or_else(|| versions.kubernetes.clone(), |k| k.version.to_string());
             wait::until(
-                &format!("node {} Ready", node.name),
+                &format!("node {} Ready with kubelet {version}", node.name),
                 Duration::from_secs(180),
                 Some((&self.sup, &node.kubelet())),
-                || node_ready(api.clone(), node.name.clone()),
+                || node_ready(api.clone(), node.name.clone(), version.clone()),
             )
             .await?;
         }
@@ -455,8 +458,13 @@ fn check_host_kubelet_root_free() -> Result<()> {
     Ok(())
 }
 
-async fn node_ready(nodes: Api<Node>, name: String) -> Result<bool> {
-    Ok(nodes.get_opt(&name).await?.is_some_and(|node| node_is_ready(&node)))
+/// True when node `name` is Ready and its kubelet reports `kubelet_version`.
+async fn node_ready(nodes: Api<Node>, name: String, kubelet_version: String) -> Result<bool> {
+    Ok(nodes.get_opt(&name).await?.is_some_and(|node| {
+        let reported =
+            node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.as_str());
+        node_is_ready(&node) && reported == Some(kubelet_version.as_str())
+    }))
 }
 
 /// `cluster up --provider local [--nodes N] [--feature-gates …] [--runtime-config …]
