@@ -181,6 +181,9 @@ pub struct BuildArgs {
     /// `v1.34.4,v1.36.3`).
     #[arg(long, value_name = "V1,V2,...")]
     pub kubelet_version: Option<String>,
+    /// Build this Kubernetes release instead of the pinned one (as `cluster up --k8s-version`).
+    #[arg(long, value_name = "VERSION")]
+    pub k8s_version: Option<String>,
 }
 
 /// Options of `cluster load`.
@@ -219,7 +222,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Some(flag) => crate::skew::parse_flag(flag)?,
                     None => Vec::new(),
                 };
-                local::build(&versions).map(|()| ExitCode::SUCCESS)
+                if let Some(version) = args.k8s_version.as_deref() {
+                    local::check_k8s_version(version)?;
+                }
+                local::build(args.k8s_version.as_deref(), &versions).map(|()| ExitCode::SUCCESS)
             }
             ClusterAction::Down(args) => {
                 args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{kind, local, provider::Provider};
+use crate::{kind, local, overrides::Overrides, provider::Provider};
 
 /// What `cargo xtask e2e` itself understands; everything else goes to `dra-e2e`.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -25,6 +25,9 @@ pub struct E2eArgs {
     pub kind_name: Option<String>,
     /// The kind node image (`--image`).
     pub kind_image: Option<String>,
+    /// The Kubernetes release of the local cluster (`--k8s-version`; also passed to `dra-e2e`,
+    /// whose spec texts follow it).
+    pub k8s_version: Option<String>,
     /// Flags for `dra-e2e`.
     pub passthrough: Vec<String>,
 }
@@ -56,6 +59,11 @@ pub fn parse(args: Vec<String>) -> Result<E2eArgs> {
             "--keep-cluster" => out.keep_cluster = true,
             "--name" => out.kind_name = Some(value("--name")?),
             "--image" => out.kind_image = Some(value("--image")?),
+            "--k8s-version" => {
+                let version = value("--k8s-version")?;
+                out.passthrough.extend(["--k8s-version".to_string(), version.clone()]);
+                out.k8s_version = Some(version);
+            }
             _ => out.passthrough.push(arg),
         }
     }
@@ -136,8 +144,15 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
     let (kubeconfig, teardown) = match (&args.kubeconfig, args.provider) {
         (Some(path), _) => (path.clone(), None),
         (None, Provider::Local) => {
-            // A running cluster is used with whatever node count it has.
-            let cluster = local::LocalCluster::new(None)?;
+            // A running cluster is used with whatever node count and settings it has, unless
+            // it runs another release than --k8s-version asks for.
+            let mut cluster = local::LocalCluster::new(None)?;
+            if let Some(version) = &args.k8s_version {
+                local::check_k8s_version(version)?;
+                let overrides =
+                    Overrides { k8s_version: Some(version.clone()), ..cluster.overrides().clone() };
+                cluster = cluster.with_overrides(Some(overrides));
+            }
             let was_running = cluster.is_up().await;
             let path = cluster.up(false).await?;
             let teardown = (!args.keep_cluster && !was_running).then_some(Provider::Local);
@@ -147,6 +162,9 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
             (path, teardown)
         }
         (None, Provider::Kind) => {
+            if let Some(version) = &args.k8s_version {
+                return Err(crate::overrides::k8s_version_needs_local(version).into());
+            }
             let path = Provider::Kind.up(&kind_args(&args), None, None, false, false).await?;
             (path, (!args.keep_cluster).then_some(Provider::Kind))
         }

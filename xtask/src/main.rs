@@ -7,6 +7,7 @@ mod bench;
 mod cli;
 mod cluster_config;
 mod e2e;
+mod gomod;
 mod image_archive;
 mod kind;
 mod kube_api;

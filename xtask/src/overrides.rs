@@ -31,15 +31,29 @@ pub struct OverrideArgs {
     /// to kindest/node:V instead.
     #[arg(long, value_name = "VERSION,...")]
     pub kubelet_version: Option<String>,
+    /// The Kubernetes release the cluster runs (local provider): `v1.38.0-beta.0` builds its
+    /// control plane and kubelets from k8s.io/kubernetes@v1.38.0-beta.0 with the Go toolchain
+    /// its go.mod asks for (fetched by go); default: the release xtask/local-cluster/go.mod pins.
+    /// Feature gates of kind.yaml that the release does not accept are left out, with a note.
+    #[arg(long, value_name = "VERSION")]
+    pub k8s_version: Option<String>,
 }
 
 impl OverrideArgs {
     /// The overrides these flags ask for; `None` when neither flag is given.
     pub fn parse(&self) -> Result<Option<Overrides>> {
-        if self.feature_gates.is_none() && self.runtime_config.is_none() && self.kubelet_version.is_none() {
+        if self.feature_gates.is_none()
+            && self.runtime_config.is_none()
+            && self.kubelet_version.is_none()
+            && self.k8s_version.is_none()
+        {
             return Ok(None);
         }
         let mut overrides = Overrides::default();
+        if let Some(version) = self.k8s_version.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
+            crate::local::check_k8s_version(version)?;
+            overrides.k8s_version = Some(version.to_string());
+        }
         if let Some(versions) = self.kubelet_version.as_deref().filter(|v| !v.trim().is_empty()) {
             overrides.kubelet_versions = skew::parse_flag(versions)?;
         }
@@ -60,6 +74,14 @@ impl OverrideArgs {
         }
         Ok(Some(overrides))
     }
+}
+
+/// The error of `--k8s-version` with the kind provider, which takes the release from its node
+/// image.
+pub fn k8s_version_needs_local(version: &str) -> crate::cli::UsageError {
+    crate::cli::UsageError::new(format!(
+        "--k8s-version {version} is supported by the local provider only: use --provider local, or a kind node image of that release (--image)"
+    ))
 }
 
 /// `A=x,B=y` into pairs; one clear sentence for a malformed entry.
@@ -85,12 +107,17 @@ pub struct Overrides {
     pub runtime_config: BTreeMap<String, String>,
     /// The workers' kubelet versions, in worker order (`--kubelet-version`).
     pub kubelet_versions: Vec<Version>,
+    /// The Kubernetes release of the cluster (`--k8s-version`); `None`: the pinned one.
+    pub k8s_version: Option<String>,
 }
 
 impl Overrides {
     /// Whether there is nothing to add.
     pub fn is_empty(&self) -> bool {
-        self.feature_gates.is_empty() && self.runtime_config.is_empty() && self.kubelet_versions.is_empty()
+        self.feature_gates.is_empty()
+            && self.runtime_config.is_empty()
+            && self.kubelet_versions.is_empty()
+            && self.k8s_version.is_none()
     }
 
     /// `config` with these settings added (an override wins over kind.yaml's value).
@@ -108,6 +135,9 @@ impl Overrides {
         if !self.kubelet_versions.is_empty() {
             record.push_str(&format!("kubelet-version {}\n", self.kubelet_flag()));
         }
+        if let Some(version) = &self.k8s_version {
+            record.push_str(&format!("k8s-version {version}\n"));
+        }
         record
     }
 
@@ -124,6 +154,7 @@ impl Overrides {
                 ("feature-gates", value) => args.feature_gates = Some(value.to_string()),
                 ("runtime-config", value) => args.runtime_config = Some(value.to_string()),
                 ("kubelet-version", value) => args.kubelet_version = Some(value.to_string()),
+                ("k8s-version", value) => args.k8s_version = Some(value.to_string()),
                 ("", _) => {}
                 (other, _) => bail!("unknown line {other:?} in the recorded overrides"),
             }
@@ -134,6 +165,9 @@ impl Overrides {
     /// A kind configuration: the file at `kind_yaml` with these settings added to its
     /// `featureGates` and `runtimeConfig` (YAML re-rendered; comments are not kept).
     pub fn kind_config(&self, kind_yaml: &Path) -> Result<String> {
+        if let Some(version) = &self.k8s_version {
+            return Err(k8s_version_needs_local(version).into());
+        }
         let text = std::fs::read_to_string(kind_yaml)
             .with_context(|| format!("cannot read the kind configuration {}", kind_yaml.display()))?;
         let mut doc: serde_yaml::Mapping = serde_yaml::from_str(&text)
@@ -209,6 +243,9 @@ impl fmt::Display for Overrides {
         if !self.kubelet_versions.is_empty() {
             parts.push(format!("--kubelet-version {}", self.kubelet_flag()));
         }
+        if let Some(version) = &self.k8s_version {
+            parts.push(format!("--k8s-version {version}"));
+        }
         write!(f, "{}", parts.join(" "))
     }
 }
@@ -222,6 +259,7 @@ mod tests {
             feature_gates: gates.map(String::from),
             runtime_config: apis.map(String::from),
             kubelet_version: None,
+            k8s_version: None,
         }
     }
 

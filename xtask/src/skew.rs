@@ -31,6 +31,13 @@ pub struct Version {
 
 impl Version {
     /// Parses `v1.34.4` (the `v` is optional).
+    /// A cluster's version: as [`Version::parse`], but a pre-release (`v1.38.0-beta.0`) counts
+    /// as its release, as skew is about minor versions.
+    pub fn of_cluster(text: &str) -> Result<Self> {
+        let text = text.trim();
+        Self::parse(text.split_once('-').map_or(text, |(release, _)| release))
+    }
+
     pub fn parse(text: &str) -> Result<Self> {
         let core = text.trim().strip_prefix('v').unwrap_or(text.trim());
         let parts: Vec<&str> = core.split('.').collect();
@@ -159,6 +166,8 @@ mod tests {
         for bad in ["v1.34", "latest", "v1.34.x", "", "v1.34.4-rc.0"] {
             assert!(Version::parse(bad).is_err(), "{bad}");
         }
+        assert_eq!(Version::of_cluster("v1.38.0-beta.0").unwrap(), v("v1.38.0"));
+        assert!(Version::of_cluster("v1.38-beta.0").is_err());
     }
 
     #[test]

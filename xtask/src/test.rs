@@ -61,7 +61,7 @@ fn lanes(repo: &Path) -> Vec<Lane> {
             args: OverrideArgs {
                 feature_gates: Some(WORKLOAD_GATES.to_owned()),
                 runtime_config: Some(WORKLOAD_APIS.to_owned()),
-                kubelet_version: None,
+                ..OverrideArgs::default()
             },
             cluster_tests: vec![],
             suite: workload_run(repo),

@@ -131,7 +131,7 @@ async fn a_lane_s_gates_go_into_a_derived_kind_config() {
     let overrides = crate::overrides::OverrideArgs {
         feature_gates: Some("GenericWorkload=true".into()),
         runtime_config: Some("scheduling.k8s.io/v1beta1=true".into()),
-        kubelet_version: None,
+        ..Default::default()
     }
     .parse()
     .unwrap()

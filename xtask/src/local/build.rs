@@ -13,7 +13,10 @@ use std::{
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use super::layout::{Layout, go_mod_version};
+use super::{
+    layout::{Layout, go_mod_version},
+    release::{KUBE_PACKAGE, KubeModule},
+};
 use crate::progress::Step;
 
 /// The binaries of one build.
@@ -78,28 +81,41 @@ impl Binaries {
     }
 }
 
-/// The pinned versions, read from the Go modules.
+/// The versions a build makes, read from the Go modules.
 #[derive(Debug, Clone)]
 pub struct Versions {
     /// Kubernetes, e.g. `v1.37.2`.
     pub kubernetes: String,
-    /// etcd, e.g. `v3.7.0`.
+    /// etcd, e.g. `v3.7.0` (what the Kubernetes module resolves).
     pub etcd: String,
     /// containerd, e.g. `v2.3.7`.
     pub containerd: String,
     /// runc, e.g. `v1.4.3`.
     pub runc: String,
+    /// The Go module the Kubernetes binaries are built in.
+    pub kube: KubeModule,
 }
 
 impl Versions {
     /// Reads the versions the Go modules pin.
     pub fn read(layout: &Layout) -> Result<Self> {
+        Self::with(layout, KubeModule::pinned(layout)?)
+    }
+
+    /// The versions of a cluster of Kubernetes `release` (`None`: the pinned one), generating its
+    /// Go module if needed (see [`super::release`]).
+    pub fn for_release(layout: &Layout, release: Option<&str>) -> Result<Self> {
+        Self::with(layout, KubeModule::for_version(layout, release)?)
+    }
+
+    fn with(layout: &Layout, kube: KubeModule) -> Result<Self> {
         let go = layout.go_dir();
         Ok(Self {
-            kubernetes: go_mod_version(&go.join("go.mod"), "k8s.io/kubernetes")?,
-            etcd: go_mod_version(&go.join("go.mod"), "go.etcd.io/etcd/server/v3")?,
+            kubernetes: kube.version.clone(),
+            etcd: go_mod_version(&kube.dir.join("go.mod"), "go.etcd.io/etcd/server/v3")?,
             containerd: go_mod_version(&go.join("containerd/go.mod"), "github.com/containerd/containerd/v2")?,
             runc: go_mod_version(&go.join("runc/go.mod"), "github.com/opencontainers/runc")?,
+            kube,
         })
     }
 
@@ -202,7 +218,7 @@ pub enum Wanted {
 struct GoBuild {
     what: String,
     module: PathBuf,
-    env: Vec<(&'static str, &'static str)>,
+    env: Vec<(&'static str, String)>,
     args: Vec<String>,
     outputs: Vec<&'static str>,
     /// Print the compiler's output only when the build fails.
@@ -212,10 +228,13 @@ struct GoBuild {
 /// The builds that make `wanted`, in the order that reuses Go's build cache best.
 fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
     let strs = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // The Kubernetes builds run in the release's module, with the Go it needs.
+    let kube_env: Vec<(&'static str, String)> =
+        versions.kube.toolchain.iter().map(|t| ("GOTOOLCHAIN", t.clone())).collect();
     let kubectl = GoBuild {
         what: format!("build kubectl {} (cold: ~4 min on 2 cores)", versions.kubernetes),
-        module: go.to_path_buf(),
-        env: vec![],
+        module: versions.kube.dir.clone(),
+        env: kube_env.clone(),
         args: vec!["-ldflags".into(), versions.kube_ldflags(), KUBECTL_PACKAGE.into()],
         outputs: vec!["kubectl"],
         quiet: false,
@@ -226,7 +245,7 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
             return vec![GoBuild {
                 what: "build the CNCF distribution registry".into(),
                 module: go.join("registry"),
-                env: vec![("CGO_ENABLED", "0")],
+                env: vec![("CGO_ENABLED", "0".into())],
                 args: strs(&["-ldflags", "-s -w", REGISTRY_PACKAGE]),
                 outputs: vec!["registry"],
                 quiet: false,
@@ -240,9 +259,9 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
                 "build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet {} and etcd {} (cold: ~9 min on 2 cores)",
                 versions.kubernetes, versions.etcd
             ),
-            module: go.to_path_buf(),
-            env: vec![],
-            args: vec!["-ldflags".into(), versions.kube_ldflags(), "./cmd/kube".into()],
+            module: versions.kube.dir.clone(),
+            env: kube_env.clone(),
+            args: vec!["-ldflags".into(), versions.kube_ldflags(), KUBE_PACKAGE.into()],
             outputs: vec!["kube"],
             quiet: false,
         },
@@ -253,8 +272,8 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
         // plugin never makes.
         GoBuild {
             what: "build the sample device plugin (extended-resources spec)".into(),
-            module: go.to_path_buf(),
-            env: vec![("CGO_ENABLED", "1")],
+            module: versions.kube.dir.clone(),
+            env: [kube_env.as_slice(), &[("CGO_ENABLED", "1".into())]].concat(),
             args: strs(&["-ldflags", Versions::sample_device_plugin_ldflags(), SAMPLE_DEVICE_PLUGIN_PACKAGE]),
             outputs: vec!["sample-device-plugin"],
             quiet: true,
@@ -265,7 +284,7 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
         GoBuild {
             what: format!("build containerd {}, its runc shim and ctr", versions.containerd),
             module: go.join("containerd"),
-            env: vec![("CGO_ENABLED", "0")],
+            env: vec![("CGO_ENABLED", "0".into())],
             args: vec![
                 "-ldflags".into(),
                 versions.containerd_ldflags(),
@@ -282,7 +301,7 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
         GoBuild {
             what: format!("build runc {} (with seccomp)", versions.runc),
             module: go.join("runc"),
-            env: vec![("CGO_ENABLED", "1")],
+            env: vec![("CGO_ENABLED", "1".into())],
             args: vec![
                 "-tags".into(),
                 "seccomp urfave_cli_no_docs".into(),
@@ -296,7 +315,7 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
         GoBuild {
             what: "build the pause and hostpathplugin image binaries".into(),
             module: go.join("images"),
-            env: vec![("CGO_ENABLED", "0")],
+            env: vec![("CGO_ENABLED", "0".into())],
             args: strs(&["-ldflags", "-s -w", "./cmd/pause", "./cmd/hostpathplugin"]),
             outputs: vec!["pause", "hostpathplugin"],
             quiet: false,
@@ -337,10 +356,11 @@ pub fn ensure_wanted(layout: &Layout, versions: &Versions, wanted: Wanted) -> Re
         let step = Step::start(build.what.clone());
         let mut args: Vec<&str> = vec!["-o", &out_dir];
         args.extend(build.args.iter().map(String::as_str));
+        let env: Vec<(&str, &str)> = build.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         if build.quiet {
-            go_build_quiet(&build.module, &build.env, &args)?;
+            go_build_quiet(&build.module, &env, &args)?;
         } else {
-            go_build(&build.module, &build.env, &args)?;
+            go_build(&build.module, &env, &args)?;
         }
         step.done();
     }
@@ -357,6 +377,18 @@ pub fn ensure_wanted(layout: &Layout, versions: &Versions, wanted: Wanted) -> Re
     fs::remove_dir_all(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
     prune(&layout.cache.join("bin"), &key);
     Ok(bins)
+}
+
+/// The feature gates the built kubelet takes (its `--help`; the control plane's list is the same
+/// registry), cached beside the binaries.
+pub fn known_gates(bins: &Binaries) -> Result<Vec<String>> {
+    let file = bins.dir.join("feature-gates");
+    if let Ok(text) = fs::read_to_string(&file) {
+        return Ok(text.lines().map(String::from).collect());
+    }
+    let gates = super::old_kubelet::known_gates(&bins.kube(), &["kubelet"])?;
+    fs::write(&file, gates.join("\n")).with_context(|| format!("write {}", file.display()))?;
+    Ok(gates)
 }
 
 /// `go version`, or a clear error when Go is missing.
@@ -432,6 +464,15 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
     hasher.update(REGISTRY_PACKAGE.as_bytes());
     let go = layout.go_dir();
     let mut files = Vec::new();
+    // A release's generated module: its go.mod, go.sum and the Go it builds with.
+    if let Some(toolchain) = &versions.kube.toolchain {
+        hasher.update(toolchain.as_bytes());
+    }
+    if versions.kube.dir != go {
+        for file in versions.kube.files() {
+            hasher.update(fs::read(&file).with_context(|| format!("read {}", file.display()))?);
+        }
+    }
     for module in [go.clone(), go.join("containerd"), go.join("runc"), go.join("images"), go.join("registry")]
     {
         files.push(module.join("go.mod"));
@@ -478,6 +519,7 @@ mod tests {
             etcd: "v3.7.0".into(),
             containerd: "v2.3.7".into(),
             runc: "v1.4.3".into(),
+            kube: KubeModule { dir: "/x".into(), version: "v1.37.2".into(), toolchain: None },
         };
         let flags = v.kube_ldflags();
         assert!(flags.contains("version.gitVersion=v1.37.2"), "{flags}");
@@ -538,6 +580,34 @@ mod tests {
         let kubectl = plan(&layout.go_dir(), &v, Wanted::Kubectl).remove(0);
         assert!(kubectl.args.contains(&v.kube_ldflags()), "{:?}", kubectl.args);
         assert!(kubectl.args.contains(&KUBECTL_PACKAGE.to_string()));
+    }
+
+    #[test]
+    fn a_release_builds_kubernetes_in_its_module_with_its_go() {
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
+        let mut v = Versions::read(&layout).unwrap();
+        let pinned_key = cache_key(&layout, &v, "go1.26.8").unwrap();
+        v.kubernetes = "v1.38.0-beta.0".into();
+        v.kube = KubeModule {
+            dir: "/cache/k8s/v1.38.0-beta.0".into(),
+            version: v.kubernetes.clone(),
+            toolchain: Some("go1.27.0".into()),
+        };
+        for build in plan(&layout.go_dir(), &v, Wanted::Cluster) {
+            let kubernetes =
+                build.outputs.iter().any(|o| ["kube", "kubectl", "sample-device-plugin"].contains(o));
+            let toolchain = build.env.iter().find(|(k, _)| *k == "GOTOOLCHAIN").map(|(_, v)| v.as_str());
+            if kubernetes {
+                assert_eq!(build.module, v.kube.dir, "{}", build.what);
+                assert_eq!(toolchain, Some("go1.27.0"), "{}", build.what);
+            } else {
+                assert!(build.module.starts_with(layout.go_dir()), "{}", build.what);
+                assert_eq!(toolchain, None, "{}", build.what);
+            }
+        }
+        let key = cache_key(&layout, &v, "go1.26.8").unwrap();
+        assert!(key.starts_with("v1.38.0-beta.0-"), "{key}");
+        assert_ne!(key, pinned_key);
     }
 
     #[test]

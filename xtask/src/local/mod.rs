@@ -21,6 +21,7 @@ mod pki;
 mod probes;
 pub(crate) mod process;
 mod registry;
+mod release;
 mod status;
 mod stop;
 pub(crate) mod teardown;
@@ -38,6 +39,7 @@ use kube::{
 
 pub use layout::Layout;
 pub use netns::forward_command;
+pub use release::check_version as check_k8s_version;
 pub use tools::{kubectl_binary, load, running_kubeconfig};
 
 use self::{
@@ -105,6 +107,11 @@ impl LocalCluster {
         self
     }
 
+    /// The gates, API versions and releases the cluster runs (or will run) with.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
     /// The admin kubeconfig of the cluster.
     pub fn kubeconfig(&self) -> PathBuf {
         self.layout.kubeconfig()
@@ -150,7 +157,7 @@ impl LocalCluster {
 
     /// Builds the registry if the cache lacks it and starts it on the running cluster.
     async fn up_registry(&self) -> Result<()> {
-        let versions = Versions::read(&self.layout)?;
+        let versions = Versions::for_release(&self.layout, self.overrides.k8s_version.as_deref())?;
         let bins = build::ensure_wanted(&self.layout, &versions, build::Wanted::Registry)?;
         registry::ensure(self, &bins).await
     }
@@ -200,7 +207,7 @@ impl LocalCluster {
         check_host_kubelet_root_free()?;
         step.done();
 
-        let versions = Versions::read(&self.layout)?;
+        let versions = Versions::for_release(&self.layout, self.overrides.k8s_version.as_deref())?;
         let bins = build::ensure(&self.layout, &versions)?;
         let kubelets = old_kubelet::for_nodes(
             &self.layout,
@@ -256,12 +263,26 @@ impl LocalCluster {
         versions: &Versions,
         kubelets: &[Option<old_kubelet::OldKubelet>],
     ) -> Result<()> {
-        let cluster = self.overrides.apply(
+        let mut cluster = self.overrides.apply(
             ClusterConfig::load(&repo_root().join("kind.yaml"))
                 .context("read feature gates and runtime-config from kind.yaml")?,
         );
         if !self.overrides.is_empty() {
             eprintln!("==> on top of kind.yaml: {}", self.overrides);
+        }
+        if self.overrides.k8s_version.is_some() {
+            // kind.yaml names the gates of the pinned release; another release may have removed
+            // or locked some of them, and a component refuses a gate it does not list.
+            let known = build::known_gates(bins)?;
+            let (kept, dropped) = crate::skew::known_gates(&cluster.feature_gates, &known);
+            if !dropped.is_empty() {
+                eprintln!(
+                    "    Kubernetes {} does not take the gates {} (removed or locked): left out",
+                    versions.kubernetes,
+                    dropped.join(", ")
+                );
+            }
+            cluster.feature_gates = kept;
         }
         let step = Step::start("generate certificates and kubeconfigs");
         let pki = pki::ensure(&self.layout, &self.nodes)?;
@@ -482,9 +503,9 @@ pub async fn up(nodes: Option<usize>, overrides: Option<Overrides>, with_registr
 
 /// `cluster build`: the cluster's binaries and the older kubelets `kubelet_versions` names,
 /// built unless cached; starts nothing.
-pub fn build(kubelet_versions: &[crate::skew::Version]) -> Result<()> {
+pub fn build(k8s_version: Option<&str>, kubelet_versions: &[crate::skew::Version]) -> Result<()> {
     let layout = Layout::from_env(repo_root())?;
-    let versions = Versions::read(&layout)?;
+    let versions = Versions::for_release(&layout, k8s_version)?;
     let bins = build::ensure(&layout, &versions)?;
     eprintln!(
         "==> the cluster's binaries (Kubernetes {}) are in {}",

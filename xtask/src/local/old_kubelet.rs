@@ -64,7 +64,7 @@ pub fn for_nodes(
     node_count: usize,
     flag: &[skew::Version],
 ) -> Result<Vec<Option<OldKubelet>>> {
-    let cluster = skew::Version::parse(cluster_version)?;
+    let cluster = skew::Version::of_cluster(cluster_version)?;
     let versions = skew::node_versions(cluster, node_count, &config.node_images, flag)?;
     let mut built: Vec<OldKubelet> = Vec::new();
     versions
@@ -127,7 +127,7 @@ pub fn ensure(layout: &Layout, version: skew::Version) -> Result<OldKubelet> {
     let binary = tmp.join("kubelet");
     let out = build::path_str(&binary)?;
     build::go_build(&module, &[], &["-o", &out, "-ldflags", &ldflags, KUBELET_PACKAGE])?;
-    let gates = known_gates(&binary)?;
+    let gates = known_gates(&binary, &[])?;
     fs::write(tmp.join(GATES_FILE), gates.join("\n") + "\n")?;
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
@@ -150,9 +150,10 @@ fn read_cached(dir: &Path, version: skew::Version) -> Result<Option<OldKubelet>>
     Ok(Some(OldKubelet { version, binary, gates }))
 }
 
-/// The gates the kubelet binary lists in its `--help`.
-fn known_gates(binary: &Path) -> Result<Vec<String>> {
+/// The gates a Kubernetes component lists in its `--help` (`binary args… --help`).
+pub(super) fn known_gates(binary: &Path, args: &[&str]) -> Result<Vec<String>> {
     let out = Command::new(binary)
+        .args(args)
         .arg("--help")
         .output()
         .with_context(|| format!("run {} --help", binary.display()))?;

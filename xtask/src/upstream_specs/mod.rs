@@ -43,7 +43,7 @@ const FOCUS: &str = "DRA";
 /// Builds upstream's e2e test binary for the version, runs its dry run, writes the list.
 pub fn run(args: &UpstreamSpecsArgs) -> anyhow::Result<ExitCode> {
     let version = args.version.trim();
-    if !gomod::is_release_tag(version) {
+    if !crate::gomod::is_release_tag(version) {
         return Err(crate::cli::UsageError::new(format!(
             "{version:?} is not a Kubernetes release tag such as v1.37.2 or v1.38.0-beta.0"
         ))
@@ -54,14 +54,14 @@ pub fn run(args: &UpstreamSpecsArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
 
     eprintln!("upstream-specs: downloading k8s.io/kubernetes@{version} from the Go module proxy");
-    let module = gomod::download(version)?;
-    let toolchain = gomod::toolchain_for(&module.go_mod)?;
+    let module = crate::gomod::download(version)?;
+    let toolchain = crate::gomod::toolchain_for(&module.go_mod)?;
     eprintln!("upstream-specs: its go.mod needs {}; using GOTOOLCHAIN={}", toolchain.needed, toolchain.env);
     let packages = gomod::dra_packages(&module.dir)?;
     eprintln!("upstream-specs: test packages that mention DRA: {}", packages.join(" "));
 
     gomod::write_module(&work, version, &module.go_mod, &packages)?;
-    let stubs = gomod::tidy(&work, &toolchain)?;
+    let replaced = crate::gomod::tidy(&work, &toolchain.env, &crate::gomod::replacements(&repo))?;
 
     eprintln!("upstream-specs: building the e2e test binary (go test -c; minutes on 2 cores)");
     let started = Instant::now();
@@ -101,8 +101,13 @@ pub fn run(args: &UpstreamSpecsArgs) -> anyhow::Result<ExitCode> {
     let json = std::fs::read_to_string(&report_path)
         .with_context(|| format!("reading {}", report_path.display()))?;
     let specs = report::selected_specs(&json, &module.dir)?;
-    let header =
-        report::Header { version, packages: &packages, stubs: &stubs, count: specs.len(), focus: FOCUS };
+    let header = report::Header {
+        version,
+        packages: &packages,
+        replaced: &replaced,
+        count: specs.len(),
+        focus: FOCUS,
+    };
     let target = args.out.clone().unwrap_or_else(|| default_out(&repo, version));
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;

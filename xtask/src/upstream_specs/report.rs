@@ -78,8 +78,8 @@ pub struct Header<'a> {
     pub version: &'a str,
     /// The test packages the binary imported.
     pub packages: &'a [String],
-    /// Modules replaced by compile-only stand-ins.
-    pub stubs: &'a [&'static str],
+    /// Modules the proxy refused, built from our own implementation instead.
+    pub replaced: &'a [&'static str],
     /// How many specs.
     pub count: usize,
     /// The ginkgo focus.
@@ -105,9 +105,9 @@ pub fn render(header: &Header<'_>, specs: &[Spec]) -> String {
             .collect::<Vec<_>>()
             .join(", "),
     );
-    for stub in header.stubs {
+    for module in header.replaced {
         out.push_str(&format!(
-            "# {stub}: replaced by a compile-only stand-in (the module proxy refused it); no spec calls it in a dry run.\n"
+            "# {module}: the module proxy refused it; built with our own implementation (xtask/local-cluster).\n"
         ));
     }
     for s in specs {
@@ -150,8 +150,13 @@ mod tests {
     #[test]
     fn lists_the_selected_its_in_the_committed_format() {
         let specs = selected_specs(REPORT, Path::new("/m/k8s.io/kubernetes@v1.37.2")).unwrap();
-        let header =
-            Header { version: "v1.37.2", packages: &[], stubs: &["m/x"], count: specs.len(), focus: "DRA" };
+        let header = Header {
+            version: "v1.37.2",
+            packages: &[],
+            replaced: &["m/x"],
+            count: specs.len(),
+            focus: "DRA",
+        };
         let text = render(&header, &specs);
         let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
@@ -162,7 +167,7 @@ mod tests {
             ]
         );
         assert!(text.starts_with("# Every spec that kubernetes' e2e binary at v1.37.2 selects with --ginkgo.focus=DRA (2: 1 test/e2e/apimachinery, 1 test/e2e/dra)."), "{text}");
-        assert!(text.contains("# m/x: replaced by a compile-only stand-in"), "{text}");
+        assert!(text.contains("# m/x: the module proxy refused it"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,243 @@
+//! The Go module proxy side of building Kubernetes at a release: downloading k8s.io/kubernetes@V,
+//! the Go toolchain its go.mod needs, its staging modules, and whether the proxy refused a module.
+//! Used by `cluster up --k8s-version` (xtask/src/local/release.rs) and `upstream-specs`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+/// What `go mod download -json` says about k8s.io/kubernetes@V.
+pub struct Module {
+    /// The extracted module (`…/k8s.io/kubernetes@V`).
+    pub dir: PathBuf,
+    /// Its go.mod, as text.
+    pub go_mod: String,
+}
+
+/// Whether `version` is a tag like `v1.37.2` or `v1.38.0-beta.0` (it names paths, so nothing else).
+pub fn is_release_tag(version: &str) -> bool {
+    let Some(rest) = version.strip_prefix("v1.") else { return false };
+    let (core, pre) = rest.split_once('-').unwrap_or((rest, ""));
+    let numbers: Vec<&str> = core.split('.').collect();
+    numbers.len() == 2
+        && numbers.iter().all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        && pre.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
+}
+
+/// Downloads the module through the Go module proxy, from an empty directory so that no go.mod
+/// asks for another toolchain. The installed Go refuses a module whose go.mod needs a newer Go;
+/// then the download runs again with the Go its error names (the go.mod's `go` line).
+pub fn download(version: &str) -> anyhow::Result<Module> {
+    match download_with(version, "local")? {
+        Ok(module) => Ok(module),
+        Err(error) => match needed_by_error(&error) {
+            Some(go) => download_with(version, &go)?.map_err(|e| anyhow::anyhow!("{e}")),
+            None => Err(anyhow::anyhow!("{error}")),
+        },
+    }
+}
+
+/// `go mod download -json` with `GOTOOLCHAIN=toolchain`; the inner error is go's own.
+fn download_with(version: &str, toolchain: &str) -> anyhow::Result<Result<Module, String>> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Download {
+        dir: Option<PathBuf>,
+        go_mod: Option<PathBuf>,
+        error: Option<String>,
+    }
+    let outside = tempfile::tempdir().context("creating an empty directory")?;
+    let out = Command::new("go")
+        .args(["mod", "download", "-json", &format!("k8s.io/kubernetes@{version}")])
+        .current_dir(outside.path())
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", toolchain)
+        .output()
+        .context("running go mod download (is Go installed?)")?;
+    let Ok(info) = serde_json::from_slice::<Download>(&out.stdout) else {
+        return Ok(Err(format!("go mod download: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    };
+    if let Some(error) = info.error {
+        return Ok(Err(format!("go mod download k8s.io/kubernetes@{version}: {error}")));
+    }
+    let (Some(dir), Some(go_mod)) = (info.dir, info.go_mod) else {
+        bail!("go mod download k8s.io/kubernetes@{version} named no directory or go.mod");
+    };
+    let go_mod = std::fs::read_to_string(&go_mod).with_context(|| format!("reading {}", go_mod.display()))?;
+    Ok(Ok(Module { dir, go_mod }))
+}
+
+/// `go1.27.0` from go's "… requires go >= 1.27.0 (running go 1.26.8; …)".
+fn needed_by_error(error: &str) -> Option<String> {
+    let rest = error.split("requires go >= ").nth(1)?;
+    let version: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    go_version(&format!("go{version}")).map(|_| format!("go{version}"))
+}
+
+/// The Go toolchain a go.mod needs, and the `GOTOOLCHAIN` that gets it.
+pub struct Toolchain {
+    /// `go1.27.0`: the go.mod's `toolchain` line, else its `go` line.
+    pub needed: String,
+    /// `local` when the installed Go is at least that, else the needed one (fetched by go).
+    pub env: String,
+}
+
+/// Reads the `go` and `toolchain` lines and compares them with the installed Go.
+pub fn toolchain_for(go_mod: &str) -> anyhow::Result<Toolchain> {
+    let needed = needed_toolchain(go_mod).context("the go.mod has no `go` line")?;
+    let out = Command::new("go")
+        .args(["env", "GOVERSION"])
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .context("running go env GOVERSION")?;
+    let local = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let env = match (go_version(&local), go_version(&needed)) {
+        (Some(have), Some(want)) if have >= want => "local".to_owned(),
+        _ => needed.clone(),
+    };
+    Ok(Toolchain { needed, env })
+}
+
+/// `toolchain goX` if present, else `go X` as `goX` (`go 1.27` is `go1.27.0`).
+fn needed_toolchain(go_mod: &str) -> Option<String> {
+    let line = |key: &str| {
+        go_mod.lines().find_map(|l| l.trim().strip_prefix(key).map(|rest| rest.trim().to_owned()))
+    };
+    if let Some(toolchain) = line("toolchain ") {
+        return Some(toolchain);
+    }
+    let go = line("go ")?;
+    Some(if go.matches('.').count() == 1 { format!("go{go}.0") } else { format!("go{go}") })
+}
+
+/// `go1.27.0` → `(1, 27, 0)`; pre-releases (`go1.27rc1`) are not compared.
+fn go_version(name: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = name.strip_prefix("go")?.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let patch = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+    Some((major, minor, patch))
+}
+
+/// Whether go's error says the proxy would not serve `module`.
+pub fn refused_by_proxy(stderr: &str, module: &str) -> bool {
+    stderr.lines().any(|l| {
+        l.contains(&format!("{module}@")) && (l.contains("403") || l.contains("404") || l.contains("410"))
+    })
+}
+
+/// The `k8s.io/<name> v0.0.0` requirements of k8s.io/kubernetes (its staging modules).
+pub fn staging_modules(go_mod: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = go_mod
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let first = fields.next()?;
+            let path = if first == "require" { fields.next()? } else { first };
+            (path.starts_with("k8s.io/") && fields.next() == Some("v0.0.0")).then_some(path)
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// A module the Go module proxy may refuse, and the directory of our own implementation that a
+/// build uses instead when it does.
+pub struct Replacement {
+    /// The module path (`sigs.k8s.io/iptables-wrappers`).
+    pub module: &'static str,
+    /// Our module's directory.
+    pub dir: PathBuf,
+}
+
+/// This repository's replacements: `sigs.k8s.io/iptables-wrappers`, which Kubernetes v1.38's
+/// kubelet imports and whose zip the proxy of this project's machines refuses (403).
+pub fn replacements(repo: &Path) -> Vec<Replacement> {
+    vec![Replacement {
+        module: "sigs.k8s.io/iptables-wrappers",
+        dir: repo.join("xtask/local-cluster/iptables-wrappers"),
+    }]
+}
+
+/// Runs `go mod tidy` in `work` with `GOTOOLCHAIN=toolchain`; when the proxy refuses a module of
+/// `replacements`, adds a `replace` of it by our directory to go.mod and retries. Returns the
+/// modules replaced.
+pub fn tidy(work: &Path, toolchain: &str, replacements: &[Replacement]) -> anyhow::Result<Vec<&'static str>> {
+    let mut replaced: Vec<&'static str> = Vec::new();
+    loop {
+        let out = Command::new("go")
+            .args(["mod", "tidy"])
+            .current_dir(work)
+            .env("GOTOOLCHAIN", toolchain)
+            .output()
+            .context("running go mod tidy (is Go installed?)")?;
+        if out.status.success() {
+            return Ok(replaced);
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let refused = replacements
+            .iter()
+            .find(|r| !replaced.contains(&r.module) && refused_by_proxy(&stderr, r.module));
+        let Some(replacement) = refused else {
+            bail!("go mod tidy failed in {}:\n{stderr}", work.display());
+        };
+        eprintln!(
+            "note: the Go module proxy refuses {}; building with our own implementation in {}",
+            replacement.module,
+            replacement.dir.display()
+        );
+        let mut go_mod = std::fs::read_to_string(work.join("go.mod")).context("reading go.mod")?;
+        go_mod.push_str(&format!("replace {} => {}\n", replacement.module, replacement.dir.display()));
+        std::fs::write(work.join("go.mod"), go_mod).context("writing go.mod")?;
+        replaced.push(replacement.module);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_release_tags_only() {
+        for ok in ["v1.37.2", "v1.38.0-beta.0", "v1.38.0-rc.1"] {
+            assert!(is_release_tag(ok), "{ok}");
+        }
+        for bad in ["1.37.2", "v1.37", "v1.37.2/../x", "v2.0.0", "v1.37.x", "v1.38.0-beta 0"] {
+            assert!(!is_release_tag(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn reads_the_toolchain_a_go_mod_needs() {
+        assert_eq!(needed_toolchain("module k8s.io/kubernetes\n\ngo 1.27.0\n").as_deref(), Some("go1.27.0"));
+        assert_eq!(needed_toolchain("go 1.26\n").as_deref(), Some("go1.26.0"));
+        assert_eq!(needed_toolchain("go 1.26.0\n\ntoolchain go1.26.3\n").as_deref(), Some("go1.26.3"));
+        assert_eq!(needed_toolchain("module x\n"), None);
+        assert!(go_version("go1.26.8") > go_version("go1.26.0"));
+        assert!(go_version("go1.26.8") < go_version("go1.27.0"));
+    }
+
+    #[test]
+    fn reads_the_go_a_refused_download_needs() {
+        let error = "go mod download k8s.io/kubernetes@v1.38.0-beta.0: k8s.io/kubernetes@v1.38.0-beta.0 requires go >= 1.27.0 (running go 1.26.8; GOTOOLCHAIN=local)";
+        assert_eq!(needed_by_error(error).as_deref(), Some("go1.27.0"));
+        assert_eq!(needed_by_error("go: module not found"), None);
+    }
+
+    #[test]
+    fn finds_the_staging_modules() {
+        let go_mod = "module k8s.io/kubernetes\n\nrequire (\n\tgithub.com/x/y v1.0.0\n\tk8s.io/api v0.0.0\n\tk8s.io/klog/v2 v2.130.1\n)\n\nrequire k8s.io/client-go v0.0.0\n\nreplace k8s.io/api => ./staging/src/k8s.io/api\n";
+        assert_eq!(staging_modules(go_mod), ["k8s.io/api", "k8s.io/client-go"]);
+    }
+
+    #[test]
+    fn recognises_a_refused_module() {
+        let stderr = "\tsigs.k8s.io/iptables-wrappers/pkg/iptables: sigs.k8s.io/iptables-wrappers@v1.0.0: reading https://proxy.golang.org/sigs.k8s.io/iptables-wrappers/@v/v1.0.0.zip: 403 Forbidden";
+        assert!(refused_by_proxy(stderr, "sigs.k8s.io/iptables-wrappers"));
+        assert!(!refused_by_proxy(stderr, "sigs.k8s.io/yaml"));
+    }
+}

@@ -1,0 +1,190 @@
+//! Which Kubernetes the local cluster runs: the release `xtask/local-cluster/go.mod` pins (the
+//! default), or another release, `cluster up --k8s-version V`, built from a Go module this file
+//! generates in the cache: k8s.io/kubernetes@V with its staging modules at their published
+//! versions, our `cmd/kube` (the multi-call binary) taken from `xtask/local-cluster` by a local
+//! `replace`, and the Go toolchain V's go.mod asks for (`GOTOOLCHAIN`, fetched by go). Go's build
+//! cache makes a second build of the same release take seconds.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+
+use super::{build::hex, layout::Layout};
+use crate::{cli::UsageError, gomod};
+
+/// The import path of our multi-call binary (`xtask/local-cluster/cmd/kube`).
+pub const KUBE_PACKAGE: &str = "github.com/dra-e2e/dra-e2e/xtask/local-cluster/cmd/kube";
+
+/// The module path of `xtask/local-cluster`.
+const LOCAL_CLUSTER_MODULE: &str = "github.com/dra-e2e/dra-e2e/xtask/local-cluster";
+
+/// Packages of k8s.io/kubernetes the cluster builds besides [`KUBE_PACKAGE`] (`tool` lines, so
+/// that `go mod tidy` keeps what they need).
+const TOOLS: &[&str] = &[super::build::KUBECTL_PACKAGE, super::build::SAMPLE_DEVICE_PLUGIN_PACKAGE];
+
+/// Bumped when the generated go.mod changes shape, so modules generated before are regenerated.
+const GENERATOR: &str = "1";
+
+/// The Go module the cluster's Kubernetes binaries are built in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeModule {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// The Kubernetes version it builds (`v1.38.0-beta.0`).
+    pub version: String,
+    /// `GOTOOLCHAIN` for its builds; `None` leaves the environment's.
+    pub toolchain: Option<String>,
+}
+
+impl KubeModule {
+    /// The pinned release: `xtask/local-cluster` itself.
+    pub fn pinned(layout: &Layout) -> Result<Self> {
+        let dir = layout.go_dir();
+        let version = super::layout::go_mod_version(&dir.join("go.mod"), "k8s.io/kubernetes")?;
+        Ok(Self { dir, version, toolchain: None })
+    }
+
+    /// The module for `version`: the pinned one when `version` is `None` or the pinned release,
+    /// else the generated module of that release (generated unless the cache has it).
+    pub fn for_version(layout: &Layout, version: Option<&str>) -> Result<Self> {
+        let pinned = Self::pinned(layout)?;
+        match version {
+            None => Ok(pinned),
+            Some(v) if v == pinned.version => Ok(pinned),
+            Some(v) => release(layout, v),
+        }
+    }
+
+    /// Its go.mod and go.sum, for the build cache key.
+    pub fn files(&self) -> Vec<PathBuf> {
+        ["go.mod", "go.sum"].iter().map(|f| self.dir.join(f)).filter(|p| p.exists()).collect()
+    }
+}
+
+/// Checks `--k8s-version`'s value: a release tag such as v1.38.0-beta.0.
+pub fn check_version(version: &str) -> std::result::Result<(), UsageError> {
+    if gomod::is_release_tag(version) {
+        Ok(())
+    } else {
+        Err(UsageError::new(format!(
+            "--k8s-version {version:?} is not a Kubernetes release tag: write e.g. v1.38.0-beta.0 or v1.37.2"
+        )))
+    }
+}
+
+/// The generated module of `version` in the cache, generated when missing or made from other
+/// inputs (another checkout of this repository, another `xtask/local-cluster/go.mod`).
+fn release(layout: &Layout, version: &str) -> Result<KubeModule> {
+    check_version(version)?;
+    let dir = layout.cache.join("k8s").join(version);
+    let inputs = inputs_of(layout)?;
+    let stamp = dir.join("inputs");
+    let toolchain_file = dir.join("toolchain");
+    if fs::read_to_string(&stamp).is_ok_and(|s| s == inputs)
+        && let Ok(toolchain) = fs::read_to_string(&toolchain_file)
+    {
+        return Ok(KubeModule { dir, version: version.to_string(), toolchain: Some(toolchain) });
+    }
+    let step = crate::progress::Step::start(format!(
+        "generate the Go module of Kubernetes {version} (k8s.io/kubernetes from the Go module proxy)"
+    ));
+    let module = gomod::download(version).map_err(|e| {
+        anyhow::Error::from(UsageError::new(format!(
+            "k8s.io/kubernetes@{version} cannot be downloaded from the Go module proxy ({e:#}): is {version} a released tag?"
+        )))
+    })?;
+    let toolchain = gomod::toolchain_for(&module.go_mod)?;
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let _ = fs::remove_file(&stamp);
+    fs::write(dir.join("go.mod"), go_mod(version, &module.go_mod, &layout.go_dir())?)
+        .with_context(|| format!("write {}/go.mod", dir.display()))?;
+    let _ = fs::remove_file(dir.join("go.sum"));
+    let replaced = gomod::tidy(&dir, &toolchain.env, &gomod::replacements(&layout.repo))?;
+    fs::write(&toolchain_file, &toolchain.env)?;
+    fs::write(&stamp, &inputs)?;
+    step.finish(&format!(
+        "done (Go {}{})",
+        toolchain.needed,
+        if replaced.is_empty() { String::new() } else { format!("; ours for {}", replaced.join(", ")) }
+    ));
+    Ok(KubeModule { dir, version: version.to_string(), toolchain: Some(toolchain.env) })
+}
+
+/// What the generated module depends on: this generator, the path and go.mod of
+/// `xtask/local-cluster` (its replace target).
+fn inputs_of(layout: &Layout) -> Result<String> {
+    let go = layout.go_dir();
+    let text = fs::read(go.join("go.mod")).with_context(|| format!("read {}/go.mod", go.display()))?;
+    let mut hasher = Sha256::new();
+    hasher.update(GENERATOR.as_bytes());
+    hasher.update(go.to_string_lossy().as_bytes());
+    hasher.update(text);
+    Ok(hex(&hasher.finalize()))
+}
+
+/// The generated go.mod: k8s.io/kubernetes@`version`, its staging modules at v0.X.Y of the
+/// same release, our module by a local replace, and the packages the cluster builds as tools.
+fn go_mod(version: &str, k8s_go_mod: &str, local_cluster: &Path) -> Result<String> {
+    let go_line = k8s_go_mod
+        .lines()
+        .find_map(|l| l.strip_prefix("go "))
+        .context("k8s.io/kubernetes's go.mod has no go line")?
+        .trim();
+    let staging = format!("v0.{}", version.trim_start_matches("v1."));
+    let mut out = format!(
+        "// Generated by `cargo xtask cluster up --k8s-version {version}` (xtask/src/local/release.rs).\n\
+         module dra-e2e.local/kubernetes\n\ngo {go_line}\n\n\
+         require (\n\t{LOCAL_CLUSTER_MODULE} v0.0.0\n\tk8s.io/kubernetes {version}\n)\n\n\
+         replace {LOCAL_CLUSTER_MODULE} => {}\n\n",
+        local_cluster.display()
+    );
+    for module in gomod::staging_modules(k8s_go_mod) {
+        out.push_str(&format!("replace {module} => {module} {staging}\n"));
+    }
+    out.push('\n');
+    for tool in std::iter::once(&KUBE_PACKAGE).chain(TOOLS) {
+        out.push_str(&format!("tool {tool}\n"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_go_mod_pins_the_release_and_its_staging_modules() {
+        let k8s = "module k8s.io/kubernetes\n\ngo 1.27.0\n\nrequire (\n\tk8s.io/api v0.0.0\n\tk8s.io/cri-client v0.0.0\n\tk8s.io/klog/v2 v2.130.1\n)\n";
+        let text = go_mod("v1.38.0-beta.0", k8s, Path::new("/repo/xtask/local-cluster")).unwrap();
+        assert!(text.contains("\ngo 1.27.0\n"), "{text}");
+        assert!(text.contains("\tk8s.io/kubernetes v1.38.0-beta.0\n"), "{text}");
+        assert!(text.contains("replace k8s.io/api => k8s.io/api v0.38.0-beta.0\n"), "{text}");
+        assert!(text.contains("replace k8s.io/cri-client => k8s.io/cri-client v0.38.0-beta.0\n"), "{text}");
+        assert!(!text.contains("klog/v2 =>"), "{text}");
+        assert!(text.contains(&format!("replace {LOCAL_CLUSTER_MODULE} => /repo/xtask/local-cluster\n")));
+        assert!(text.contains(&format!("tool {KUBE_PACKAGE}\n")), "{text}");
+        assert!(go_mod("v1.38.0", "module k8s.io/kubernetes\n", Path::new("/x")).is_err());
+    }
+
+    #[test]
+    fn a_version_that_is_no_release_tag_is_bad_input() {
+        assert!(check_version("v1.38.0-beta.0").is_ok());
+        for bad in ["1.38", "v1.38", "latest", "v1.38.0/../x"] {
+            let err = check_version(bad).unwrap_err();
+            assert!(err.to_string().contains("--k8s-version"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_pinned_release_is_the_local_cluster_module() {
+        let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
+        let pinned = KubeModule::pinned(&layout).unwrap();
+        assert_eq!(pinned.dir, layout.go_dir());
+        assert_eq!(KubeModule::for_version(&layout, Some(&pinned.version)).unwrap(), pinned);
+        assert_eq!(KubeModule::for_version(&layout, None).unwrap(), pinned);
+    }
+}
