@@ -184,6 +184,9 @@ pub struct BuildArgs {
     /// Build this Kubernetes release instead of the pinned one (as `cluster up --k8s-version`).
     #[arg(long, value_name = "VERSION")]
     pub k8s_version: Option<String>,
+    /// Build from this Kubernetes checkout (as `cluster up --k8s-source`).
+    #[arg(long, value_name = "DIR", conflicts_with = "k8s_version")]
+    pub k8s_source: Option<PathBuf>,
 }
 
 /// Options of `cluster load`.
@@ -225,7 +228,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 if let Some(version) = args.k8s_version.as_deref() {
                     local::check_k8s_version(version)?;
                 }
-                local::build(args.k8s_version.as_deref(), &versions).map(|()| ExitCode::SUCCESS)
+                local::build(args.k8s_version.as_deref(), args.k8s_source.as_deref(), &versions)
+                    .map(|()| ExitCode::SUCCESS)
             }
             ClusterAction::Down(args) => {
                 args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)

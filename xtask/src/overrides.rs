@@ -37,6 +37,11 @@ pub struct OverrideArgs {
     /// Feature gates of kind.yaml that the release does not accept are left out, with a note.
     #[arg(long, value_name = "VERSION")]
     pub k8s_version: Option<String>,
+    /// Build the cluster from this Kubernetes checkout (local provider; its staging modules
+    /// included), with the version `git describe` gives it (or KUBE_GIT_VERSION). Every `cluster
+    /// up` rebuilds what changed since the last build.
+    #[arg(long, value_name = "DIR", conflicts_with = "k8s_version")]
+    pub k8s_source: Option<std::path::PathBuf>,
 }
 
 impl OverrideArgs {
@@ -46,13 +51,21 @@ impl OverrideArgs {
             && self.runtime_config.is_none()
             && self.kubelet_version.is_none()
             && self.k8s_version.is_none()
+            && self.k8s_source.is_none()
         {
             return Ok(None);
+        }
+        if self.k8s_version.is_some() && self.k8s_source.is_some() {
+            bail!("--k8s-version and --k8s-source both name the Kubernetes to build: give one");
         }
         let mut overrides = Overrides::default();
         if let Some(version) = self.k8s_version.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
             crate::local::check_k8s_version(version)?;
             overrides.k8s_version = Some(version.to_string());
+        }
+        if let Some(dir) = &self.k8s_source {
+            // Absolute, so the record means the same from any directory.
+            overrides.k8s_source = Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone()));
         }
         if let Some(versions) = self.kubelet_version.as_deref().filter(|v| !v.trim().is_empty()) {
             overrides.kubelet_versions = skew::parse_flag(versions)?;
@@ -109,6 +122,8 @@ pub struct Overrides {
     pub kubelet_versions: Vec<Version>,
     /// The Kubernetes release of the cluster (`--k8s-version`); `None`: the pinned one.
     pub k8s_version: Option<String>,
+    /// The Kubernetes checkout the cluster is built from (`--k8s-source`).
+    pub k8s_source: Option<std::path::PathBuf>,
 }
 
 impl Overrides {
@@ -118,6 +133,7 @@ impl Overrides {
             && self.runtime_config.is_empty()
             && self.kubelet_versions.is_empty()
             && self.k8s_version.is_none()
+            && self.k8s_source.is_none()
     }
 
     /// `config` with these settings added (an override wins over kind.yaml's value).
@@ -138,6 +154,9 @@ impl Overrides {
         if let Some(version) = &self.k8s_version {
             record.push_str(&format!("k8s-version {version}\n"));
         }
+        if let Some(dir) = &self.k8s_source {
+            record.push_str(&format!("k8s-source {}\n", dir.display()));
+        }
         record
     }
 
@@ -155,6 +174,7 @@ impl Overrides {
                 ("runtime-config", value) => args.runtime_config = Some(value.to_string()),
                 ("kubelet-version", value) => args.kubelet_version = Some(value.to_string()),
                 ("k8s-version", value) => args.k8s_version = Some(value.to_string()),
+                ("k8s-source", value) => args.k8s_source = Some(value.into()),
                 ("", _) => {}
                 (other, _) => bail!("unknown line {other:?} in the recorded overrides"),
             }
@@ -167,6 +187,13 @@ impl Overrides {
     pub fn kind_config(&self, kind_yaml: &Path) -> Result<String> {
         if let Some(version) = &self.k8s_version {
             return Err(k8s_version_needs_local(version).into());
+        }
+        if let Some(dir) = &self.k8s_source {
+            return Err(crate::cli::UsageError::new(format!(
+                "--k8s-source {} is for the local provider; for kind, build a node image from the checkout (`cargo xtask build-node-image --k8s-source DIR`) and pass it with --image",
+                dir.display()
+            ))
+            .into());
         }
         let text = std::fs::read_to_string(kind_yaml)
             .with_context(|| format!("cannot read the kind configuration {}", kind_yaml.display()))?;
@@ -246,6 +273,9 @@ impl fmt::Display for Overrides {
         if let Some(version) = &self.k8s_version {
             parts.push(format!("--k8s-version {version}"));
         }
+        if let Some(dir) = &self.k8s_source {
+            parts.push(format!("--k8s-source {}", dir.display()));
+        }
         write!(f, "{}", parts.join(" "))
     }
 }
@@ -260,7 +290,26 @@ mod tests {
             runtime_config: apis.map(String::from),
             kubelet_version: None,
             k8s_version: None,
+            k8s_source: None,
         }
+    }
+
+    #[test]
+    fn the_kubernetes_to_build_parses_prints_and_round_trips() {
+        let version = OverrideArgs { k8s_version: Some("v1.38.0-beta.0".into()), ..args(None, None) };
+        let parsed = version.parse().unwrap().unwrap();
+        assert_eq!(parsed.to_string(), "--k8s-version v1.38.0-beta.0");
+        assert_eq!(Overrides::from_record(&parsed.to_record()).unwrap(), parsed);
+        let source = OverrideArgs { k8s_source: Some("/src/kubernetes".into()), ..args(None, None) };
+        let parsed = source.parse().unwrap().unwrap();
+        assert_eq!(parsed.to_string(), "--k8s-source /src/kubernetes");
+        assert_eq!(Overrides::from_record(&parsed.to_record()).unwrap(), parsed);
+        let err = OverrideArgs { k8s_version: Some("latest".into()), ..args(None, None) }.parse().unwrap_err();
+        assert!(err.to_string().contains("not a Kubernetes release tag"), "{err}");
+        let both = OverrideArgs { k8s_source: Some("/src".into()), ..version };
+        assert!(both.parse().unwrap_err().to_string().contains("give one"));
+        let kind = parsed.kind_config(Path::new("/nonexistent")).unwrap_err();
+        assert!(kind.to_string().contains("local provider"), "{kind}");
     }
 
     #[test]

@@ -14,8 +14,8 @@ use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
 use super::{
+    kube_module::{KUBE_PACKAGE, KubeModule},
     layout::{Layout, go_mod_version},
-    release::{KUBE_PACKAGE, KubeModule},
 };
 use crate::progress::Step;
 
@@ -102,10 +102,10 @@ impl Versions {
         Self::with(layout, KubeModule::pinned(layout)?)
     }
 
-    /// The versions of a cluster of Kubernetes `release` (`None`: the pinned one), generating its
-    /// Go module if needed (see [`super::release`]).
-    pub fn for_release(layout: &Layout, release: Option<&str>) -> Result<Self> {
-        Self::with(layout, KubeModule::for_version(layout, release)?)
+    /// The versions of a cluster of Kubernetes `release` or of the checkout `source` (neither:
+    /// the pinned one), generating its Go module if needed (see [`super::kube_module`]).
+    pub fn for_cluster(layout: &Layout, release: Option<&str>, source: Option<&Path>) -> Result<Self> {
+        Self::with(layout, KubeModule::for_overrides(layout, release, source)?)
     }
 
     fn with(layout: &Layout, kube: KubeModule) -> Result<Self> {
@@ -335,9 +335,15 @@ pub fn ensure_wanted(layout: &Layout, versions: &Versions, wanted: Wanted) -> Re
     let go_version = go_version()?;
     let key = cache_key(layout, versions, &go_version)?;
     let bins = Binaries { dir: layout.cache.join("bin").join(&key) };
+    // A checkout's sources change under the same version: its builds always run (Go's cache
+    // makes an unchanged one quick).
+    let checkout = versions.kube.checkout.is_some();
     let builds: Vec<GoBuild> = plan(&layout.go_dir(), versions, wanted)
         .into_iter()
-        .filter(|b| b.outputs.iter().any(|o| !bins.dir.join(o).is_file()))
+        .filter(|b| {
+            (checkout && b.module == versions.kube.dir)
+                || b.outputs.iter().any(|o| !bins.dir.join(o).is_file())
+        })
         .collect();
     if builds.is_empty() {
         if wanted == Wanted::Cluster {
@@ -519,7 +525,7 @@ mod tests {
             etcd: "v3.7.0".into(),
             containerd: "v2.3.7".into(),
             runc: "v1.4.3".into(),
-            kube: KubeModule { dir: "/x".into(), version: "v1.37.2".into(), toolchain: None },
+            kube: KubeModule { dir: "/x".into(), version: "v1.37.2".into(), toolchain: None, checkout: None },
         };
         let flags = v.kube_ldflags();
         assert!(flags.contains("version.gitVersion=v1.37.2"), "{flags}");
@@ -592,6 +598,7 @@ mod tests {
             dir: "/cache/k8s/v1.38.0-beta.0".into(),
             version: v.kubernetes.clone(),
             toolchain: Some("go1.27.0".into()),
+            checkout: None,
         };
         for build in plan(&layout.go_dir(), &v, Wanted::Cluster) {
             let kubernetes =

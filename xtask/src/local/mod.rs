@@ -13,6 +13,7 @@ mod build;
 mod components;
 mod host;
 mod images;
+mod kube_module;
 mod layout;
 mod netns;
 mod nodes;
@@ -21,7 +22,6 @@ mod pki;
 mod probes;
 pub(crate) mod process;
 mod registry;
-mod release;
 mod status;
 mod stop;
 pub(crate) mod teardown;
@@ -37,9 +37,9 @@ use kube::{
     api::{Patch, PatchParams},
 };
 
+pub use kube_module::check_version as check_k8s_version;
 pub use layout::Layout;
 pub use netns::forward_command;
-pub use release::check_version as check_k8s_version;
 pub use tools::{kubectl_binary, load, running_kubeconfig};
 
 use self::{
@@ -112,6 +112,16 @@ impl LocalCluster {
         &self.overrides
     }
 
+    /// The versions of what this cluster runs: the pinned release, `--k8s-version`'s or
+    /// `--k8s-source`'s.
+    fn versions(&self) -> Result<Versions> {
+        Versions::for_cluster(
+            &self.layout,
+            self.overrides.k8s_version.as_deref(),
+            self.overrides.k8s_source.as_deref(),
+        )
+    }
+
     /// The admin kubeconfig of the cluster.
     pub fn kubeconfig(&self) -> PathBuf {
         self.layout.kubeconfig()
@@ -157,7 +167,7 @@ impl LocalCluster {
 
     /// Builds the registry if the cache lacks it and starts it on the running cluster.
     async fn up_registry(&self) -> Result<()> {
-        let versions = Versions::for_release(&self.layout, self.overrides.k8s_version.as_deref())?;
+        let versions = self.versions()?;
         let bins = build::ensure_wanted(&self.layout, &versions, build::Wanted::Registry)?;
         registry::ensure(self, &bins).await
     }
@@ -171,9 +181,28 @@ impl LocalCluster {
             let same = Self { nodes: nodes::cluster_nodes(n), ..self.clone() };
             same.all_running()
         });
+        // A checkout is built before anything else: its sources may have changed since the
+        // running cluster was built from it.
+        let checkout_build = match &self.overrides.k8s_source {
+            Some(_) => {
+                let running_kube = fs::read_to_string(self.layout.state.join("bin-dir"))
+                    .ok()
+                    .and_then(|dir| file_digest(&Binaries { dir: dir.into() }.kube()));
+                let versions = self.versions()?;
+                let bins = build::ensure(&self.layout, &versions)?;
+                let changed = running_kube != file_digest(&bins.kube());
+                Some((versions, bins, changed))
+            }
+            None => None,
+        };
+        let rebuilt = checkout_build.as_ref().is_some_and(|(_, _, changed)| *changed);
         if running && self.admin_client().await.is_ok() {
             let same_nodes = recorded == Some(self.nodes.len());
-            if same_nodes && recorded_overrides == self.overrides {
+            if same_nodes && recorded_overrides == self.overrides && rebuilt {
+                eprintln!(
+                    "==> the checkout's Kubernetes binaries changed: restarting the local cluster with them"
+                );
+            } else if same_nodes && recorded_overrides == self.overrides {
                 eprintln!("the local cluster already runs ({} nodes, {})", self.nodes.len(), self.overrides);
                 self.print_kubeconfig();
                 return Ok(self.kubeconfig());
@@ -207,8 +236,14 @@ impl LocalCluster {
         check_host_kubelet_root_free()?;
         step.done();
 
-        let versions = Versions::for_release(&self.layout, self.overrides.k8s_version.as_deref())?;
-        let bins = build::ensure(&self.layout, &versions)?;
+        let (versions, bins) = match checkout_build {
+            Some((versions, bins, _)) => (versions, bins),
+            None => {
+                let versions = self.versions()?;
+                let bins = build::ensure(&self.layout, &versions)?;
+                (versions, bins)
+            }
+        };
         let kubelets = old_kubelet::for_nodes(
             &self.layout,
             &versions.kubernetes,
@@ -270,7 +305,7 @@ impl LocalCluster {
         if !self.overrides.is_empty() {
             eprintln!("==> on top of kind.yaml: {}", self.overrides);
         }
-        if self.overrides.k8s_version.is_some() {
+        if self.overrides.k8s_version.is_some() || self.overrides.k8s_source.is_some() {
             // kind.yaml names the gates of the pinned release; another release may have removed
             // or locked some of them, and a component refuses a gate it does not list.
             let known = build::known_gates(bins)?;
@@ -479,6 +514,15 @@ fn check_host_kubelet_root_free() -> Result<()> {
     Ok(())
 }
 
+/// The SHA-256 of a file, `None` when it cannot be read.
+fn file_digest(path: &std::path::Path) -> Option<Vec<u8>> {
+    use sha2::Digest;
+    let mut file = fs::File::open(path).ok()?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher).ok()?;
+    Some(hasher.finalize().to_vec())
+}
+
 /// True when node `name` is Ready and its kubelet reports `kubelet_version`.
 async fn node_ready(nodes: Api<Node>, name: String, kubelet_version: String) -> Result<bool> {
     Ok(nodes.get_opt(&name).await?.is_some_and(|node| {
@@ -503,9 +547,13 @@ pub async fn up(nodes: Option<usize>, overrides: Option<Overrides>, with_registr
 
 /// `cluster build`: the cluster's binaries and the older kubelets `kubelet_versions` names,
 /// built unless cached; starts nothing.
-pub fn build(k8s_version: Option<&str>, kubelet_versions: &[crate::skew::Version]) -> Result<()> {
+pub fn build(
+    k8s_version: Option<&str>,
+    k8s_source: Option<&std::path::Path>,
+    kubelet_versions: &[crate::skew::Version],
+) -> Result<()> {
     let layout = Layout::from_env(repo_root())?;
-    let versions = Versions::for_release(&layout, k8s_version)?;
+    let versions = Versions::for_cluster(&layout, k8s_version, k8s_source)?;
     let bins = build::ensure(&layout, &versions)?;
     eprintln!(
         "==> the cluster's binaries (Kubernetes {}) are in {}",

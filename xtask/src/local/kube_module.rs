@@ -1,9 +1,11 @@
 //! Which Kubernetes the local cluster runs: the release `xtask/local-cluster/go.mod` pins (the
-//! default), or another release, `cluster up --k8s-version V`, built from a Go module this file
-//! generates in the cache: k8s.io/kubernetes@V with its staging modules at their published
-//! versions, our `cmd/kube` (the multi-call binary) taken from `xtask/local-cluster` by a local
-//! `replace`, and the Go toolchain V's go.mod asks for (`GOTOOLCHAIN`, fetched by go). Go's build
-//! cache makes a second build of the same release take seconds.
+//! default); another release, `cluster up --k8s-version V`; or a Kubernetes checkout, `cluster up
+//! --k8s-source DIR`. The last two are built from a Go module this file generates in the cache:
+//! k8s.io/kubernetes@V with its staging modules at their published versions (or the checkout and
+//! its `staging/src/k8s.io/*`, by local `replace`s), our `cmd/kube` (the multi-call binary) taken
+//! from `xtask/local-cluster` by a local `replace`, and the Go toolchain the Kubernetes go.mod
+//! asks for (`GOTOOLCHAIN`, fetched by go). Go's build cache makes a second build of the same
+//! sources take seconds, and a build after an edit of a checkout recompiles what the edit touches.
 
 use std::{
     fs,
@@ -38,6 +40,9 @@ pub struct KubeModule {
     pub version: String,
     /// `GOTOOLCHAIN` for its builds; `None` leaves the environment's.
     pub toolchain: Option<String>,
+    /// The checkout it builds (`--k8s-source`): its sources change without its version, so its
+    /// binaries are rebuilt by every `cluster up` (Go's cache keeps that short).
+    pub checkout: Option<PathBuf>,
 }
 
 impl KubeModule {
@@ -45,7 +50,15 @@ impl KubeModule {
     pub fn pinned(layout: &Layout) -> Result<Self> {
         let dir = layout.go_dir();
         let version = super::layout::go_mod_version(&dir.join("go.mod"), "k8s.io/kubernetes")?;
-        Ok(Self { dir, version, toolchain: None })
+        Ok(Self { dir, version, toolchain: None, checkout: None })
+    }
+
+    /// The module of `--k8s-source` if given, else of `--k8s-version` (see [`Self::for_version`]).
+    pub fn for_overrides(layout: &Layout, version: Option<&str>, source: Option<&Path>) -> Result<Self> {
+        match source {
+            Some(dir) => checkout(layout, dir),
+            None => Self::for_version(layout, version),
+        }
     }
 
     /// The module for `version`: the pinned one when `version` is `None` or the pinned release,
@@ -87,7 +100,12 @@ fn release(layout: &Layout, version: &str) -> Result<KubeModule> {
     if fs::read_to_string(&stamp).is_ok_and(|s| s == inputs)
         && let Ok(toolchain) = fs::read_to_string(&toolchain_file)
     {
-        return Ok(KubeModule { dir, version: version.to_string(), toolchain: Some(toolchain) });
+        return Ok(KubeModule {
+            dir,
+            version: version.to_string(),
+            toolchain: Some(toolchain),
+            checkout: None,
+        });
     }
     let step = crate::progress::Step::start(format!(
         "generate the Go module of Kubernetes {version} (k8s.io/kubernetes from the Go module proxy)"
@@ -100,7 +118,7 @@ fn release(layout: &Layout, version: &str) -> Result<KubeModule> {
     let toolchain = gomod::toolchain_for(&module.go_mod)?;
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let _ = fs::remove_file(&stamp);
-    fs::write(dir.join("go.mod"), go_mod(version, &module.go_mod, &layout.go_dir())?)
+    fs::write(dir.join("go.mod"), go_mod(version, &module.go_mod, &layout.go_dir(), None)?)
         .with_context(|| format!("write {}/go.mod", dir.display()))?;
     let _ = fs::remove_file(dir.join("go.sum"));
     let replaced = gomod::tidy(&dir, &toolchain.env, &gomod::replacements(&layout.repo))?;
@@ -111,7 +129,76 @@ fn release(layout: &Layout, version: &str) -> Result<KubeModule> {
         toolchain.needed,
         if replaced.is_empty() { String::new() } else { format!("; ours for {}", replaced.join(", ")) }
     ));
-    Ok(KubeModule { dir, version: version.to_string(), toolchain: Some(toolchain.env) })
+    Ok(KubeModule { dir, version: version.to_string(), toolchain: Some(toolchain.env), checkout: None })
+}
+
+/// The generated module of the checkout `source` (`--k8s-source`): regenerated when its go.mod
+/// or go.sum changed; the version is what the checkout says it is (see [`checkout_version`]).
+fn checkout(layout: &Layout, source: &Path) -> Result<KubeModule> {
+    let source = source.canonicalize().map_err(|e| {
+        anyhow::Error::from(UsageError::new(format!(
+            "--k8s-source {}: {e}; give the directory of a Kubernetes checkout",
+            source.display()
+        )))
+    })?;
+    let k8s_go_mod = fs::read_to_string(source.join("go.mod")).unwrap_or_default();
+    if !k8s_go_mod.lines().any(|l| l.trim() == "module k8s.io/kubernetes")
+        || !source.join("staging/src/k8s.io").is_dir()
+    {
+        return Err(UsageError::new(format!(
+            "--k8s-source {} is not a Kubernetes checkout (no go.mod of module k8s.io/kubernetes with staging/src/k8s.io beside it)",
+            source.display()
+        ))
+        .into());
+    }
+    let version = checkout_version(&source)?;
+    let mut hasher = Sha256::new();
+    hasher.update(source.to_string_lossy().as_bytes());
+    let dir = layout.cache.join("k8s").join(format!("checkout-{}", &hex(&hasher.finalize())[..12]));
+    let mut inputs = Sha256::new();
+    inputs.update(inputs_of(layout)?.as_bytes());
+    inputs.update(k8s_go_mod.as_bytes());
+    inputs.update(fs::read(source.join("go.sum")).unwrap_or_default());
+    let inputs = hex(&inputs.finalize());
+    let stamp = dir.join("inputs");
+    let toolchain = gomod::toolchain_for(&k8s_go_mod)?;
+    if fs::read_to_string(&stamp).is_ok_and(|s| s == inputs) {
+        return Ok(KubeModule { dir, version, toolchain: Some(toolchain.env), checkout: Some(source) });
+    }
+    let step =
+        crate::progress::Step::start(format!("generate the Go module of the checkout {}", source.display()));
+    fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let _ = fs::remove_file(&stamp);
+    // The required version of a replaced module is only a placeholder.
+    fs::write(dir.join("go.mod"), go_mod("v0.0.0", &k8s_go_mod, &layout.go_dir(), Some(&source))?)
+        .with_context(|| format!("write {}/go.mod", dir.display()))?;
+    let _ = fs::remove_file(dir.join("go.sum"));
+    gomod::tidy(&dir, &toolchain.env, &gomod::replacements(&layout.repo))?;
+    fs::write(&stamp, &inputs)?;
+    step.finish(&format!("done (Kubernetes {version}, Go {})", toolchain.needed));
+    Ok(KubeModule { dir, version, toolchain: Some(toolchain.env), checkout: Some(source) })
+}
+
+/// The version a checkout says it is, as upstream's hack/lib/version.sh finds it:
+/// `KUBE_GIT_VERSION` if set, else `git describe --tags --match 'v*' --abbrev=14 --dirty`.
+fn checkout_version(source: &Path) -> Result<String> {
+    if let Ok(version) = std::env::var("KUBE_GIT_VERSION")
+        && !version.trim().is_empty()
+    {
+        return Ok(version.trim().to_string());
+    }
+    let out = std::process::Command::new("git")
+        .args(["describe", "--tags", "--match", "v*", "--abbrev=14", "--dirty"])
+        .current_dir(source)
+        .output();
+    match out {
+        Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+        _ => Err(UsageError::new(format!(
+            "cannot tell the version of the checkout {}: it has no git tag v* (`git describe` failed); set KUBE_GIT_VERSION=v1.x.y as upstream's build takes it",
+            source.display()
+        ))
+        .into()),
+    }
 }
 
 /// What the generated module depends on: this generator, the path and go.mod of
@@ -128,7 +215,7 @@ fn inputs_of(layout: &Layout) -> Result<String> {
 
 /// The generated go.mod: k8s.io/kubernetes@`version`, its staging modules at v0.X.Y of the
 /// same release, our module by a local replace, and the packages the cluster builds as tools.
-fn go_mod(version: &str, k8s_go_mod: &str, local_cluster: &Path) -> Result<String> {
+fn go_mod(version: &str, k8s_go_mod: &str, local_cluster: &Path, checkout: Option<&Path>) -> Result<String> {
     let go_line = k8s_go_mod
         .lines()
         .find_map(|l| l.strip_prefix("go "))
@@ -136,14 +223,22 @@ fn go_mod(version: &str, k8s_go_mod: &str, local_cluster: &Path) -> Result<Strin
         .trim();
     let staging = format!("v0.{}", version.trim_start_matches("v1."));
     let mut out = format!(
-        "// Generated by `cargo xtask cluster up --k8s-version {version}` (xtask/src/local/release.rs).\n\
+        "// Generated by `cargo xtask cluster up` for Kubernetes {version} (xtask/src/local/kube_module.rs).\n\
          module dra-e2e.local/kubernetes\n\ngo {go_line}\n\n\
          require (\n\t{LOCAL_CLUSTER_MODULE} v0.0.0\n\tk8s.io/kubernetes {version}\n)\n\n\
          replace {LOCAL_CLUSTER_MODULE} => {}\n\n",
         local_cluster.display()
     );
+    if let Some(checkout) = checkout {
+        out.push_str(&format!("replace k8s.io/kubernetes => {}\n", checkout.display()));
+    }
     for module in gomod::staging_modules(k8s_go_mod) {
-        out.push_str(&format!("replace {module} => {module} {staging}\n"));
+        match checkout {
+            Some(checkout) => {
+                out.push_str(&format!("replace {module} => {}/staging/src/{module}\n", checkout.display()))
+            }
+            None => out.push_str(&format!("replace {module} => {module} {staging}\n")),
+        }
     }
     out.push('\n');
     for tool in std::iter::once(&KUBE_PACKAGE).chain(TOOLS) {
@@ -159,7 +254,7 @@ mod tests {
     #[test]
     fn the_generated_go_mod_pins_the_release_and_its_staging_modules() {
         let k8s = "module k8s.io/kubernetes\n\ngo 1.27.0\n\nrequire (\n\tk8s.io/api v0.0.0\n\tk8s.io/cri-client v0.0.0\n\tk8s.io/klog/v2 v2.130.1\n)\n";
-        let text = go_mod("v1.38.0-beta.0", k8s, Path::new("/repo/xtask/local-cluster")).unwrap();
+        let text = go_mod("v1.38.0-beta.0", k8s, Path::new("/repo/xtask/local-cluster"), None).unwrap();
         assert!(text.contains("\ngo 1.27.0\n"), "{text}");
         assert!(text.contains("\tk8s.io/kubernetes v1.38.0-beta.0\n"), "{text}");
         assert!(text.contains("replace k8s.io/api => k8s.io/api v0.38.0-beta.0\n"), "{text}");
@@ -167,7 +262,10 @@ mod tests {
         assert!(!text.contains("klog/v2 =>"), "{text}");
         assert!(text.contains(&format!("replace {LOCAL_CLUSTER_MODULE} => /repo/xtask/local-cluster\n")));
         assert!(text.contains(&format!("tool {KUBE_PACKAGE}\n")), "{text}");
-        assert!(go_mod("v1.38.0", "module k8s.io/kubernetes\n", Path::new("/x")).is_err());
+        assert!(go_mod("v1.38.0", "module k8s.io/kubernetes\n", Path::new("/x"), None).is_err());
+        let text = go_mod("v1.38.0", k8s, Path::new("/x"), Some(Path::new("/src/k8s"))).unwrap();
+        assert!(text.contains("replace k8s.io/kubernetes => /src/k8s\n"), "{text}");
+        assert!(text.contains("replace k8s.io/api => /src/k8s/staging/src/k8s.io/api\n"), "{text}");
     }
 
     #[test]
