@@ -304,7 +304,8 @@ mod tests {
         let parsed = source.parse().unwrap().unwrap();
         assert_eq!(parsed.to_string(), "--k8s-source /src/kubernetes");
         assert_eq!(Overrides::from_record(&parsed.to_record()).unwrap(), parsed);
-        let err = OverrideArgs { k8s_version: Some("latest".into()), ..args(None, None) }.parse().unwrap_err();
+        let err =
+            OverrideArgs { k8s_version: Some("latest".into()), ..args(None, None) }.parse().unwrap_err();
         assert!(err.to_string().contains("not a Kubernetes release tag"), "{err}");
         let both = OverrideArgs { k8s_source: Some("/src".into()), ..version };
         assert!(both.parse().unwrap_err().to_string().contains("give one"));

@@ -37,6 +37,12 @@ const SKEW_FOCUS: &str = "kubelet";
 /// What the skew lane leaves out (Slow: bounded time; GenericWorkload: needs its own lane's gates).
 const SKEW_SKIP: &str = "Slow|GenericWorkload";
 
+/// The next release lane: the cluster restarted at the next Kubernetes release (built from its
+/// own module, see xtask/src/local/kube_module.rs), every spec but the workload lane's, with the
+/// spec texts of that release (dra-e2e reads the cluster's version); then again with the
+/// workload lane's gates for those.
+const NEXT_RELEASE: &str = "v1.38.0-beta.0";
+
 /// A restart of the cluster with overrides, and what runs on it afterwards.
 struct Lane {
     /// The step name of the restart.
@@ -76,6 +82,29 @@ fn lanes(repo: &Path) -> Vec<Lane> {
             suite: (
                 "e2e: skew lane (kubelet suites, kind-worker at v1.34.4)",
                 suite_args(repo, &["--focus", SKEW_FOCUS, "--skip", SKEW_SKIP], "skew"),
+            ),
+        },
+        Lane {
+            restart: "local cluster restarted at Kubernetes v1.38.0-beta.0 (the next release)",
+            args: OverrideArgs { k8s_version: Some(NEXT_RELEASE.to_owned()), ..OverrideArgs::default() },
+            cluster_tests: vec![],
+            suite: (
+                "e2e: v1.38.0-beta.0 lane (every spec but the workload lane's)",
+                suite_args(repo, &["--skip", WORKLOAD_FOCUS], "next-release"),
+            ),
+        },
+        Lane {
+            restart: "local cluster restarted at v1.38.0-beta.0 for its workload lane",
+            args: OverrideArgs {
+                feature_gates: Some(WORKLOAD_GATES.to_owned()),
+                runtime_config: Some(WORKLOAD_APIS.to_owned()),
+                k8s_version: Some(NEXT_RELEASE.to_owned()),
+                ..OverrideArgs::default()
+            },
+            cluster_tests: vec![],
+            suite: (
+                "e2e: v1.38.0-beta.0 workload lane (PodGroup specs)",
+                suite_args(repo, &["--focus", WORKLOAD_FOCUS], "next-release-workload"),
             ),
         },
     ]
@@ -296,6 +325,24 @@ mod tests {
         let args = &lane.suite.1;
         assert!(args.windows(2).any(|w| w == ["--focus", SKEW_FOCUS]), "{args:?}");
         assert!(args.windows(2).any(|w| w == ["--skip", SKEW_SKIP]), "{args:?}");
+    }
+
+    #[test]
+    fn the_next_release_lanes_run_every_spec_at_that_release() {
+        let all = lane("v1.38.0-beta.0 (the next release)");
+        let overrides = lane_overrides(&all).unwrap();
+        assert_eq!(overrides.k8s_version.as_deref(), Some(NEXT_RELEASE));
+        assert!(overrides.feature_gates.is_empty() && overrides.kubelet_versions.is_empty());
+        assert_eq!(all.suite.1[..2], ["--skip", WORKLOAD_FOCUS]);
+        let workload = lane_overrides(&lane("v1.38.0-beta.0 for its workload lane")).unwrap();
+        let default_workload = lane_overrides(&lane("for the workload lane")).unwrap();
+        assert_eq!(
+            workload,
+            crate::overrides::Overrides { k8s_version: Some(NEXT_RELEASE.into()), ..default_workload }
+        );
+        // The release has committed upstream spec texts (the parity test checks them).
+        let list = crate::repo::repo_root().join(format!("suites/upstream/specs-{NEXT_RELEASE}.txt"));
+        assert!(list.is_file(), "{} is missing", list.display());
     }
 
     #[test]

@@ -310,7 +310,8 @@ pub fn leftover_cgroups() -> Vec<String> {
         .collect()
 }
 
-/// Removes the host mount points the cluster created, if empty (deepest first).
+/// Removes the host mount points the cluster created (deepest first); one that another program
+/// has put files in since is left, with a note.
 pub fn remove_created_mountpoints(layout: &Layout) -> Vec<String> {
     let mut problems = Vec::new();
     let text = fs::read_to_string(created_mountpoints_file(layout)).unwrap_or_default();
@@ -321,6 +322,12 @@ pub fn remove_created_mountpoints(layout: &Layout) -> Vec<String> {
         match fs::remove_dir(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Another program uses the directory now (the run's Docker engine puts its
+            // shims' sockets in /run/containerd/s): no longer only our mount point.
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => eprintln!(
+                "    note: left the mount point {}: another program has put files in it since the cluster created it",
+                path.display()
+            ),
             Err(e) => problems.push(format!("remove mount point {}: {e}", path.display())),
         }
     }
@@ -330,6 +337,26 @@ pub fn remove_created_mountpoints(layout: &Layout) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn created_mount_points_are_removed_unless_another_program_uses_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout {
+            repo: dir.path().into(),
+            cache: dir.path().join("cache"),
+            state: dir.path().join("state"),
+            run: dir.path().join("run"),
+        };
+        let (empty, used) = (dir.path().join("empty"), dir.path().join("used"));
+        fs::create_dir_all(used.join("s")).unwrap();
+        fs::create_dir_all(&empty).unwrap();
+        fs::create_dir_all(&layout.state).unwrap();
+        let list =
+            format!("{}\n{}\n{}\n", empty.display(), used.display(), dir.path().join("gone").display());
+        fs::write(created_mountpoints_file(&layout), list).unwrap();
+        assert_eq!(remove_created_mountpoints(&layout), Vec::<String>::new());
+        assert!(!empty.exists() && used.join("s").is_dir());
+    }
 
     #[test]
     fn names_and_addresses_follow_kind() {
