@@ -198,16 +198,16 @@ impl LocalCluster {
         let rebuilt = checkout_build.as_ref().is_some_and(|(_, _, changed)| *changed);
         if running && self.admin_client().await.is_ok() {
             let same_nodes = recorded == Some(self.nodes.len());
-            if same_nodes && recorded_overrides == self.overrides && rebuilt {
+            let same = same_nodes && recorded_overrides == self.overrides;
+            if same && rebuilt {
                 eprintln!(
                     "==> the checkout's Kubernetes binaries changed: restarting the local cluster with them"
                 );
-            } else if same_nodes && recorded_overrides == self.overrides {
+            } else if same {
                 eprintln!("the local cluster already runs ({} nodes, {})", self.nodes.len(), self.overrides);
                 self.print_kubeconfig();
                 return Ok(self.kubeconfig());
-            }
-            if same_nodes {
+            } else if same_nodes {
                 eprintln!(
                     "==> the local cluster runs with {recorded_overrides}, {} was asked for: stopping it and starting it again",
                     self.overrides
