@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	"k8s.io/component-base/cli"
@@ -21,7 +22,17 @@ import (
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
+// components are the names main answers to, as its first argument or as its own name.
+var components = map[string]bool{
+	"etcd": true, "kube-apiserver": true, "kube-controller-manager": true, "kube-scheduler": true,
+	"kubelet": true, "cri-reset": true,
+}
+
 func main() {
+	if self := filepath.Base(os.Args[0]); components[self] {
+		// Called through a link: insert the component as if it were the first argument.
+		os.Args = append([]string{"kube", self}, os.Args[1:]...)
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: kube etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|cri-reset [flags]")
 		os.Exit(2)
