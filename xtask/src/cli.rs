@@ -137,7 +137,8 @@ pub enum ClusterAction {
     Down(ClusterArgs),
     /// Build (or find in the cache) the binaries `cluster up --provider local` starts, and the
     /// older kubelets `--kubelet-version` names, without starting anything: a cache warmed
-    /// ahead of a run, or a build checked on its own.
+    /// ahead of a run, or a build checked on its own. With `--provider kind`: the kind node
+    /// image `cluster up --provider kind` runs (`dra-e2e/kind-node:<version>-<hash>`).
     Build(BuildArgs),
     /// Say what runs.
     Status(ClusterArgs),
@@ -174,9 +175,14 @@ pub struct UpArgs {
     pub registry: bool,
 }
 
-/// Options of `cluster build` (local provider).
+/// Options of `cluster build`.
 #[derive(Debug, Args)]
 pub struct BuildArgs {
+    /// The cluster provider: its binaries (local) or its node image (kind).
+    #[arg(long, value_enum, default_value_t)]
+    pub provider: Provider,
+    #[command(flatten)]
+    pub kind: kind::KindArgs,
     /// Also build these older kubelets (as `cluster up --kubelet-version` takes them:
     /// `v1.34.4,v1.36.3`).
     #[arg(long, value_name = "V1,V2,...")]
@@ -219,6 +225,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ClusterAction::Load(args) => {
                 image_archive::check(&args.archives)?;
                 args.provider.load(&args.kind, &args.archives, args.dry_run).await.map(|()| ExitCode::SUCCESS)
+            }
+            ClusterAction::Build(args) if args.provider == Provider::Kind => {
+                if args.kubelet_version.is_some() {
+                    return Err(UsageError::new(
+                        "--kubelet-version builds older kubelets for the local provider; the kind node image has v1.37.2 only",
+                    )
+                    .into());
+                }
+                kind::build(&args.kind).await.map(|_| ExitCode::SUCCESS)
             }
             ClusterAction::Build(args) => {
                 let versions = match args.kubelet_version.as_deref() {

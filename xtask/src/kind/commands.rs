@@ -12,7 +12,7 @@ pub struct Cmd {
 }
 
 impl Cmd {
-    fn new<I, S>(program: &'static str, args: I) -> Cmd
+    pub(super) fn new<I, S>(program: &'static str, args: I) -> Cmd
     where
         I: IntoIterator<Item = S>,
         S: Into<OsString>,

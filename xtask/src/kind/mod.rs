@@ -29,7 +29,9 @@ mod binary;
 mod commands;
 pub mod engine;
 mod host;
+mod image;
 mod load;
+mod network;
 
 pub use commands::*;
 use host::Host;
@@ -72,12 +74,13 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(3 * 60 * 60);
 const STATUS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Options of the kind provider.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct KindArgs {
     /// Name of the kind cluster.
     #[arg(long, env = "KIND_CLUSTER_NAME", default_value = "dra-e2e")]
     pub name: String,
-    /// Node image for kind (for example kindest/node:v1.37.2); kind's default image if unset.
+    /// Node image for kind (for example kindest/node:v1.37.2); unset: the image `cluster build
+    /// --provider kind` builds here (built first if missing), with its own pod network.
     #[arg(long, env = "KIND_NODE_IMAGE")]
     pub image: Option<String>,
     /// The kind version to use (default v0.33.0): the kind on PATH if it has that version, else
@@ -109,7 +112,31 @@ pub struct BuildNodeImageArgs {
 /// With `dry_run`, prints the commands that change anything instead (pulls, create, loads; the
 /// read-only checks and the wait for Ready nodes are not printed) and needs neither docker nor kind.
 pub async fn up(args: &KindArgs, overrides: Overrides, dry_run: bool) -> anyhow::Result<PathBuf> {
-    up_in(&Host::current(), args, &overrides, dry_run, &mut std::io::stdout()).await
+    let host = Host::current();
+    let mut args = args.clone();
+    let own = args.image.is_none();
+    if own {
+        args.image = Some(if dry_run {
+            format!("{}:<built by `cargo xtask cluster build --provider kind`>", image::REPOSITORY)
+        } else {
+            build_in(&host, &args).await?
+        });
+    }
+    let needs = network::HostNeeds::detect(own)?;
+    up_in(&host, &args, &overrides, needs, dry_run, &mut std::io::stdout()).await
+}
+
+/// `cluster build --provider kind`: builds the node image unless it exists; prints its tag.
+pub async fn build(args: &KindArgs) -> anyhow::Result<String> {
+    let tag = build_in(&Host::current(), args).await?;
+    println!("{tag}");
+    Ok(tag)
+}
+
+async fn build_in(host: &Host, args: &KindArgs) -> anyhow::Result<String> {
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
+    let layout = crate::local::Layout::from_env(host.repo.clone())?;
+    image::ensure(&tools, &layout, args.kind_version.as_deref().unwrap_or(KIND_VERSION)).await
 }
 
 /// Deletes the kind cluster and its kubeconfig file; with `dry_run`, prints the commands instead.
@@ -139,17 +166,27 @@ async fn up_in(
     host: &Host,
     args: &KindArgs,
     overrides: &Overrides,
+    needs: network::HostNeeds,
     dry_run: bool,
     out: &mut dyn Write,
 ) -> anyhow::Result<PathBuf> {
     validate_name(&args.name)?;
     let derived;
-    let config_path = if overrides.is_empty() {
+    let config_path = if overrides.is_empty() && !needs.any() {
         &host.kind_yaml
     } else {
-        // kind.yaml with the lane's gates, as upstream's CI lanes append them.
+        // kind.yaml with the lane's gates, as upstream's CI lanes append them, and what this
+        // host needs.
         derived = host.repo.join(".e2e").join(format!("kind-{}.yaml", args.name));
-        let text = overrides.kind_config(&host.kind_yaml)?;
+        let mut text = if overrides.is_empty() {
+            std::fs::read_to_string(&host.kind_yaml)
+                .with_context(|| format!("cannot read {}", host.kind_yaml.display()))?
+        } else {
+            overrides.kind_config(&host.kind_yaml)?
+        };
+        if needs.any() {
+            text = network::apply_host_needs(&text, needs)?;
+        }
         std::fs::create_dir_all(host.repo.join(".e2e")).context("create .e2e")?;
         std::fs::write(&derived, text).with_context(|| format!("write {}", derived.display()))?;
         &derived
@@ -159,8 +196,14 @@ async fn up_in(
     let kubeconfig = kubeconfig_path(&host.repo, &args.name);
     let image = args.image.as_deref();
 
+    // Our node image has the suites' images preloaded and no kindnetd.
+    let suite_images: &[&str] = if needs.own_cni { &[] } else { &SUITE_IMAGES };
     if dry_run {
-        write_lines(out, &up_lines(&args.name, config_path, image, &kubeconfig))?;
+        let mut lines = up_lines(&args.name, config_path, image, &kubeconfig);
+        if needs.own_cni {
+            lines.retain(|line| line.starts_with("kind create"));
+        }
+        write_lines(out, &lines)?;
         info!(
             "dry run: would then wait up to {NODES_READY_TIMEOUT:?} for every node to be Ready and print {}",
             kubeconfig.display()
@@ -181,7 +224,7 @@ async fn up_in(
             return Err(UsageError::new(names_taken_sentence(&args.name, &taken)).into());
         }
     }
-    for image in SUITE_IMAGES {
+    for image in suite_images {
         tools.pull_if_missing(image).await?;
     }
 
@@ -200,7 +243,12 @@ async fn up_in(
             args.name,
             config_path.display()
         );
-        tools.run(&create_cluster_cmd(&args.name, config_path, image, &kubeconfig), CREATE_TIMEOUT).await?;
+        let mut create = create_cluster_cmd(&args.name, config_path, image, &kubeconfig);
+        if needs.own_cni {
+            // No node is Ready before the xtask gives it a pod network: kind must not wait.
+            create.args.truncate(create.args.len() - 2);
+        }
+        tools.run(&create, CREATE_TIMEOUT).await?;
         if let Some(dir) = owner.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         }
@@ -210,13 +258,20 @@ async fn up_in(
 
     let nodes = tools.nodes(&args.name).await?;
     ensure!(!nodes.is_empty(), "kind reports no nodes for cluster {:?}", args.name);
+    if needs.own_cni {
+        info!("configuring the pod network of {} nodes", nodes.len());
+        network::setup_pod_network(&tools, &kubeconfig, &nodes, NODES_READY_TIMEOUT).await?;
+    }
     info!("waiting for {} nodes to be Ready", nodes.len());
     wait_nodes_ready(&kubeconfig, &nodes, NODES_READY_TIMEOUT)
         .await
         .with_context(|| format!("kind cluster {:?} did not become ready", args.name))?;
 
-    for image in SUITE_IMAGES {
+    for image in suite_images {
         tools.load_image(&args.name, image).await?;
+    }
+    if needs.own_cni {
+        network::wait_coredns(&kubeconfig, NODES_READY_TIMEOUT).await?;
     }
     info!("kind cluster {:?} is ready", args.name);
     writeln!(out, "{}", kubeconfig.display()).context("cannot write to stdout")?;
@@ -232,6 +287,7 @@ async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Writ
     let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     // kind deletes nothing and succeeds when the cluster does not exist.
     tools.run(&delete_cluster_cmd(&args.name, &kubeconfig), DELETE_TIMEOUT).await?;
+    network::remove_unused_kind_network(&tools).await?;
     for file in [&kubeconfig, &owner_path(&host.repo, &args.name)] {
         match std::fs::remove_file(file) {
             Ok(()) => {}

@@ -64,6 +64,26 @@ impl Binaries {
     pub fn registry(&self) -> PathBuf {
         self.dir.join("registry")
     }
+    /// kubeadm of the pinned Kubernetes version (kind node image).
+    pub fn kubeadm(&self) -> PathBuf {
+        self.dir.join("kubeadm")
+    }
+    /// kube-proxy of the pinned Kubernetes version (kind node image).
+    pub fn kube_proxy(&self) -> PathBuf {
+        self.dir.join("kube-proxy")
+    }
+    /// CoreDNS at the version kubeadm deploys (kind node image).
+    pub fn coredns(&self) -> PathBuf {
+        self.dir.join("coredns")
+    }
+    /// crictl (kind node image).
+    pub fn crictl(&self) -> PathBuf {
+        self.dir.join("crictl")
+    }
+    /// The CNI plugins of the kind node image, as (name, path).
+    pub fn cni_plugins(&self) -> Vec<(&'static str, PathBuf)> {
+        KIND_CNI_PLUGINS.iter().map(|p| (*p, self.dir.join(p))).collect()
+    }
     /// Every file `cluster up` needs (the registry is built only when asked for).
     #[cfg(test)]
     fn all(&self) -> Vec<PathBuf> {
@@ -202,6 +222,9 @@ pub const KUBECTL_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubectl";
 /// The main package of the CNCF distribution registry, in the `registry` module.
 pub const REGISTRY_PACKAGE: &str = "github.com/distribution/distribution/v3/cmd/registry";
 
+/// The CNI plugins the kind node image carries (`xtask/local-cluster/kind`).
+pub const KIND_CNI_PLUGINS: [&str; 5] = ["bridge", "host-local", "loopback", "portmap", "ptp"];
+
 /// Which binaries a caller needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wanted {
@@ -211,6 +234,9 @@ pub enum Wanted {
     Kubectl,
     /// The registry only (`cluster up --registry`).
     Registry,
+    /// Everything of [`Wanted::Cluster`] plus what a kind node image needs in addition: kubeadm,
+    /// kube-proxy, CoreDNS, crictl and the CNI plugins.
+    Kind,
 }
 
 /// One `go build` into the cache: what it makes, from which module and with which flags. Every
@@ -251,9 +277,9 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
                 quiet: false,
             }];
         }
-        Wanted::Cluster => {}
+        Wanted::Cluster | Wanted::Kind => {}
     }
-    vec![
+    let mut builds = vec![
         GoBuild {
             what: format!(
                 "build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet {} and etcd {} (cold: ~9 min on 2 cores)",
@@ -320,6 +346,61 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
             outputs: vec!["pause", "hostpathplugin"],
             quiet: false,
         },
+    ];
+    if wanted == Wanted::Kind {
+        builds.extend(kind_plan(go, versions));
+    }
+    builds
+}
+
+/// What a kind node image needs beyond the local cluster's binaries: kubeadm and kube-proxy from
+/// the pinned Kubernetes module (same version stamp), CoreDNS, crictl and the CNI plugins from
+/// their own module (`xtask/local-cluster/kind`, whose go.mod pins the versions).
+fn kind_plan(go: &Path, versions: &Versions) -> Vec<GoBuild> {
+    let mut cni: Vec<String> = vec!["-ldflags".into(), "-s -w".into()];
+    cni.extend(KIND_CNI_PLUGINS.iter().map(|p| {
+        let kind = match *p {
+            "host-local" => "ipam",
+            "portmap" => "meta",
+            _ => "main",
+        };
+        format!("github.com/containernetworking/plugins/plugins/{kind}/{p}")
+    }));
+    vec![
+        GoBuild {
+            what: format!("build kubeadm and kube-proxy {} (kind node image)", versions.kubernetes),
+            module: versions.kube.dir.clone(),
+            env: versions.kube.toolchain.iter().map(|t| ("GOTOOLCHAIN", t.clone())).collect(),
+            args: vec![
+                "-ldflags".into(),
+                versions.kube_ldflags(),
+                "k8s.io/kubernetes/cmd/kubeadm".into(),
+                "k8s.io/kubernetes/cmd/kube-proxy".into(),
+            ],
+            outputs: vec!["kubeadm", "kube-proxy"],
+            quiet: false,
+        },
+        GoBuild {
+            what: "build CoreDNS and crictl (kind node image; cold: ~5 min on 2 cores)".into(),
+            module: go.join("kind"),
+            env: vec![("CGO_ENABLED", "0".into())],
+            args: vec![
+                "-ldflags".into(),
+                "-s -w".into(),
+                "github.com/coredns/coredns".into(),
+                "sigs.k8s.io/cri-tools/cmd/crictl".into(),
+            ],
+            outputs: vec!["coredns", "crictl"],
+            quiet: false,
+        },
+        GoBuild {
+            what: "build the CNI plugins (kind node image)".into(),
+            module: go.join("kind"),
+            env: vec![("CGO_ENABLED", "0".into())],
+            args: cni,
+            outputs: KIND_CNI_PLUGINS.to_vec(),
+            quiet: false,
+        },
     ]
 }
 
@@ -346,7 +427,7 @@ pub fn ensure_wanted(layout: &Layout, versions: &Versions, wanted: Wanted) -> Re
         })
         .collect();
     if builds.is_empty() {
-        if wanted == Wanted::Cluster {
+        if matches!(wanted, Wanted::Cluster | Wanted::Kind) {
             Step::start(format!("build Kubernetes {} components", versions.kubernetes)).finish("cached");
         }
         prune(&layout.cache.join("bin"), &key);
@@ -479,8 +560,14 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
             hasher.update(fs::read(&file).with_context(|| format!("read {}", file.display()))?);
         }
     }
-    for module in [go.clone(), go.join("containerd"), go.join("runc"), go.join("images"), go.join("registry")]
-    {
+    for module in [
+        go.clone(),
+        go.join("containerd"),
+        go.join("runc"),
+        go.join("images"),
+        go.join("registry"),
+        go.join("kind"),
+    ] {
         files.push(module.join("go.mod"));
         if module.join("go.sum").exists() {
             files.push(module.join("go.sum"));
@@ -510,7 +597,7 @@ fn collect_go_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -52,8 +52,32 @@ struct ImageSpec {
 /// Builds the four archives and imports them into every node's containerd (`sockets`), the nodes
 /// in parallel.
 pub fn build_and_import(bins: &Binaries, layout: &Layout, sockets: &[PathBuf]) -> Result<()> {
-    let dir = layout.images();
-    fs::create_dir_all(&dir)?;
+    let archives = test_archives(bins, &layout.images())?;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = sockets
+            .iter()
+            .map(|socket| {
+                let archives = &archives;
+                scope.spawn(move || -> Result<()> {
+                    for (archive, name) in archives {
+                        import(bins, socket, archive, name)
+                            .with_context(|| format!("into the containerd at {}", socket.display()))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("an import thread panicked"))?)
+    })
+}
+
+/// Writes the four images every cluster needs (pause, busybox, the DRA proxy image, the sample
+/// device plugin) as Docker archives into `dir`, for both providers: the local one imports them
+/// into each node's containerd, the kind one into its node image. Returns (archive, image name).
+pub fn test_archives(bins: &Binaries, dir: &Path) -> Result<Vec<(PathBuf, &'static str)>> {
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let busybox_entries = busybox_entries()?;
     let mut hostpath_entries = busybox_entries.clone();
     hostpath_entries.push(Entry::File {
@@ -83,24 +107,72 @@ pub fn build_and_import(bins: &Binaries, layout: &Layout, sockets: &[PathBuf]) -
         write_archive(&spec, &archive).with_context(|| format!("build image {}", spec.name))?;
         archives.push((archive, spec.name));
     }
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = sockets
-            .iter()
-            .map(|socket| {
-                let archives = &archives;
-                scope.spawn(move || -> Result<()> {
-                    for (archive, name) in archives {
-                        import(bins, socket, archive, name)
-                            .with_context(|| format!("into the containerd at {}", socket.display()))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("an import thread panicked"))?)
-    })
+    Ok(archives)
+}
+
+/// Writes a one-binary image (the binary at `/<file name>`, a writable `/tmp`, run as
+/// `entrypoint`) as a Docker archive at `path`: CoreDNS in the kind node image.
+pub fn write_binary_image(name: &str, binary: &Path, entrypoint: &str, path: &Path) -> Result<()> {
+    let file = binary.file_name().context("a binary path without a file name")?.to_string_lossy();
+    let mut entries = base_entries();
+    entries.push(Entry::File { path: file.into_owned(), source: binary.to_path_buf(), mode: 0o755 });
+    write_image(name, &entries, &[entrypoint], &[], path).with_context(|| format!("build image {name}"))
+}
+
+/// One image of [`write_shared_layer_archive`]: its name and entrypoint.
+#[derive(Debug, Clone)]
+pub struct SharedLayerImage {
+    /// The full name with tag (`registry.k8s.io/kube-apiserver:v1.37.2`).
+    pub name: String,
+    /// The entrypoint (kubeadm's static pods name their command, so it may be empty).
+    pub entrypoint: Vec<String>,
+}
+
+/// Writes one Docker archive holding several images that share one layer, the tar at `layer`
+/// (the kind node image's control-plane and kube-proxy images: the layer is stored once).
+pub fn write_shared_layer_archive(path: &Path, layer: &Path, images: &[SharedLayerImage]) -> Result<()> {
+    let digest = {
+        let mut file = File::open(layer).with_context(|| format!("open {}", layer.display()))?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher).with_context(|| format!("read {}", layer.display()))?;
+        hex_digest(&hasher.finalize())
+    };
+    let layer_name = format!("{digest}/layer.tar");
+    let mut configs = Vec::new();
+    let mut manifest = Vec::new();
+    for image in images {
+        let config = image_config(&image.entrypoint, &[], &digest)?;
+        let config_name = format!("{}.json", sha256_hex(&config));
+        manifest.push(
+            serde_json::json!({"Config": config_name, "RepoTags": [image.name], "Layers": [layer_name]}),
+        );
+        configs.push((config_name, config));
+    }
+    let manifest = serde_json::to_vec(&manifest)?;
+    let tmp = path.with_extension("tar.partial");
+    let mut archive =
+        tar::Builder::new(File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?);
+    append_bytes(&mut archive, "manifest.json", &manifest)?;
+    for (name, config) in &configs {
+        append_bytes(&mut archive, name, config)?;
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o644);
+    h.set_mtime(0);
+    h.set_size(fs::metadata(layer)?.len());
+    archive.append_data(&mut h, &layer_name, File::open(layer)?)?;
+    archive.into_inner()?.flush()?;
+    fs::rename(&tmp, path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}
+
+fn append_bytes(archive: &mut tar::Builder<File>, name: &str, data: &[u8]) -> Result<()> {
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o644);
+    h.set_mtime(0);
+    h.set_size(data.len() as u64);
+    archive.append_data(&mut h, name, data)?;
+    Ok(())
 }
 
 /// The sample device plugin on the base directories (with `/tmp`), with upstream's entrypoint. The
@@ -203,7 +275,11 @@ fn layer_tar(entries: &[Entry]) -> Result<Vec<u8>> {
 }
 
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    hex_digest(&Sha256::digest(data))
+}
+
+fn hex_digest(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn go_arch() -> &'static str {
@@ -214,29 +290,45 @@ fn go_arch() -> &'static str {
     }
 }
 
-/// Writes a Docker-format image archive (manifest.json with RepoTags, the config, one layer).
-fn write_archive(spec: &ImageSpec, path: &Path) -> Result<()> {
-    let layer = layer_tar(&spec.entries)?;
-    let layer_digest = sha256_hex(&layer);
+/// The image config (Docker's format) of a one-layer image.
+fn image_config<S: AsRef<str>>(entrypoint: &[S], cmd: &[S], layer_digest: &str) -> Result<Vec<u8>> {
+    let list = |items: &[S]| {
+        if items.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::json!(items.iter().map(|s| s.as_ref()).collect::<Vec<_>>())
+        }
+    };
     let config = serde_json::json!({
         "architecture": go_arch(),
         "os": "linux",
         "config": {
             "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Entrypoint": if spec.entrypoint.is_empty() { serde_json::Value::Null } else { serde_json::json!(spec.entrypoint) },
-            "Cmd": if spec.cmd.is_empty() { serde_json::Value::Null } else { serde_json::json!(spec.cmd) },
+            "Entrypoint": list(entrypoint),
+            "Cmd": list(cmd),
             "WorkingDir": "/",
-            "Labels": {"org.dra-e2e.built-by": "cargo xtask cluster up --provider local"},
+            "Labels": {"org.dra-e2e.built-by": "cargo xtask"},
         },
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
-        "history": [{"created_by": "dra-e2e local cluster image builder"}],
+        "history": [{"created_by": "dra-e2e image builder"}],
     });
-    let config = serde_json::to_vec(&config)?;
+    Ok(serde_json::to_vec(&config)?)
+}
+
+/// Writes a Docker-format image archive (manifest.json with RepoTags, the config, one layer).
+fn write_archive(spec: &ImageSpec, path: &Path) -> Result<()> {
+    write_image(spec.name, &spec.entries, &spec.entrypoint, &spec.cmd, path)
+}
+
+fn write_image(name: &str, entries: &[Entry], entrypoint: &[&str], cmd: &[&str], path: &Path) -> Result<()> {
+    let layer = layer_tar(entries)?;
+    let layer_digest = sha256_hex(&layer);
+    let config = image_config(entrypoint, cmd, &layer_digest)?;
     let config_name = format!("{}.json", sha256_hex(&config));
     let layer_name = format!("{layer_digest}/layer.tar");
     let manifest = serde_json::to_vec(&serde_json::json!([{
         "Config": config_name,
-        "RepoTags": [spec.name],
+        "RepoTags": [name],
         "Layers": [layer_name],
     }]))?;
 
@@ -245,11 +337,7 @@ fn write_archive(spec: &ImageSpec, path: &Path) -> Result<()> {
     for (name, data) in
         [("manifest.json", &manifest), (config_name.as_str(), &config), (layer_name.as_str(), &layer)]
     {
-        let mut h = tar::Header::new_gnu();
-        h.set_mode(0o644);
-        h.set_mtime(0);
-        h.set_size(data.len() as u64);
-        archive.append_data(&mut h, name, data.as_slice())?;
+        append_bytes(&mut archive, name, data)?;
     }
     archive.into_inner()?.flush()?;
     fs::rename(&tmp, path)?;

@@ -9,10 +9,10 @@
 //! control-plane node's network namespace; the host reaches the apiserver on 127.0.0.1:6443
 //! through a forwarder. Pods have no default route; there is no kube-proxy and no DNS.
 
-mod build;
+pub(crate) mod build;
 mod components;
 mod host;
-mod images;
+pub(crate) mod images;
 mod kube_module;
 mod layout;
 mod netns;
