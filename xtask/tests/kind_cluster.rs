@@ -43,7 +43,7 @@ async fn run(mut command: tokio::process::Command, what: &str, timeout: Duration
 
 async fn xtask(args: &[&str], timeout: Duration) -> Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_xtask"));
-    command.args(args).stderr(std::process::Stdio::inherit());
+    command.args(args);
     run(command, &format!("xtask {}", args.join(" ")), timeout).await
 }
 
@@ -118,10 +118,14 @@ async fn apply(manifest: &str) {
 #[ignore = "builds a kind node image and runs a four-node kind cluster; needs root and Docker"]
 async fn kind_cluster_from_the_image_built_here_works_and_goes_away() {
     let up = xtask(&["docker", "up"], COMMAND_TIMEOUT).await;
-    assert!(up.status.success(), "docker up failed");
+    assert!(up.status.success(), "docker up failed: {}", String::from_utf8_lossy(&up.stderr));
     let guard = Cluster;
     let up = xtask(&["cluster", "up", "--provider", "kind", "--name", CLUSTER], UP_TIMEOUT).await;
-    assert!(up.status.success(), "cluster up --provider kind failed");
+    assert!(
+        up.status.success(),
+        "cluster up --provider kind failed: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
 
     // Every node Ready (cluster up waited for it; checked again from inside the cluster).
     let nodes = kubectl(&["get", "nodes", "-o", "name"]).await;
@@ -141,14 +145,17 @@ async fn kind_cluster_from_the_image_built_here_works_and_goes_away() {
     kubectl(&["wait", "--for=condition=Ready", "pod/server", "--timeout=120s"]).await;
     let ip = kubectl(&["get", "pod", "server", "-o", "jsonpath={.status.podIP}"]).await;
     assert!(!ip.trim().is_empty(), "the server pod has no IP");
+    // busybox's nc, not its wget (which crashes in Debian's static build); `nc NAME 443` resolves
+    // the name through CoreDNS and connects through kube-proxy's Service rules.
     let script = format!(
-        "wget -q -T 10 -O - http://{ip}:8080/ && nslookup kubernetes.default.svc.cluster.local && nc -z -w 10 kubernetes.default 443 && echo reached-kubernetes-default",
+        "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {ip} 8080 && nslookup kubernetes.default.svc.cluster.local && nc -w 10 kubernetes.default 443 </dev/null && echo reached-kubernetes-default",
         ip = ip.trim()
     );
     apply(&pod("client", &worker2, &script)).await;
     kubectl(&["wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/client", "--timeout=120s"]).await;
     let log = kubectl(&["logs", "client"]).await;
     assert!(log.contains("hello-from-server"), "the client did not reach the server pod:\n{log}");
+    assert!(log.contains("Address: 10.96.0.1"), "kubernetes.default did not resolve to its Service:\n{log}");
     assert!(
         log.contains("reached-kubernetes-default"),
         "the client did not reach kubernetes.default:\n{log}"

@@ -667,6 +667,13 @@ mod tests {
         let mut all = bins.all();
         all.sort();
         assert_eq!(cluster, all);
+        let mut kind = outputs(Wanted::Kind);
+        kind.sort();
+        let mut want = bins.all();
+        want.extend([bins.kubeadm(), bins.kube_proxy(), bins.coredns(), bins.crictl()]);
+        want.extend(bins.cni_plugins().into_iter().map(|(_, path)| path));
+        want.sort();
+        assert_eq!(kind, want);
         assert_eq!(outputs(Wanted::Kubectl), [bins.kubectl()]);
         assert_eq!(outputs(Wanted::Registry), [bins.registry()]);
         // kubectl carries the cluster's version stamp.

@@ -225,17 +225,7 @@ async fn preload_and_commit(
         preload(tools, &name, archives).await?;
         let commit = Cmd::new(
             "docker",
-            [
-                "commit",
-                "--change",
-                ENTRYPOINT,
-                "--change",
-                "CMD []",
-                "--change",
-                ENV,
-                &name,
-                tag,
-            ],
+            ["commit", "--change", ENTRYPOINT, "--change", "CMD []", "--change", ENV, &name, tag],
         );
         tools.output(&commit, DOCKER_TIMEOUT).await.map(drop)
     }
