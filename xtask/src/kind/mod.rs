@@ -248,7 +248,13 @@ async fn up_in(
             // No node is Ready before the xtask gives it a pod network: kind must not wait.
             create.args.truncate(create.args.len() - 2);
         }
-        tools.run(&create, CREATE_TIMEOUT).await?;
+        if let Err(err) = tools.run(&create, CREATE_TIMEOUT).await {
+            // kind removes the nodes of a cluster it failed to create, not its network.
+            if let Err(net) = network::remove_unused_kind_network(&tools).await {
+                warn!("{net:#}");
+            }
+            return Err(err);
+        }
         if let Some(dir) = owner.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         }
