@@ -28,6 +28,20 @@ pub(super) fn random_uid() -> String {
     format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
 }
 
+/// The longest `generateName` the API server uses as is: it cuts a longer one to 58 characters
+/// (63 less its 5 random ones) before appending the random suffix
+/// (k8s.io/apiserver/pkg/storage/names). With kind's node names under a cluster name
+/// (`dra-e2e-worker`), `00000-<driver>-<node>-` is longer than that.
+const MAX_GENERATED_NAME_BASE: usize = 58;
+
+/// The part of `generate_name` a name the API server generated from it starts with.
+pub(super) fn generated_name_base(generate_name: &str) -> &str {
+    match generate_name.char_indices().nth(MAX_GENERATED_NAME_BASE) {
+        Some((end, _)) => &generate_name[..end],
+        None => generate_name,
+    }
+}
+
 /// Whether a stored slice has the content a plugin would publish (`driver`, `nodeName`, pool and
 /// devices as in `desired`).
 pub(super) fn same_slice_content(stored: &ResourceSlice, desired: &ResourceSlice) -> bool {
@@ -39,11 +53,9 @@ pub(super) fn same_slice_content(stored: &ResourceSlice, desired: &ResourceSlice
         && serde_json::to_value(&a.devices).ok() == serde_json::to_value(&b.devices).ok()
         && serde_json::to_value(&a.shared_counters).ok() == serde_json::to_value(&b.shared_counters).ok()
         && a.skip_node_operations == b.skip_node_operations
-        && desired
-            .metadata
-            .generate_name
-            .as_deref()
-            .is_some_and(|prefix| stored.metadata.name.as_deref().unwrap_or_default().starts_with(prefix))
+        && desired.metadata.generate_name.as_deref().is_some_and(|prefix| {
+            stored.metadata.name.as_deref().unwrap_or_default().starts_with(generated_name_base(prefix))
+        })
 }
 
 pub(super) async fn wait_slices_gone(
@@ -172,5 +184,16 @@ mod tests {
         assert_eq!(uid.len(), 36);
         assert_eq!(uid.matches('-').count(), 4);
         assert_ne!(uid, random_uid());
+    }
+
+    #[test]
+    fn a_long_generate_name_is_matched_as_the_api_server_cut_it() {
+        // The name a kind API server gave a slice of node dra-e2e-worker (its generateName is
+        // 59 characters; the trailing '-' was cut).
+        let prefix = "00000-dra-sequential-update-wi-p68xx.k8s.io-dra-e2e-worker-";
+        let stored = "00000-dra-sequential-update-wi-p68xx.k8s.io-dra-e2e-worker4s57j";
+        assert_eq!(prefix.len(), 59);
+        assert!(stored.starts_with(generated_name_base(prefix)));
+        assert_eq!(generated_name_base("00000-d.k8s.io-kind-worker-"), "00000-d.k8s.io-kind-worker-");
     }
 }
