@@ -60,6 +60,14 @@ pub fn create_cluster_cmd(name: &str, config: &Path, image: Option<&str>, kubeco
     Cmd::new("kind", args)
 }
 
+/// `cmd` without its `--wait DURATION` (kind's wait for Ready nodes), if it has one.
+pub fn without_wait(mut cmd: Cmd) -> Cmd {
+    if let Some(at) = cmd.args.iter().position(|a| a == "--wait") {
+        cmd.args.drain(at..(at + 2).min(cmd.args.len()));
+    }
+    cmd
+}
+
 /// `kind export kubeconfig --name N --kubeconfig PATH` (for a cluster that already exists).
 pub fn export_kubeconfig_cmd(name: &str, kubeconfig: &Path) -> Cmd {
     Cmd::new(

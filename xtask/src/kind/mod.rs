@@ -246,7 +246,7 @@ async fn up_in(
         let mut create = create_cluster_cmd(&args.name, config_path, image, &kubeconfig);
         if needs.own_cni {
             // No node is Ready before the xtask gives it a pod network: kind must not wait.
-            create.args.truncate(create.args.len() - 2);
+            create = without_wait(create);
         }
         if let Err(err) = tools.run(&create, CREATE_TIMEOUT).await {
             // kind removes the nodes of a cluster it failed to create, not its network.

@@ -611,3 +611,11 @@ async fn wait_nodes_ready_asks_the_api_server() {
         "timed out after 300ms waiting for nodes cp, w1 to be Ready; last seen: cp Ready, w1 NotReady"
     );
 }
+
+#[test]
+fn without_wait_drops_kind_s_wait_only() {
+    let cmd = create_cluster_cmd("c", Path::new("k.yaml"), Some("img"), Path::new("kc"));
+    assert!(cmd.to_string().ends_with(" --wait 5m"));
+    let cut = without_wait(cmd).to_string();
+    assert_eq!(cut, "kind create cluster --name c --config k.yaml --image img --kubeconfig kc");
+}
