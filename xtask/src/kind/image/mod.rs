@@ -3,7 +3,7 @@
 //! node ever pulls.
 //!
 //! 1. The local cluster's binaries plus kubeadm, kube-proxy, CoreDNS, crictl and the CNI plugins
-//!    ([`crate::local::build`], `Wanted::Kind`).
+//!    ([`mod@crate::local::build`], `Wanted::Kind`).
 //! 2. A root filesystem ([`rootfs`]): Debian bookworm from debootstrap, kind's base files from the
 //!    `sigs.k8s.io/kind` module, our binaries; written as one tar.
 //! 3. Image archives: kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and etcd
