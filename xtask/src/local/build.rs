@@ -219,6 +219,12 @@ fn remove_logged(path: &Path) {
 /// so that go.sum covers it).
 pub const KUBECTL_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubectl";
 
+/// kubeadm's main package, inside the Kubernetes module (a `tool` of go.mod; kind node image).
+pub const KUBEADM_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubeadm";
+
+/// kube-proxy's main package, inside the Kubernetes module (a `tool` of go.mod; kind node image).
+pub const KUBE_PROXY_PACKAGE: &str = "k8s.io/kubernetes/cmd/kube-proxy";
+
 /// The main package of the CNCF distribution registry, in the `registry` module.
 pub const REGISTRY_PACKAGE: &str = "github.com/distribution/distribution/v3/cmd/registry";
 
@@ -374,8 +380,8 @@ fn kind_plan(go: &Path, versions: &Versions) -> Vec<GoBuild> {
             args: vec![
                 "-ldflags".into(),
                 versions.kube_ldflags(),
-                "k8s.io/kubernetes/cmd/kubeadm".into(),
-                "k8s.io/kubernetes/cmd/kube-proxy".into(),
+                KUBEADM_PACKAGE.into(),
+                KUBE_PROXY_PACKAGE.into(),
             ],
             outputs: vec!["kubeadm", "kube-proxy"],
             quiet: false,
