@@ -169,8 +169,9 @@ pub struct UpArgs {
     /// Gates and API versions on top of kind.yaml's, as upstream's CI lanes add them.
     #[command(flatten)]
     pub overrides: OverrideArgs,
-    /// Also run the local registry (local provider): push to 127.0.0.1:5000, pods pull
-    /// `localhost:5000/…`. Added to a running cluster without restarting it.
+    /// Also run a registry: push to localhost:PORT, pods pull `localhost:PORT/…` (PORT 5000; with
+    /// kind 5001 unless the cluster is named kind, as kubevirtci's providers). Local provider:
+    /// added to a running cluster; kind: the cluster must be created with it.
     #[arg(long)]
     pub registry: bool,
 }

@@ -21,7 +21,7 @@ pub enum Provider {
 impl Provider {
     /// Brings the cluster up (idempotent) and returns its kubeconfig path. `nodes` is the local
     /// cluster's node count (default: kind.yaml's); `overrides` are gates and API versions on top
-    /// of kind.yaml's; `registry` adds the local registry (local provider only); `dry_run` prints
+    /// of kind.yaml's; `registry` adds the registry (`localhost:5000`, or 5001 for a kind cluster not named kind); `dry_run` prints
     /// kind's commands instead.
     pub async fn up(
         self,
@@ -33,10 +33,7 @@ impl Provider {
     ) -> anyhow::Result<PathBuf> {
         match self {
             Provider::Local => local::up(nodes, overrides, registry).await,
-            Provider::Kind if registry => {
-                Err(UsageError::new("--registry is only for the local provider").into())
-            }
-            Provider::Kind => kind::up(kind, overrides.unwrap_or_default(), dry_run).await,
+            Provider::Kind => kind::up(kind, overrides.unwrap_or_default(), registry, dry_run).await,
         }
     }
 

@@ -1,8 +1,9 @@
 //! A real kind cluster from the node image built here: `cargo xtask cluster up --provider kind`
 //! (which builds `dra-e2e/kind-node:<version>-<hash>` first if it is missing), then every node is
 //! Ready, CoreDNS is available, a pod on one worker reaches a pod on another worker, and a pod
-//! reaches `kubernetes.default` by its DNS name through the Service; `cluster down` must leave no
-//! container of the cluster and no `kind` network.
+//! reaches `kubernetes.default` by its DNS name through the Service, and an image pushed to the
+//! cluster's registry (`--registry`, `localhost:5001`) runs in a pod; `cluster down` must leave no
+//! container of the cluster, no registry and no `kind` network.
 //!
 //! It needs root, Go, the run's own Docker engine (`cargo xtask docker up`; started here if it
 //! does not run, and left running) and, for a cold build, the Go module proxy and Debian's mirror.
@@ -120,7 +121,8 @@ async fn kind_cluster_from_the_image_built_here_works_and_goes_away() {
     let up = xtask(&["docker", "up"], COMMAND_TIMEOUT).await;
     assert!(up.status.success(), "docker up failed: {}", String::from_utf8_lossy(&up.stderr));
     let guard = Cluster;
-    let up = xtask(&["cluster", "up", "--provider", "kind", "--name", CLUSTER], UP_TIMEOUT).await;
+    let up =
+        xtask(&["cluster", "up", "--provider", "kind", "--name", CLUSTER, "--registry"], UP_TIMEOUT).await;
     assert!(
         up.status.success(),
         "cluster up --provider kind failed: {}",
@@ -161,10 +163,42 @@ async fn kind_cluster_from_the_image_built_here_works_and_goes_away() {
         "the client did not reach kubernetes.default:\n{log}"
     );
 
+    // The registry: the host pushes to localhost:5001 (the registry image itself, which is in the
+    // engine), a pod pulls it from there.
+    let registry_image =
+        docker(&["inspect", "--format", "{{.Config.Image}}", &format!("{CLUSTER}-registry")]).await;
+    assert!(registry_image.status.success(), "no registry container: {registry_image:?}");
+    let pushed = "localhost:5001/dra-e2e/registry:kind-test";
+    let source = String::from_utf8_lossy(&registry_image.stdout).trim().to_string();
+    for args in [vec!["tag", source.as_str(), pushed], vec!["push", pushed], vec!["image", "rm", pushed]] {
+        let out = docker(&args).await;
+        assert!(out.status.success(), "docker {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let from_registry = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "from-registry", "namespace": "default"},
+        "spec": {
+            "nodeName": worker,
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": pushed, "imagePullPolicy": "Always", "args": ["--version"]}],
+        },
+    });
+    apply(&from_registry.to_string()).await;
+    kubectl(&["wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/from-registry", "--timeout=120s"])
+        .await;
+    let log = kubectl(&["logs", "from-registry"]).await;
+    assert!(log.contains("registry"), "the pod from the registry printed: {log}");
+
     drop(guard);
     let left =
         docker(&["ps", "-a", "--filter", &format!("label=io.x-k8s.kind.cluster={CLUSTER}"), "-q"]).await;
     assert!(String::from_utf8_lossy(&left.stdout).trim().is_empty(), "containers left after cluster down");
+    let registry = docker(&["ps", "-a", "--filter", &format!("name=^{CLUSTER}-registry$"), "-q"]).await;
+    assert!(
+        String::from_utf8_lossy(&registry.stdout).trim().is_empty(),
+        "the registry is left after cluster down"
+    );
     let networks = docker(&["network", "ls", "--filter", "name=^kind$", "-q"]).await;
     assert!(
         String::from_utf8_lossy(&networks.stdout).trim().is_empty(),

@@ -32,6 +32,7 @@ mod host;
 mod image;
 mod load;
 mod network;
+mod registry;
 
 pub use commands::*;
 use host::Host;
@@ -111,7 +112,12 @@ pub struct BuildNodeImageArgs {
 ///
 /// With `dry_run`, prints the commands that change anything instead (pulls, create, loads; the
 /// read-only checks and the wait for Ready nodes are not printed) and needs neither docker nor kind.
-pub async fn up(args: &KindArgs, overrides: Overrides, dry_run: bool) -> anyhow::Result<PathBuf> {
+pub async fn up(
+    args: &KindArgs,
+    overrides: Overrides,
+    registry: bool,
+    dry_run: bool,
+) -> anyhow::Result<PathBuf> {
     let host = Host::current();
     let mut args = args.clone();
     let own = args.image.is_none();
@@ -135,7 +141,7 @@ pub async fn up(args: &KindArgs, overrides: Overrides, dry_run: bool) -> anyhow:
             built.tag
         });
     }
-    let needs = network::HostNeeds::detect(own)?;
+    let needs = network::HostNeeds::detect(own, registry)?;
     up_in(&host, &args, &overrides, known_gates.as_deref(), needs, dry_run, &mut std::io::stdout()).await
 }
 
@@ -305,6 +311,10 @@ async fn up_in(
     if needs.own_cni {
         network::wait_coredns(&kubeconfig, NODES_READY_TIMEOUT).await?;
     }
+    if needs.registry {
+        let layout = crate::local::Layout::from_env(host.repo.clone())?;
+        registry::ensure(&tools, &layout, &host.repo, &args.name, &nodes).await?;
+    }
     info!("kind cluster {:?} is ready", args.name);
     writeln!(out, "{}", kubeconfig.display()).context("cannot write to stdout")?;
     Ok(kubeconfig)
@@ -319,6 +329,7 @@ async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Writ
     let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     // kind deletes nothing and succeeds when the cluster does not exist.
     tools.run(&delete_cluster_cmd(&args.name, &kubeconfig), DELETE_TIMEOUT).await?;
+    registry::remove(&tools, &host.repo, &args.name).await?;
     network::remove_unused_kind_network(&tools).await?;
     for file in [&kubeconfig, &owner_path(&host.repo, &args.name)] {
         match std::fs::remove_file(file) {

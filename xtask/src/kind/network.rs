@@ -32,21 +32,24 @@ pub struct HostNeeds {
     pub no_sys_resource: bool,
     /// The node image has no kindnetd: kind must not install its default CNI.
     pub own_cni: bool,
+    /// `--registry`: the nodes' containerd reads registry hosts from `/etc/containerd/certs.d`.
+    pub registry: bool,
 }
 
 impl HostNeeds {
     /// This host's needs; `own_cni` when the cluster runs our node image.
-    pub fn detect(own_cni: bool) -> Result<Self> {
+    pub fn detect(own_cni: bool, registry: bool) -> Result<Self> {
         Ok(Self {
             cgroup_v1: !Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
             no_sys_resource: super::engine::caps::missing()?.contains(&"CAP_SYS_RESOURCE"),
             own_cni,
+            registry,
         })
     }
 
     /// Whether the configuration needs anything beyond kind.yaml.
     pub fn any(&self) -> bool {
-        self.cgroup_v1 || self.no_sys_resource || self.own_cni
+        self.cgroup_v1 || self.no_sys_resource || self.own_cni || self.registry
     }
 }
 
@@ -71,6 +74,9 @@ pub fn apply_host_needs(config: &str, needs: HostNeeds) -> Result<String> {
             "containerdConfigPatches",
             "[plugins.\"io.containerd.grpc.v1.cri\"]\n  restrict_oom_score_adj = true\n",
         )?;
+    }
+    if needs.registry {
+        append("containerdConfigPatches", super::registry::CONTAINERD_PATCH)?;
     }
     if needs.own_cni {
         let networking = doc.entry("networking".into()).or_insert_with(|| serde_yaml::Mapping::new().into());
@@ -250,7 +256,7 @@ mod tests {
                 && !none.contains("restrict_oom")
                 && !none.contains("disableDefaultCNI")
         );
-        let all = HostNeeds { cgroup_v1: true, no_sys_resource: true, own_cni: true };
+        let all = HostNeeds { cgroup_v1: true, no_sys_resource: true, own_cni: true, registry: true };
         let out = apply_host_needs(config, all).unwrap();
         let doc: serde_yaml::Value = serde_yaml::from_str(&out).unwrap();
         assert_eq!(doc["kubeadmConfigPatches"].as_sequence().unwrap().len(), 2);
@@ -258,6 +264,7 @@ mod tests {
         assert!(
             doc["containerdConfigPatches"][0].as_str().unwrap().contains("restrict_oom_score_adj = true")
         );
+        assert!(doc["containerdConfigPatches"][1].as_str().unwrap().contains("config_path"));
         assert_eq!(doc["networking"]["disableDefaultCNI"], true);
         assert!(out.trim_end().ends_with("A: true"), "featureGates stays last:\n{out}");
     }

@@ -21,7 +21,7 @@ mod old_kubelet;
 mod pki;
 mod probes;
 pub(crate) mod process;
-mod registry;
+pub(crate) mod registry;
 mod status;
 mod stop;
 pub(crate) mod teardown;

@@ -75,7 +75,7 @@ fn netns_path() -> PathBuf {
 /// The registry's configuration: filesystem storage under the state, deletes allowed (tests
 /// clean up what they push), no background upload purging, listening on every address of its
 /// namespace.
-fn config(storage: &Path, port: u16) -> String {
+pub(crate) fn config(storage: &Path, port: u16) -> String {
     format!(
         "# Written by `cargo xtask cluster up --registry`.\nversion: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  maintenance:\n    uploadpurging:\n      enabled: false\nhttp:\n  addr: 0.0.0.0:{port}\n",
         storage.display()
@@ -204,7 +204,7 @@ fn create_netns() -> Result<()> {
 }
 
 /// The HTTP status of `GET /v2/` at `addr` (the registry API's version check).
-fn v2_status(addr: SocketAddr) -> Result<u16> {
+pub(crate) fn v2_status(addr: SocketAddr) -> Result<u16> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.write_all(b"GET /v2/ HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
