@@ -4,6 +4,8 @@
 //! Each `go build` runs only when one of its outputs is missing, so `cargo xtask kubectl` builds
 //! only kubectl and `cluster up --registry` only adds the registry to a complete build.
 
+mod kind;
+
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -82,7 +84,7 @@ impl Binaries {
     }
     /// The CNI plugins of the kind node image, as (name, path).
     pub fn cni_plugins(&self) -> Vec<(&'static str, PathBuf)> {
-        KIND_CNI_PLUGINS.iter().map(|p| (*p, self.dir.join(p))).collect()
+        kind::CNI_PLUGINS.iter().map(|p| (*p, self.dir.join(p))).collect()
     }
     /// Every file `cluster up` needs (the registry is built only when asked for).
     #[cfg(test)]
@@ -228,9 +230,6 @@ pub const KUBE_PROXY_PACKAGE: &str = "k8s.io/kubernetes/cmd/kube-proxy";
 /// The main package of the CNCF distribution registry, in the `registry` module.
 pub const REGISTRY_PACKAGE: &str = "github.com/distribution/distribution/v3/cmd/registry";
 
-/// The CNI plugins the kind node image carries (`xtask/local-cluster/kind`).
-pub const KIND_CNI_PLUGINS: [&str; 5] = ["bridge", "host-local", "loopback", "portmap", "ptp"];
-
 /// Which binaries a caller needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wanted {
@@ -354,60 +353,9 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
         },
     ];
     if wanted == Wanted::Kind {
-        builds.extend(kind_plan(go, versions));
+        builds.extend(kind::plan(go, versions));
     }
     builds
-}
-
-/// What a kind node image needs beyond the local cluster's binaries: kubeadm and kube-proxy from
-/// the pinned Kubernetes module (same version stamp), CoreDNS, crictl and the CNI plugins from
-/// their own module (`xtask/local-cluster/kind`, whose go.mod pins the versions).
-fn kind_plan(go: &Path, versions: &Versions) -> Vec<GoBuild> {
-    let mut cni: Vec<String> = vec!["-ldflags".into(), "-s -w".into()];
-    cni.extend(KIND_CNI_PLUGINS.iter().map(|p| {
-        let kind = match *p {
-            "host-local" => "ipam",
-            "portmap" => "meta",
-            _ => "main",
-        };
-        format!("github.com/containernetworking/plugins/plugins/{kind}/{p}")
-    }));
-    vec![
-        GoBuild {
-            what: format!("build kubeadm and kube-proxy {} (kind node image)", versions.kubernetes),
-            module: versions.kube.dir.clone(),
-            env: versions.kube.toolchain.iter().map(|t| ("GOTOOLCHAIN", t.clone())).collect(),
-            args: vec![
-                "-ldflags".into(),
-                versions.kube_ldflags(),
-                KUBEADM_PACKAGE.into(),
-                KUBE_PROXY_PACKAGE.into(),
-            ],
-            outputs: vec!["kubeadm", "kube-proxy"],
-            quiet: false,
-        },
-        GoBuild {
-            what: "build CoreDNS and crictl (kind node image; cold: ~5 min on 2 cores)".into(),
-            module: go.join("kind"),
-            env: vec![("CGO_ENABLED", "0".into())],
-            args: vec![
-                "-ldflags".into(),
-                "-s -w".into(),
-                "github.com/coredns/coredns".into(),
-                "sigs.k8s.io/cri-tools/cmd/crictl".into(),
-            ],
-            outputs: vec!["coredns", "crictl"],
-            quiet: false,
-        },
-        GoBuild {
-            what: "build the CNI plugins (kind node image)".into(),
-            module: go.join("kind"),
-            env: vec![("CGO_ENABLED", "0".into())],
-            args: cni,
-            outputs: KIND_CNI_PLUGINS.to_vec(),
-            quiet: false,
-        },
-    ]
 }
 
 /// Builds whatever `cluster up` needs and the cache lacks, and returns the binaries.
