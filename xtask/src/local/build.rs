@@ -309,9 +309,6 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
             outputs: vec!["sample-device-plugin"],
             quiet: true,
         },
-        // kubectl from the same module and with the same version stamp, so `kubectl version`
-        // reports the cluster's version.
-        kubectl,
         GoBuild {
             what: format!("build containerd {}, its runc shim and ctr", versions.containerd),
             module: go.join("containerd"),
@@ -352,6 +349,12 @@ fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuild> {
             quiet: false,
         },
     ];
+    // kubectl from the same module and with the same version stamp, so `kubectl version` reports
+    // the cluster's version: for `cargo xtask kubectl` (the pinned release's) and the kind node
+    // image. Another release's local cluster runs without it (~4 min of a cold build saved).
+    if wanted == Wanted::Kind || versions.kube.dir == *go {
+        builds.insert(2, kubectl);
+    }
     if wanted == Wanted::Kind {
         builds.extend(kind::plan(go, versions));
     }
@@ -648,9 +651,17 @@ mod tests {
             toolchain: Some("go1.27.0".into()),
             checkout: None,
         };
-        for build in plan(&layout.go_dir(), &v, Wanted::Cluster) {
-            let kubernetes =
-                build.outputs.iter().any(|o| ["kube", "kubectl", "sample-device-plugin"].contains(o));
+        let outputs = |wanted| -> Vec<&str> {
+            plan(&layout.go_dir(), &v, wanted).iter().flat_map(|b| b.outputs.clone()).collect()
+        };
+        // cargo xtask kubectl runs the pinned release's; the kind node image carries its own.
+        assert!(!outputs(Wanted::Cluster).contains(&"kubectl"));
+        assert!(outputs(Wanted::Kind).contains(&"kubectl"));
+        for build in plan(&layout.go_dir(), &v, Wanted::Kind) {
+            let kubernetes = build
+                .outputs
+                .iter()
+                .any(|o| ["kube", "kubectl", "sample-device-plugin", "kubeadm"].contains(o));
             let toolchain = build.env.iter().find(|(k, _)| *k == "GOTOOLCHAIN").map(|(_, v)| v.as_str());
             if kubernetes {
                 assert_eq!(build.module, v.kube.dir, "{}", build.what);
