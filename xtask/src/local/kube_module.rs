@@ -26,16 +26,10 @@ const LOCAL_CLUSTER_MODULE: &str = "github.com/dra-e2e/dra-e2e/xtask/local-clust
 
 /// Packages of k8s.io/kubernetes the cluster builds besides [`KUBE_PACKAGE`] (`tool` lines, so
 /// that `go mod tidy` keeps what they need).
-/// kubeadm and kube-proxy are for the kind node image.
-const TOOLS: &[&str] = &[
-    super::build::KUBECTL_PACKAGE,
-    super::build::SAMPLE_DEVICE_PLUGIN_PACKAGE,
-    super::build::KUBEADM_PACKAGE,
-    super::build::KUBE_PROXY_PACKAGE,
-];
+const TOOLS: &[&str] = &[super::build::KUBECTL_PACKAGE, super::build::SAMPLE_DEVICE_PLUGIN_PACKAGE];
 
 /// Bumped when the generated go.mod changes shape, so modules generated before are regenerated.
-const GENERATOR: &str = "2";
+const GENERATOR: &str = "3";
 
 /// The Go module the cluster's Kubernetes binaries are built in.
 #[derive(Debug, Clone, PartialEq, Eq)]
