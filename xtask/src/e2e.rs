@@ -138,6 +138,12 @@ fn split_subcommand(args: &[String]) -> (&[String], &[String]) {
 
 /// `cargo xtask e2e ...`.
 pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
+    let code = run_with_code(raw).await?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// `cargo xtask e2e ...`, returning dra-e2e's exit code.
+pub async fn run_with_code(raw: Vec<String>) -> Result<i32> {
     let args = parse(raw)?;
     let repo = crate::repo::repo_root();
     let runner = build_runner(&repo, Build::Binary)?;
@@ -173,8 +179,7 @@ pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
     if let Some(provider) = teardown {
         provider.down(&kind_args(&args), false).await?;
     }
-    let code = code?;
-    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+    code
 }
 
 fn kind_args(args: &E2eArgs) -> kind::KindArgs {

@@ -15,6 +15,8 @@ use clap::Args;
 
 use crate::{e2e, local, overrides::OverrideArgs, progress::human};
 
+pub(crate) mod kind_lane;
+
 /// The workload lane: the cluster restarted with what PodGroups need (beta gates off by default
 /// and a beta API, which kind.yaml leaves off because they change how every pod is scheduled),
 /// running the specs that need them. The skip message of those specs names the same flags
@@ -110,12 +112,26 @@ fn lanes(repo: &Path) -> Vec<Lane> {
     ]
 }
 
+/// Which clusters `cargo xtask test` runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TestLane {
+    /// The unit and protocol tests, then the local cluster's tests and lanes (what CI runs).
+    #[default]
+    Local,
+    /// Only the kind lane: the e2e-kind workflow's command on a kind cluster made here (root,
+    /// Docker or the run's own engine; the node image is built first if missing).
+    Kind,
+}
+
 /// Options of `cargo xtask test`.
 #[derive(Debug, Args)]
 pub struct TestArgs {
     /// Run only the tests that need no cluster.
     #[arg(long)]
     pub no_cluster: bool,
+    /// What to run: `local` (CI's run) or `kind` (the kind lane alone).
+    #[arg(long, value_enum, default_value_t)]
+    pub lane: TestLane,
     /// Leave the local cluster running afterwards.
     #[arg(long)]
     pub keep_cluster: bool,
@@ -139,10 +155,24 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         outcomes.push(Outcome { name: name.to_string(), result, elapsed: started.elapsed() });
     };
 
-    let t = Instant::now();
-    step("unit and protocol tests (cargo test --workspace)", cargo(&repo, &["test", "--workspace"], &[]), t);
+    if args.lane == TestLane::Kind {
+        if args.no_cluster || args.keep_cluster {
+            return Err(crate::cli::UsageError::new(
+                "--lane kind runs the kind lane only, whose cluster is always deleted: leave out --no-cluster and --keep-cluster",
+            )
+            .into());
+        }
+        kind_lane::run(&mut step).await;
+    } else {
+        let t = Instant::now();
+        step(
+            "unit and protocol tests (cargo test --workspace)",
+            cargo(&repo, &["test", "--workspace"], &[]),
+            t,
+        );
+    }
 
-    if !args.no_cluster {
+    if !args.no_cluster && args.lane == TestLane::Local {
         let t = Instant::now();
         // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
         let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?

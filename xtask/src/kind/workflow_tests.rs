@@ -92,6 +92,9 @@ fn workflow_has_the_triggers_and_steps() {
     for flag in ["--focus DRA", "--junit target/e2e/junit.xml", "--artifacts target/e2e/artifacts"] {
         assert!(e2e_run.contains(flag), "the e2e step lacks {flag:?}: {e2e_run}");
     }
+    // `cargo xtask test --lane kind` runs exactly this command.
+    let lane = format!("cargo xtask e2e {}", crate::test::kind_lane::E2E_ARGS.join(" "));
+    assert_eq!(e2e_run.trim(), lane, "the workflow and the kind lane run different commands");
     assert!(kind_install < e2e, "kind is installed after the e2e step");
     assert!(e2e_step.get("if").is_none(), "the e2e step must run unconditionally");
 

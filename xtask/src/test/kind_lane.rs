@@ -1,0 +1,100 @@
+//! `cargo xtask test --lane kind`: the DRA suites on a kind cluster made here, as the e2e-kind
+//! workflow runs them. The run's own Docker engine is started unless `DOCKER_HOST` names one (and
+//! stopped again if this lane started it), then the workflow's own command runs (`cargo xtask
+//! e2e --provider kind …`: the cluster from kind.yaml and the node image built here, the suites,
+//! the cluster deleted), and nothing of the cluster may be left: no container, no registry, no
+//! `kind` network, no kubeconfig.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::kind::{self, engine::Engine};
+
+/// The kind cluster the lane (and the workflow) creates: kind's provider default.
+pub const CLUSTER: &str = "dra-e2e";
+
+/// `cargo xtask e2e`'s arguments in the e2e-kind workflow and in this lane (a test of the workflow
+/// keeps them equal).
+pub const E2E_ARGS: [&str; 10] = [
+    "--provider",
+    "kind",
+    "--focus",
+    "DRA",
+    "-p",
+    "4",
+    "--junit",
+    "target/e2e/junit.xml",
+    "--artifacts",
+    "target/e2e/artifacts",
+];
+
+/// Runs the lane's steps through `step` (name, result, start).
+pub async fn run(step: &mut dyn FnMut(&str, Result<()>, Instant)) {
+    let t = Instant::now();
+    let engine = if std::env::var_os("DOCKER_HOST").is_some() {
+        Ok(None)
+    } else {
+        Engine::from_env().start(kind::engine::CapShim::Auto).await.map(Some)
+    };
+    let started = matches!(&engine, Ok(Some(running)) if running.started);
+    let engine_ok = engine.is_ok();
+    step("the run's own Docker engine (unless DOCKER_HOST names one)", engine.map(drop), t);
+    if engine_ok {
+        let t = Instant::now();
+        let e2e = async {
+            let code = crate::e2e::run_with_code(E2E_ARGS.iter().map(|s| s.to_string()).collect()).await?;
+            if code != 0 {
+                bail!("cargo xtask e2e {} exited with {code}", E2E_ARGS.join(" "));
+            }
+            Ok(())
+        }
+        .await;
+        step(&format!("e2e on kind: cargo xtask e2e {}", E2E_ARGS.join(" ")), e2e, t);
+        let t = Instant::now();
+        step("kind cluster deleted, nothing of it left", leftovers().await, t);
+    }
+    if started {
+        let t = Instant::now();
+        step("the run's own Docker engine stopped", Engine::from_env().stop(false).await, t);
+    }
+}
+
+/// What the cluster left: containers (nodes, registry), kind's network, the kubeconfig.
+async fn leftovers() -> Result<()> {
+    let docker = |args: &'static [&'static str]| async move {
+        let mut cmd = tokio::process::Command::new("docker");
+        cmd.args(args).kill_on_drop(true);
+        if std::env::var_os("DOCKER_HOST").is_none()
+            && let Some(host) = Engine::from_env().running_docker_host()
+        {
+            cmd.env("DOCKER_HOST", host);
+        }
+        let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
+            .await
+            .context("docker did not answer within 60 s")?
+            .context("run docker")?;
+        if !out.status.success() {
+            bail!("docker {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok::<_, anyhow::Error>(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let mut left = Vec::new();
+    let containers = docker(&["ps", "-a", "--format", "{{.Names}}"]).await?;
+    left.extend(
+        containers
+            .lines()
+            .filter(|name| name.starts_with(&format!("{CLUSTER}-")))
+            .map(|name| format!("container {name}")),
+    );
+    let networks = docker(&["network", "ls", "--format", "{{.Name}}"]).await?;
+    left.extend(networks.lines().filter(|n| *n == "kind").map(|n| format!("network {n}")));
+    let kubeconfig = kind::kubeconfig_path(&crate::repo::repo_root(), CLUSTER);
+    if kubeconfig.exists() {
+        left.push(format!("kubeconfig {}", kubeconfig.display()));
+    }
+    if !left.is_empty() {
+        bail!("left after the run: {}", left.join(", "));
+    }
+    Ok(())
+}
