@@ -150,8 +150,11 @@ pub(super) async fn start_pod(ctx: &Ctx, s: &Setup, pod: &Pod) -> SpecResult<Pod
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let what = "to run (or to be unschedulable for lack of CPU or memory)";
+        // Past the deadline one more short look, so that a pod still unschedulable is reported as
+        // such below (a zero timeout would end the wait before its first list).
+        let look = left.max(std::time::Duration::from_secs(10));
         let started =
-            s.b.wait_pod(pod, what, left, |p| match phase(p) {
+            s.b.wait_pod(pod, what, look, |p| match phase(p) {
                 "Running" => Verdict::Done,
                 "Succeeded" | "Failed" => {
                     Verdict::Fail(format!("the pod terminated with phase {}", phase(p)))
