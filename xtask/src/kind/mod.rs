@@ -152,6 +152,29 @@ pub async fn down(args: &KindArgs, dry_run: bool) -> anyhow::Result<()> {
     down_in(&Host::current(), args, dry_run, &mut std::io::stdout()).await
 }
 
+/// What is left of kind cluster `args.name`: containers named after it (nodes, registry), kind's
+/// network, its kubeconfig. Empty after a complete `cluster down`.
+pub async fn leftovers(args: &KindArgs) -> anyhow::Result<Vec<String>> {
+    let host = Host::current();
+    let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
+    let prefix = format!("{}-", args.name);
+    let mut left: Vec<String> = tools
+        .container_names()
+        .await?
+        .into_iter()
+        .filter(|name| name.starts_with(&prefix))
+        .map(|name| format!("container {name}"))
+        .collect();
+    let networks =
+        tools.output(&Cmd::new("docker", ["network", "ls", "--format", "{{.Name}}"]), QUICK_TIMEOUT).await?;
+    left.extend(networks.lines().map(str::trim).filter(|n| *n == "kind").map(|n| format!("network {n}")));
+    let kubeconfig = kubeconfig_path(&host.repo, &args.name);
+    if kubeconfig.exists() {
+        left.push(format!("kubeconfig {}", kubeconfig.display()));
+    }
+    Ok(left)
+}
+
 /// Says whether the kind cluster exists, how its nodes are, and the settings kind.yaml gives it;
 /// returns whether the cluster exists.
 pub async fn status(args: &KindArgs) -> anyhow::Result<bool> {

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::kind::{self, engine::Engine};
 
@@ -60,39 +60,12 @@ pub async fn run(step: &mut dyn FnMut(&str, Result<()>, Instant)) {
     }
 }
 
-/// What the cluster left: containers (nodes, registry), kind's network, the kubeconfig.
+/// What the cluster left (containers, kind's network, the kubeconfig), as the kind provider
+/// sees its Docker engine.
 async fn leftovers() -> Result<()> {
-    let docker = |args: &'static [&'static str]| async move {
-        let mut cmd = tokio::process::Command::new("docker");
-        cmd.args(args).kill_on_drop(true);
-        if std::env::var_os("DOCKER_HOST").is_none()
-            && let Some(host) = Engine::from_env().running_docker_host()
-        {
-            cmd.env("DOCKER_HOST", host);
-        }
-        let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
-            .await
-            .context("docker did not answer within 60 s")?
-            .context("run docker")?;
-        if !out.status.success() {
-            bail!("docker {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-        }
-        Ok::<_, anyhow::Error>(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    let mut left = Vec::new();
-    let containers = docker(&["ps", "-a", "--format", "{{.Names}}"]).await?;
-    left.extend(
-        containers
-            .lines()
-            .filter(|name| name.starts_with(&format!("{CLUSTER}-")))
-            .map(|name| format!("container {name}")),
-    );
-    let networks = docker(&["network", "ls", "--format", "{{.Name}}"]).await?;
-    left.extend(networks.lines().filter(|n| *n == "kind").map(|n| format!("network {n}")));
-    let kubeconfig = kind::kubeconfig_path(&crate::repo::repo_root(), CLUSTER);
-    if kubeconfig.exists() {
-        left.push(format!("kubeconfig {}", kubeconfig.display()));
-    }
+    let args =
+        kind::KindArgs { name: CLUSTER.into(), image: None, kind_version: None, kind_from_path: false };
+    let left = kind::leftovers(&args).await?;
     if !left.is_empty() {
         bail!("left after the run: {}", left.join(", "));
     }
