@@ -35,7 +35,7 @@ pub(super) fn random_uid() -> String {
 const MAX_GENERATED_NAME_BASE: usize = 58;
 
 /// The part of `generate_name` a name the API server generated from it starts with.
-pub(super) fn generated_name_base(generate_name: &str) -> &str {
+pub fn generated_name_base(generate_name: &str) -> &str {
     match generate_name.char_indices().nth(MAX_GENERATED_NAME_BASE) {
         Some((end, _)) => &generate_name[..end],
         None => generate_name,

@@ -68,6 +68,7 @@ use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
 pub use config::{DriverConfig, deployment_id, driver_name, service_account_name};
+pub use deploy::generated_name_base;
 pub use error::DriverError;
 pub use failover::{PROXY_REPLACEMENT_TIMEOUT, ProxyMove};
 pub use impersonate::{Impersonation, ImpersonationError};

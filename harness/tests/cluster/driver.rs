@@ -142,12 +142,15 @@ async fn control_plane_body(ctx: Ctx, created: Created) -> SpecResult {
         driver.service_account().unwrap()
     )));
 
-    // The node's slice: published by the plugin identity, owned by the Node.
+    // The node's slice: published by the plugin identity, owned by the Node. Its name was
+    // generated from `00000-<driver>-<node>-`, which the API server cuts when it is long (kind's
+    // node names).
     let slices = driver.slices().await?;
     assert_eq!(slices.len(), 1, "{slices:?}");
     let slice = &slices[0];
+    let generate_name = format!("00000-{}-{node}-", driver.name());
     assert!(
-        slice.name_any().starts_with(&format!("00000-{}-{node}-", driver.name())),
+        slice.name_any().starts_with(harness::driver::generated_name_base(&generate_name)),
         "{}",
         slice.name_any()
     );
