@@ -216,18 +216,10 @@ pub fn netns_forwarder(
     listen: std::net::SocketAddr,
     connect: std::net::SocketAddr,
 ) -> Result<ProcessSpec> {
-    // /proc/self/exe, not current_exe(): cargo may have replaced (deleted) the file this
-    // process runs from since it started (`cargo xtask test` rebuilds xtask), and the open
-    // link still reads the running binary.
-    let exe = Path::new("/proc/self/exe");
     let file =
         if name == "apiserver-forward" { "xtask-netns-forward".to_string() } else { format!("xtask-{name}") };
     let copy = layout.state.join("bin").join(file);
-    if let Some(dir) = copy.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    fs::copy(exe, &copy)
-        .with_context(|| format!("copy the running xtask ({}) to {}", exe.display(), copy.display()))?;
+    crate::repo::copy_running_xtask(&copy)?;
     Ok(ProcessSpec {
         name: name.into(),
         program: copy,

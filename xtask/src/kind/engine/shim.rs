@@ -59,17 +59,13 @@ pub fn script(xtask: &Path, runc: &Path, drop: &[&str]) -> String {
     )
 }
 
-/// Writes the shim into `dir`: a link to (or copy of) the running xtask binary, so that the shim
+/// Writes the shim into `dir`: a copy of the running xtask binary, so that the shim
 /// keeps working when `cargo` rebuilds or cleans its target directory, and the script that runs
 /// it. Returns the script's path.
 pub fn install(dir: &Path, runc: &Path, drop: &[&str]) -> Result<PathBuf> {
     fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let me = std::env::current_exe().context("cannot find the running xtask binary for the runc shim")?;
     let binary = dir.join("xtask");
-    let _ = fs::remove_file(&binary);
-    if fs::hard_link(&me, &binary).is_err() {
-        fs::copy(&me, &binary).with_context(|| format!("copy {} to {}", me.display(), binary.display()))?;
-    }
+    crate::repo::copy_running_xtask(&binary)?;
     let path = dir.join(RUNTIME_NAME);
     fs::write(&path, script(&binary, runc, drop)).with_context(|| format!("write {}", path.display()))?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
