@@ -1,12 +1,17 @@
 //! `cargo xtask test`: the project's own tests, what CI runs. Unit and protocol tests first, then
 //! the local cluster comes up (with its registry, as `cluster up --registry`) and the cluster
 //! tests and the e2e suites run against it, then the cluster goes down and must leave nothing
-//! behind. Every step runs (a failure does not hide the
-//! others' results) and a table of steps, outcomes and durations closes the run.
+//! behind; then the kind lane ([`kind_lane`]) does the same on a kind cluster. Every step runs (a
+//! failure does not hide the others' results) and a table of steps, outcomes and durations closes
+//! the run.
 
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -115,11 +120,14 @@ fn lanes(repo: &Path) -> Vec<Lane> {
 /// Which clusters `cargo xtask test` runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum TestLane {
-    /// The unit and protocol tests, then the local cluster's tests and lanes (what CI runs).
+    /// The unit and protocol tests, the local cluster's tests and lanes, then the kind lane
+    /// (what CI runs).
     #[default]
+    All,
+    /// The unit and protocol tests and the local cluster's tests and lanes.
     Local,
-    /// Only the kind lane: the e2e-kind workflow's command on a kind cluster made here (root,
-    /// Docker or the run's own engine; the node image is built first if missing).
+    /// Only the kind lane (what the e2e-kind workflow runs): root, or a Docker engine in
+    /// `DOCKER_HOST`; the node image is built first if missing.
     Kind,
 }
 
@@ -129,10 +137,10 @@ pub struct TestArgs {
     /// Run only the tests that need no cluster.
     #[arg(long)]
     pub no_cluster: bool,
-    /// What to run: `local` (CI's run) or `kind` (the kind lane alone).
+    /// What to run: `all` (CI's run), `local` (no kind) or `kind` (the kind lane alone).
     #[arg(long, value_enum, default_value_t)]
     pub lane: TestLane,
-    /// Leave the local cluster running afterwards.
+    /// Leave the local cluster running afterwards (the kind lane's cluster is always deleted).
     #[arg(long)]
     pub keep_cluster: bool,
 }
@@ -155,15 +163,15 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         outcomes.push(Outcome { name: name.to_string(), result, elapsed: started.elapsed() });
     };
 
-    if args.lane == TestLane::Kind {
-        if args.no_cluster || args.keep_cluster {
-            return Err(crate::cli::UsageError::new(
-                "--lane kind runs the kind lane only, whose cluster is always deleted: leave out --no-cluster and --keep-cluster",
-            )
-            .into());
-        }
-        kind_lane::run(&mut step).await;
-    } else {
+    if args.lane == TestLane::Kind && (args.no_cluster || args.keep_cluster) {
+        return Err(crate::cli::UsageError::new(
+            "--lane kind runs the kind lane only, whose cluster is always deleted: leave out --no-cluster and --keep-cluster",
+        )
+        .into());
+    }
+    let interrupted = interrupt_flag();
+    let go_on = || !interrupted.load(Ordering::SeqCst);
+    if args.lane != TestLane::Kind {
         let t = Instant::now();
         step(
             "unit and protocol tests (cargo test --workspace)",
@@ -172,7 +180,8 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         );
     }
 
-    if !args.no_cluster && args.lane == TestLane::Local {
+    let mut kind = None;
+    if !args.no_cluster && args.lane != TestLane::Kind && go_on() {
         let t = Instant::now();
         // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
         let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
@@ -180,18 +189,23 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         let up = cluster.up(true).await.map(|_| ());
         let up_ok = up.is_ok();
         step("local cluster up", up, t);
+        // The kind lane's engine and node image build start now: the image builds beside the
+        // local lanes (niced), which mostly wait on the cluster.
+        if up_ok && args.lane == TestLane::All && go_on() {
+            kind = Some(kind_lane::prepare(&repo, true, &mut step).await);
+        }
         if up_ok {
             let kubeconfig = cluster.kubeconfig();
-            for (name, cmd) in cluster_test_commands() {
+            for test in cluster_tests().into_iter().take_while(|_| go_on()) {
                 let t = Instant::now();
-                let result = cargo(&repo, &cmd, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
-                step(name, result, t);
+                let result = cargo(&repo, &test.cargo_args, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
+                step(test.name, result, t);
             }
-            for (name, suite_args) in suite_runs(&repo) {
+            for (name, suite_args) in suite_runs(&repo).into_iter().take_while(|_| go_on()) {
                 let t = Instant::now();
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
-            for lane in lanes(&repo) {
+            for lane in lanes(&repo).into_iter().take_while(|_| go_on()) {
                 let t = Instant::now();
                 let up = match lane_overrides(&lane) {
                     Ok(overrides) => {
@@ -204,10 +218,13 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                 if !up_ok {
                     continue;
                 }
-                for (name, cmd) in &lane.cluster_tests {
+                for (name, cmd) in lane.cluster_tests.iter().take_while(|_| go_on()) {
                     let t = Instant::now();
                     let result = cargo(&repo, cmd, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
                     step(name, result, t);
+                }
+                if !go_on() {
+                    break;
                 }
                 let t = Instant::now();
                 let (name, suite_args) = &lane.suite;
@@ -228,6 +245,17 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
             step("local cluster down leaves nothing behind", down, t);
         }
     }
+    // After the local cluster is down: two clusters at once do not fit two cores.
+    if !args.no_cluster && args.lane != TestLane::Local && (kind.is_some() || go_on()) {
+        let lane = match kind {
+            Some(lane) => lane,
+            None => kind_lane::prepare(&repo, false, &mut step).await,
+        };
+        lane.run(&repo, &interrupted, &mut step).await;
+    }
+    if !go_on() {
+        eprintln!("==> interrupted: the steps after the one that was running did not run");
+    }
 
     eprintln!("\n{:<62} {:>8}  result", "step", "time");
     for o in &outcomes {
@@ -239,38 +267,76 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-/// The cluster tests: `#[ignore]`d tests that read the kubeconfig from `DRA_E2E_KUBECONFIG`.
-/// `--workspace` keeps cargo's feature unification identical to the `cargo test --workspace`
-/// build before, so nothing is compiled twice.
-fn cluster_test_commands() -> Vec<(&'static str, Vec<&'static str>)> {
+/// Set once Ctrl-C (SIGINT) reaches the run. The step that is running gets it too (same process
+/// group) and ends; no further step starts, and the clusters the run made are taken down.
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("==> interrupted: finishing the running step, then taking the clusters down");
+            set.store(true, Ordering::SeqCst);
+        }
+    });
+    flag
+}
+
+/// A cluster test: `#[ignore]`d tests that read the kubeconfig from `DRA_E2E_KUBECONFIG`.
+pub(crate) struct ClusterTest {
+    /// The step name.
+    pub name: &'static str,
+    /// cargo's arguments. `--workspace` keeps cargo's feature unification identical to the
+    /// `cargo test --workspace` build before, so nothing is compiled twice.
+    pub cargo_args: Vec<&'static str>,
+    /// Whether it runs on any cluster (the kind lane runs these too); the others read the local
+    /// cluster's node directories on this machine or its node names.
+    pub any_provider: bool,
+}
+
+/// The cluster tests of the default cluster, in order.
+pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
+    let test = |name, cargo_args: &[&'static str], any_provider| ClusterTest {
+        name,
+        cargo_args: cargo_args.to_vec(),
+        any_provider,
+    };
     vec![
-        (
+        test(
             "local cluster tests (xtask/tests/local_cluster.rs)",
-            vec!["test", "--workspace", "--test", "local_cluster", "--", "--ignored"],
+            &["test", "--workspace", "--test", "local_cluster", "--", "--ignored"],
+            false,
         ),
-        (
+        test(
             "framework cluster tests (harness/tests/cluster/framework.rs)",
-            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "framework::"],
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "framework::"],
+            true,
         ),
-        (
+        // The kubelet-like client dials the node's sockets from this machine.
+        test(
             "tunnel cluster tests (harness/tests/cluster/tunnel.rs)",
-            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "tunnel::"],
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "tunnel::"],
+            false,
         ),
-        (
+        test(
             "driver cluster tests (harness/tests/cluster/driver.rs)",
-            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
+            true,
         ),
-        (
+        test(
             "fault cluster tests (harness/tests/cluster/faults.rs)",
-            vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "faults::"],
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "faults::"],
+            true,
         ),
-        (
+        // Serves a local cluster node's kubelet directory (kind-worker3) from this machine.
+        test(
             "example driver against a real kubelet (kubelet-plugin/tests/node_driver.rs)",
-            vec!["test", "--workspace", "--test", "node_driver", "--", "--ignored"],
+            &["test", "--workspace", "--test", "node_driver", "--", "--ignored"],
+            false,
         ),
-        (
+        test(
             "leftovers cluster test: a SIGKILLed run, a cleaning run, a live run (suites/tests/leftovers.rs)",
-            vec!["test", "--workspace", "--test", "leftovers", "--", "--ignored"],
+            &["test", "--workspace", "--test", "leftovers", "--", "--ignored"],
+            true,
         ),
     ]
 }
@@ -339,6 +405,24 @@ mod tests {
 
     fn lane(prefix: &str) -> Lane {
         lanes(&crate::repo::repo_root()).into_iter().find(|l| l.restart.contains(prefix)).unwrap()
+    }
+
+    #[test]
+    fn the_kind_lane_runs_the_cluster_tests_that_do_not_read_the_local_cluster() {
+        // What ties a cluster test to the local cluster: its node directories on this machine,
+        // its node names.
+        let local_only = ["DRA_E2E_LOCAL_STATE", "kind-worker"];
+        for test in cluster_tests() {
+            let file = test.name.rsplit_once('(').unwrap().1.trim_end_matches(')');
+            let source = std::fs::read_to_string(crate::repo::repo_root().join(file)).unwrap();
+            let ties: Vec<_> = local_only.iter().filter(|m| source.contains(*m)).collect();
+            assert_eq!(
+                test.any_provider,
+                ties.is_empty() && !file.starts_with("xtask/"),
+                "{file}: any_provider is {} but it mentions {ties:?}",
+                test.any_provider
+            );
+        }
     }
 
     #[test]

@@ -175,6 +175,16 @@ pub async fn leftovers(args: &KindArgs) -> anyhow::Result<Vec<String>> {
     Ok(left)
 }
 
+/// `kind export logs DIR --name N`: the nodes' journals, containerd's and the kubelet's logs and
+/// every pod's, for a run that failed (the cluster is deleted afterwards).
+pub async fn export_logs(args: &KindArgs, dir: &Path) -> anyhow::Result<()> {
+    let tools = Host::current().tools(args.kind_version.as_deref(), args.kind_from_path).await?;
+    let mut export = Cmd::new("kind", ["export", "logs"]);
+    export.args.extend([dir.as_os_str().to_owned(), "--name".into(), args.name.clone().into()]);
+    tools.output(&export, LOAD_TIMEOUT).await?;
+    Ok(())
+}
+
 /// Says whether the kind cluster exists, how its nodes are, and the settings kind.yaml gives it;
 /// returns whether the cluster exists.
 pub async fn status(args: &KindArgs) -> anyhow::Result<bool> {
