@@ -20,6 +20,7 @@ use clap::Args;
 
 use crate::{e2e, local, overrides::OverrideArgs, progress::human};
 
+mod background;
 pub(crate) mod kind_lane;
 
 /// The workload lane: the cluster restarted with what PodGroups need (beta gates off by default
@@ -56,6 +57,9 @@ struct Lane {
     restart: &'static str,
     /// `cluster up`'s flags.
     args: OverrideArgs,
+    /// What the restart needs built beyond the default cluster, built in the background while
+    /// the lanes before it run ([`background`]).
+    build: Option<background::Build>,
     /// Cluster tests (cargo test arguments) run first.
     cluster_tests: Vec<(&'static str, Vec<&'static str>)>,
     /// The suite run: step name and dra-e2e arguments.
@@ -76,12 +80,18 @@ fn lanes(repo: &Path) -> Vec<Lane> {
                 runtime_config: Some(WORKLOAD_APIS.to_owned()),
                 ..OverrideArgs::default()
             },
+            build: None,
             cluster_tests: vec![],
             suite: workload_run(repo),
         },
         Lane {
             restart: "local cluster restarted for the skew lane (kind-worker's kubelet v1.34.4)",
             args: OverrideArgs { kubelet_version: Some(SKEW_KUBELETS.to_owned()), ..OverrideArgs::default() },
+            build: Some(background::Build {
+                key: "skew-kubelet",
+                what: format!("kubelet {SKEW_KUBELETS}"),
+                args: vec!["--kubelet-version".into(), SKEW_KUBELETS.into()],
+            }),
             cluster_tests: vec![(
                 "skew cluster tests (harness/tests/cluster/skew.rs)",
                 vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "skew::"],
@@ -94,6 +104,11 @@ fn lanes(repo: &Path) -> Vec<Lane> {
         Lane {
             restart: "local cluster restarted at Kubernetes v1.38.0-beta.0 (the next release)",
             args: OverrideArgs { k8s_version: Some(NEXT_RELEASE.to_owned()), ..OverrideArgs::default() },
+            build: Some(background::Build {
+                key: "next-release",
+                what: format!("Kubernetes {NEXT_RELEASE}"),
+                args: vec!["--k8s-version".into(), NEXT_RELEASE.into()],
+            }),
             cluster_tests: vec![],
             suite: (
                 "e2e: v1.38.0-beta.0 lane (every spec but the workload lane's)",
@@ -108,6 +123,7 @@ fn lanes(repo: &Path) -> Vec<Lane> {
                 k8s_version: Some(NEXT_RELEASE.to_owned()),
                 ..OverrideArgs::default()
             },
+            build: None, // the lane before built it
             cluster_tests: vec![],
             suite: (
                 "e2e: v1.38.0-beta.0 workload lane (PodGroup specs)",
@@ -181,6 +197,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     }
 
     let mut kind = None;
+    let mut background = None;
     if !args.no_cluster && args.lane != TestLane::Kind && go_on() {
         let t = Instant::now();
         // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
@@ -189,10 +206,23 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         let up = cluster.up(true).await.map(|_| ());
         let up_ok = up.is_ok();
         step("local cluster up", up, t);
-        // The kind lane's engine and node image build start now: the image builds beside the
-        // local lanes (niced), which mostly wait on the cluster.
-        if up_ok && args.lane == TestLane::All && go_on() {
-            kind = Some(kind_lane::prepare(&repo, true, &mut step).await);
+        // What later lanes need built (the kind node image last) builds now, niced, beside the
+        // lanes before them, which mostly wait on the cluster. The kind lane's engine starts
+        // first: the image is imported into it.
+        if up_ok && go_on() {
+            if args.lane == TestLane::All {
+                kind = Some(kind_lane::prepare(&mut step).await);
+            }
+            let builds: Vec<_> = lanes(&repo)
+                .into_iter()
+                .filter_map(|lane| lane.build)
+                .chain(kind.as_ref().and_then(kind_lane::KindLane::image_build))
+                .collect();
+            let t = Instant::now();
+            let started = background::Background::start(&repo, builds);
+            let ok = started.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}"));
+            background = started.ok();
+            step("background builds started (nice 19)", ok, t);
         }
         if up_ok {
             let kubeconfig = cluster.kubeconfig();
@@ -206,6 +236,12 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
             for lane in lanes(&repo).into_iter().take_while(|_| go_on()) {
+                let t = Instant::now();
+                if let (Some(build), Some(background)) = (&lane.build, background.as_mut())
+                    && let Some((name, result)) = background.wait(build.key).await
+                {
+                    step(&name, result, t);
+                }
                 let t = Instant::now();
                 let up = match lane_overrides(&lane) {
                     Ok(overrides) => {
@@ -249,10 +285,11 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     if !args.no_cluster && args.lane != TestLane::Local && (kind.is_some() || go_on()) {
         let lane = match kind {
             Some(lane) => lane,
-            None => kind_lane::prepare(&repo, false, &mut step).await,
+            None => kind_lane::prepare(&mut step).await,
         };
-        lane.run(&repo, &interrupted, &mut step).await;
+        lane.run(&repo, &interrupted, background.as_mut(), &mut step).await;
     }
+    drop(background); // stops a build still running (after an interrupt)
     if !go_on() {
         eprintln!("==> interrupted: the steps after the one that was running did not run");
     }
