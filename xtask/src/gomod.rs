@@ -202,6 +202,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn our_replacements_pass_their_go_tests() {
+        // Without root their tests against the real iptables skip; the fake's and the client's
+        // (stand-in binaries on PATH) run.
+        for replacement in replacements(&crate::repo::repo_root()) {
+            let out = Command::new("go")
+                .args(["test", "-count=1", "./..."])
+                .current_dir(&replacement.dir)
+                .env_remove("DRA_E2E_IPTABLES_TEST")
+                .output()
+                .expect("run go test");
+            assert!(
+                out.status.success(),
+                "go test in {}:\n{}{}",
+                replacement.dir.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    #[test]
     fn accepts_release_tags_only() {
         for ok in ["v1.37.2", "v1.38.0-beta.0", "v1.38.0-rc.1"] {
             assert!(is_release_tag(ok), "{ok}");
