@@ -516,6 +516,11 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
         for file in versions.kube.files() {
             hasher.update(fs::read(&file).with_context(|| format!("read {}", file.display()))?);
         }
+        // Our replacements of modules the proxy refuses, which such a module may build with.
+        for file in replacement_sources(&layout.repo)? {
+            hasher.update(file.strip_prefix(&layout.repo).unwrap_or(&file).to_string_lossy().as_bytes());
+            hasher.update(fs::read(&file).with_context(|| format!("read {}", file.display()))?);
+        }
     }
     for module in [
         go.clone(),
@@ -539,6 +544,19 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
     }
     let digest = hasher.finalize();
     Ok(format!("{}-{}", versions.kubernetes, hex(&digest[..8])))
+}
+
+/// What a build takes from our replacements ([`crate::gomod::replacements`]): go.mod, go.sum and
+/// the Go sources but the tests, in a fixed order.
+fn replacement_sources(repo: &Path) -> Result<Vec<PathBuf>> {
+    let mut sources = Vec::new();
+    for replacement in crate::gomod::replacements(repo) {
+        sources.extend([replacement.dir.join("go.mod"), replacement.dir.join("go.sum")]);
+        collect_go_files(&replacement.dir, &mut sources)?;
+    }
+    sources.retain(|f| f.exists() && !f.to_string_lossy().ends_with("_test.go"));
+    sources.sort();
+    Ok(sources)
 }
 
 fn collect_go_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
@@ -674,6 +692,16 @@ mod tests {
         let key = cache_key(&layout, &v, "go1.26.8").unwrap();
         assert!(key.starts_with("v1.38.0-beta.0-"), "{key}");
         assert_ne!(key, pinned_key);
+    }
+
+    #[test]
+    fn builds_of_other_releases_depend_on_our_replacements_but_their_tests() {
+        let repo = crate::repo::repo_root();
+        let sources = replacement_sources(&repo).unwrap();
+        let dir = repo.join("xtask/local-cluster/iptables-wrappers");
+        assert!(sources.contains(&dir.join("go.mod")), "{sources:?}");
+        assert!(sources.contains(&dir.join("pkg/iptables/iptables.go")), "{sources:?}");
+        assert!(!sources.iter().any(|f| f.to_string_lossy().ends_with("_test.go")), "{sources:?}");
     }
 
     #[test]
