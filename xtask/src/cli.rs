@@ -230,17 +230,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ClusterAction::Build(args) if args.provider == Provider::Kind => {
                 if args.kubelet_version.is_some() {
                     return Err(UsageError::new(
-                        "--kubelet-version builds older kubelets for the local provider; the kind node image has v1.37.2 only",
+                        "--kubelet-version builds older kubelets for the local provider; every node of the kind node image runs one Kubernetes (choose it with --k8s-version)",
                     )
                     .into());
                 }
-                crate::overrides::Overrides {
-                    k8s_version: args.k8s_version.clone(),
-                    k8s_source: args.k8s_source.clone(),
-                    ..Default::default()
+                if let Some(version) = args.k8s_version.as_deref() {
+                    local::check_k8s_version(version)?;
                 }
-                .check_for_kind()?;
-                kind::build(&args.kind).await.map(|_| ExitCode::SUCCESS)
+                kind::build(&args.kind, args.k8s_version.as_deref(), args.k8s_source.as_deref())
+                    .await
+                    .map(|_| ExitCode::SUCCESS)
             }
             ClusterAction::Build(args) => {
                 let versions = match args.kubelet_version.as_deref() {

@@ -168,10 +168,15 @@ pub async fn run_with_code(raw: Vec<String>) -> Result<i32> {
             (path, teardown)
         }
         (None, Provider::Kind) => {
-            if let Some(version) = &args.k8s_version {
-                return Err(crate::overrides::k8s_version_needs_local(version).into());
-            }
-            let path = Provider::Kind.up(&kind_args(&args), None, None, false, false).await?;
+            // --k8s-version: the node image is built here from that release.
+            let overrides = match &args.k8s_version {
+                Some(version) => {
+                    local::check_k8s_version(version)?;
+                    Some(Overrides { k8s_version: Some(version.clone()), ..Overrides::default() })
+                }
+                None => None,
+            };
+            let path = Provider::Kind.up(&kind_args(&args), None, overrides, false, false).await?;
             (path, (!args.keep_cluster).then_some(Provider::Kind))
         }
     };

@@ -89,14 +89,6 @@ impl OverrideArgs {
     }
 }
 
-/// The error of `--k8s-version` with the kind provider, which takes the release from its node
-/// image.
-pub fn k8s_version_needs_local(version: &str) -> crate::cli::UsageError {
-    crate::cli::UsageError::new(format!(
-        "--k8s-version {version} is supported by the local provider only: use --provider local, or a kind node image of that release (--image)"
-    ))
-}
-
 /// `A=x,B=y` into pairs; one clear sentence for a malformed entry.
 fn pairs(text: &str, flag: &str) -> Result<Vec<(String, String)>> {
     text.split(',')
@@ -182,24 +174,10 @@ impl Overrides {
         Ok(args.parse()?.unwrap_or_default())
     }
 
-    /// Refuses what the kind provider does not take: another Kubernetes than its node image's.
-    pub fn check_for_kind(&self) -> Result<(), crate::cli::UsageError> {
-        if let Some(version) = &self.k8s_version {
-            return Err(k8s_version_needs_local(version));
-        }
-        if let Some(dir) = &self.k8s_source {
-            return Err(crate::cli::UsageError::new(format!(
-                "--k8s-source {} is for the local provider; for kind, build a node image from the checkout (`cargo xtask build-node-image --k8s-source DIR`) and pass it with --image",
-                dir.display()
-            )));
-        }
-        Ok(())
-    }
-
     /// A kind configuration: the file at `kind_yaml` with these settings added to its
-    /// `featureGates` and `runtimeConfig` (YAML re-rendered; comments are not kept).
-    pub fn kind_config(&self, kind_yaml: &Path) -> Result<String> {
-        self.check_for_kind()?;
+    /// `featureGates` and `runtimeConfig` (YAML re-rendered; comments are not kept). With
+    /// `known_gates` (the node image's kubelet's list), the gates not in it are left out.
+    pub fn kind_config(&self, kind_yaml: &Path, known_gates: Option<&[String]>) -> Result<String> {
         let text = std::fs::read_to_string(kind_yaml)
             .with_context(|| format!("cannot read the kind configuration {}", kind_yaml.display()))?;
         let mut doc: serde_yaml::Mapping = serde_yaml::from_str(&text)
@@ -227,6 +205,27 @@ impl Overrides {
             FEATURE_GATES_KEY,
             self.feature_gates.iter().map(|(k, v)| (k.clone(), (*v).into())).collect(),
         )?;
+        if let (Some(known), Some(serde_yaml::Value::Mapping(gates))) =
+            (known_gates, doc.get_mut(FEATURE_GATES_KEY))
+        {
+            // kind.yaml names the gates of the pinned release; another release may have removed
+            // or locked some of them, and a component refuses a gate it does not list.
+            let mut dropped = Vec::new();
+            gates.retain(|name, _| {
+                let name = name.as_str().unwrap_or_default();
+                let keep = known.iter().any(|k| k == name);
+                if !keep {
+                    dropped.push(name.to_string());
+                }
+                keep
+            });
+            if !dropped.is_empty() {
+                eprintln!(
+                    "    the node image's Kubernetes does not take the gates {} (removed or locked): left out",
+                    dropped.join(", ")
+                );
+            }
+        }
         // Worker i's image becomes kindest/node:V, as kind runs each node from its image.
         if !self.kubelet_versions.is_empty() {
             let Some(serde_yaml::Value::Sequence(nodes)) = doc.get_mut("nodes") else {
@@ -314,8 +313,37 @@ mod tests {
         assert!(err.to_string().contains("not a Kubernetes release tag"), "{err}");
         let both = OverrideArgs { k8s_source: Some("/src".into()), ..version };
         assert!(both.parse().unwrap_err().to_string().contains("give one"));
-        let kind = parsed.kind_config(Path::new("/nonexistent")).unwrap_err();
-        assert!(kind.to_string().contains("local provider"), "{kind}");
+    }
+
+    #[test]
+    fn a_kind_config_for_another_release_leaves_out_the_gates_it_does_not_take() {
+        let overrides = OverrideArgs {
+            k8s_version: Some("v1.38.0-beta.0".into()),
+            ..args(Some("GenericWorkload=true"), None)
+        }
+        .parse()
+        .unwrap()
+        .unwrap();
+        let kind_yaml = crate::cluster_config::default_path();
+        let all = crate::cluster_config::ClusterConfig::load(&kind_yaml).unwrap().feature_gates;
+        assert!(all.contains_key("DRADeviceTaints"), "{all:?}");
+        let known: Vec<String> = all
+            .keys()
+            .filter(|g| *g != "DRADeviceTaints")
+            .cloned()
+            .chain(["GenericWorkload".into()])
+            .collect();
+        let text = overrides.kind_config(&kind_yaml, Some(&known)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let derived = dir.path().join("kind.yaml");
+        std::fs::write(&derived, &text).unwrap();
+        let gates = crate::cluster_config::ClusterConfig::load(&derived).unwrap().feature_gates;
+        assert!(!gates.contains_key("DRADeviceTaints"), "{text}");
+        assert!(gates["GenericWorkload"], "{text}");
+        assert_eq!(gates.len(), all.len(), "{text}");
+        // Without a list, every gate stays.
+        let text = overrides.kind_config(&kind_yaml, None).unwrap();
+        assert!(text.contains("DRADeviceTaints"), "{text}");
     }
 
     #[test]
@@ -391,7 +419,7 @@ mod tests {
             .parse()
             .unwrap()
             .unwrap();
-        let text = overrides.kind_config(&crate::cluster_config::default_path()).unwrap();
+        let text = overrides.kind_config(&crate::cluster_config::default_path(), None).unwrap();
         let parsed = ClusterConfig::parse(&text).unwrap();
         let base = ClusterConfig::load(&crate::cluster_config::default_path()).unwrap();
         assert_eq!(parsed, overrides.apply(base));
@@ -403,7 +431,7 @@ mod tests {
             .parse()
             .unwrap()
             .unwrap();
-        let text = overrides.kind_config(&crate::cluster_config::default_path()).unwrap();
+        let text = overrides.kind_config(&crate::cluster_config::default_path(), None).unwrap();
         let parsed = ClusterConfig::parse(&text).unwrap();
         assert_eq!(parsed.node_images, [None, Some("kindest/node:v1.34.4".to_string()), None, None]);
         let too_many = OverrideArgs {
@@ -414,7 +442,7 @@ mod tests {
             .parse()
             .unwrap()
             .unwrap()
-            .kind_config(&crate::cluster_config::default_path())
+            .kind_config(&crate::cluster_config::default_path(), None)
             .unwrap_err();
         assert!(err.to_string().contains("3 workers"), "{err}");
     }

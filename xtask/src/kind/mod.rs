@@ -118,33 +118,54 @@ pub async fn up(
     registry: bool,
     dry_run: bool,
 ) -> anyhow::Result<PathBuf> {
-    // Before anything is built: the node image is made for the pinned release only.
-    overrides.check_for_kind()?;
     let host = Host::current();
     let mut args = args.clone();
     let own = args.image.is_none();
+    let k8s = kubernetes_of(&overrides);
+    if !own && (k8s.release.is_some() || k8s.source.is_some()) {
+        return Err(UsageError::new(format!(
+            "{overrides} builds the kind node image here, and --image (or KIND_NODE_IMAGE) {} names another: leave one of them out",
+            args.image.as_deref().unwrap_or_default()
+        ))
+        .into());
+    }
+    let mut known_gates = None;
     if own {
         args.image = Some(if dry_run {
             format!("{}:<built by `cargo xtask cluster build --provider kind`>", image::REPOSITORY)
         } else {
-            build_in(&host, &args).await?
+            let built = build_in(&host, &args, k8s).await?;
+            if k8s.release.is_some() || k8s.source.is_some() {
+                known_gates = Some(built.known_gates);
+            }
+            built.tag
         });
     }
     let needs = network::HostNeeds::detect(own, registry)?;
-    up_in(&host, &args, &overrides, needs, dry_run, &mut std::io::stdout()).await
+    up_in(&host, &args, &overrides, known_gates.as_deref(), needs, dry_run, &mut std::io::stdout()).await
 }
 
-/// `cluster build --provider kind`: builds the node image unless it exists; prints its tag.
-pub async fn build(args: &KindArgs) -> anyhow::Result<String> {
-    let tag = build_in(&Host::current(), args).await?;
-    println!("{tag}");
-    Ok(tag)
+/// The Kubernetes a node image is built from, as the overrides name it.
+fn kubernetes_of(overrides: &Overrides) -> image::Kubernetes<'_> {
+    image::Kubernetes { release: overrides.k8s_version.as_deref(), source: overrides.k8s_source.as_deref() }
 }
 
-async fn build_in(host: &Host, args: &KindArgs) -> anyhow::Result<String> {
+/// `cluster build --provider kind`: builds the node image of the pinned Kubernetes, of another
+/// release or of a checkout unless it exists; prints its tag.
+pub async fn build(args: &KindArgs, release: Option<&str>, source: Option<&Path>) -> anyhow::Result<String> {
+    let built = build_in(&Host::current(), args, image::Kubernetes { release, source }).await?;
+    println!("{}", built.tag);
+    Ok(built.tag)
+}
+
+async fn build_in(
+    host: &Host,
+    args: &KindArgs,
+    k8s: image::Kubernetes<'_>,
+) -> anyhow::Result<image::NodeImage> {
     let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     let layout = crate::local::Layout::from_env(host.repo.clone())?;
-    image::ensure(&tools, &layout, args.kind_version.as_deref().unwrap_or(KIND_VERSION)).await
+    image::ensure(&tools, &layout, args.kind_version.as_deref().unwrap_or(KIND_VERSION), k8s).await
 }
 
 /// Deletes the kind cluster and its kubeconfig file; with `dry_run`, prints the commands instead.
@@ -203,10 +224,13 @@ fn write_lines(out: &mut dyn Write, lines: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `known_gates`: the gates the node image's kubelet takes, when it is another Kubernetes than
+/// the one kind.yaml's gates are written for (the others are left out).
 async fn up_in(
     host: &Host,
     args: &KindArgs,
     overrides: &Overrides,
+    known_gates: Option<&[String]>,
     needs: network::HostNeeds,
     dry_run: bool,
     out: &mut dyn Write,
@@ -223,7 +247,7 @@ async fn up_in(
             std::fs::read_to_string(&host.kind_yaml)
                 .with_context(|| format!("cannot read {}", host.kind_yaml.display()))?
         } else {
-            overrides.kind_config(&host.kind_yaml)?
+            overrides.kind_config(&host.kind_yaml, known_gates)?
         };
         if needs.any() {
             text = network::apply_host_needs(&text, needs)?;

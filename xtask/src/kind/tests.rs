@@ -137,7 +137,7 @@ async fn a_lane_s_gates_go_into_a_derived_kind_config() {
     .unwrap()
     .unwrap();
     let mut out = Vec::new();
-    up_in(&host, &args("dra-e2e-lane-test"), &overrides, network::HostNeeds::default(), true, &mut out)
+    up_in(&host, &args("dra-e2e-lane-test"), &overrides, None, network::HostNeeds::default(), true, &mut out)
         .await
         .unwrap();
     let derived = host.repo.join(".e2e").join("kind-dra-e2e-lane-test.yaml");
@@ -153,10 +153,17 @@ async fn a_lane_s_gates_go_into_a_derived_kind_config() {
 async fn dry_run_prints_the_commands_without_docker_or_kind() {
     let host = host_with_path(""); // nothing on PATH
     let mut out = Vec::new();
-    let kubeconfig =
-        up_in(&host, &args("dra-e2e"), &Overrides::default(), network::HostNeeds::default(), true, &mut out)
-            .await
-            .unwrap();
+    let kubeconfig = up_in(
+        &host,
+        &args("dra-e2e"),
+        &Overrides::default(),
+        None,
+        network::HostNeeds::default(),
+        true,
+        &mut out,
+    )
+    .await
+    .unwrap();
     let repo = crate::repo::repo_root();
     assert_eq!(kubeconfig, repo.join(".e2e").join("kind-dra-e2e.kubeconfig"));
     let printed = String::from_utf8(out).unwrap();
@@ -185,6 +192,7 @@ async fn empty_path_gives_one_sentence_saying_what_to_install() {
         &host,
         &args("dra-e2e"),
         &Overrides::default(),
+        None,
         network::HostNeeds::default(),
         false,
         &mut Vec::new(),
@@ -247,10 +255,17 @@ async fn kind_from_path_with_another_version_or_none_is_a_usage_error() {
     let host = host_with_path(dir.path().to_str().unwrap());
     let mut wanted = args("dra-e2e");
     wanted.kind_from_path = true;
-    let err =
-        up_in(&host, &wanted, &Overrides::default(), network::HostNeeds::default(), false, &mut Vec::new())
-            .await
-            .unwrap_err();
+    let err = up_in(
+        &host,
+        &wanted,
+        &Overrides::default(),
+        None,
+        network::HostNeeds::default(),
+        false,
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap_err();
     assert!(is_usage_error(&err));
     let err = err.to_string();
     assert!(err.starts_with(&format!("kind v0.31.0 is on PATH ({}/kind)", dir.path().display())), "{err}");
@@ -336,6 +351,7 @@ async fn a_dead_docker_daemon_is_a_usage_error_naming_the_address() {
         &host,
         &args("dra-e2e"),
         &Overrides::default(),
+        None,
         network::HostNeeds::default(),
         false,
         &mut Vec::new(),
@@ -395,9 +411,17 @@ async fn up_runs_the_dry_run_commands_in_order() {
     // The fake kind lists no nodes, so `up` stops before waiting for the API server.
     let err = format!(
         "{:#}",
-        up_in(&host, &wanted, &Overrides::default(), network::HostNeeds::default(), false, &mut Vec::new())
-            .await
-            .unwrap_err()
+        up_in(
+            &host,
+            &wanted,
+            &Overrides::default(),
+            None,
+            network::HostNeeds::default(),
+            false,
+            &mut Vec::new()
+        )
+        .await
+        .unwrap_err()
     );
     assert_eq!(err, "kind reports no nodes for cluster \"t\"");
 
@@ -435,7 +459,7 @@ async fn up_runs_the_dry_run_commands_in_order() {
     assert_eq!(std::fs::read_to_string(owner_path(repo.path(), "t")).unwrap(), "engine-id|/var/lib/docker\n");
     std::fs::remove_file(&log).unwrap();
     fake_tools(dir.path(), &log, "t");
-    up_in(&host, &wanted, &Overrides::default(), network::HostNeeds::default(), false, &mut Vec::new())
+    up_in(&host, &wanted, &Overrides::default(), None, network::HostNeeds::default(), false, &mut Vec::new())
         .await
         .unwrap_err();
     let calls = std::fs::read_to_string(&log).unwrap();
@@ -452,6 +476,7 @@ async fn up_runs_the_dry_run_commands_in_order() {
             &host,
             &wanted,
             &Overrides::default(),
+            None,
             network::HostNeeds::default(),
             false,
             &mut Vec::new(),
@@ -475,10 +500,17 @@ async fn up_runs_the_dry_run_commands_in_order() {
         "docker",
         "case \"$1\" in info) echo 'engine-id|/var/lib/docker' ;; container) printf 'web\\nt-control-plane\\n' ;; esac",
     );
-    let err =
-        up_in(&host, &wanted, &Overrides::default(), network::HostNeeds::default(), false, &mut Vec::new())
-            .await
-            .unwrap_err();
+    let err = up_in(
+        &host,
+        &wanted,
+        &Overrides::default(),
+        None,
+        network::HostNeeds::default(),
+        false,
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap_err();
     assert!(is_usage_error(&err));
     assert_eq!(
         err.to_string(),

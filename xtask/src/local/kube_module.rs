@@ -26,10 +26,16 @@ const LOCAL_CLUSTER_MODULE: &str = "github.com/dra-e2e/dra-e2e/xtask/local-clust
 
 /// Packages of k8s.io/kubernetes the cluster builds besides [`KUBE_PACKAGE`] (`tool` lines, so
 /// that `go mod tidy` keeps what they need).
-const TOOLS: &[&str] = &[super::build::KUBECTL_PACKAGE, super::build::SAMPLE_DEVICE_PLUGIN_PACKAGE];
+/// kubeadm and kube-proxy are for the kind node image.
+const TOOLS: &[&str] = &[
+    super::build::KUBECTL_PACKAGE,
+    super::build::SAMPLE_DEVICE_PLUGIN_PACKAGE,
+    super::build::KUBEADM_PACKAGE,
+    super::build::KUBE_PROXY_PACKAGE,
+];
 
 /// Bumped when the generated go.mod changes shape, so modules generated before are regenerated.
-const GENERATOR: &str = "3";
+const GENERATOR: &str = "4";
 
 /// The Go module the cluster's Kubernetes binaries are built in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,7 +208,7 @@ fn checkout_version(source: &Path) -> Result<String> {
 }
 
 /// What the generated module depends on: this generator, the path and go.mod of
-/// `xtask/local-cluster` (its replace target).
+/// `xtask/local-cluster` (its replace target), the go.mod of our replacements.
 fn inputs_of(layout: &Layout) -> Result<String> {
     let go = layout.go_dir();
     let text = fs::read(go.join("go.mod")).with_context(|| format!("read {}/go.mod", go.display()))?;
@@ -210,6 +216,11 @@ fn inputs_of(layout: &Layout) -> Result<String> {
     hasher.update(GENERATOR.as_bytes());
     hasher.update(go.to_string_lossy().as_bytes());
     hasher.update(text);
+    // A replacement's requirements end up in the generated go.mod and go.sum.
+    for replacement in gomod::replacements(&layout.repo) {
+        let go_mod = replacement.dir.join("go.mod");
+        hasher.update(fs::read(&go_mod).with_context(|| format!("read {}", go_mod.display()))?);
+    }
     Ok(hex(&hasher.finalize()))
 }
 

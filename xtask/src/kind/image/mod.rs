@@ -74,9 +74,42 @@ pub async fn kind_base_files(kind_version: &str) -> Result<PathBuf> {
     Ok(files)
 }
 
-/// Builds the node image unless an image with its tag exists; returns the tag.
-pub async fn ensure(tools: &Tools, layout: &Layout, kind_version: &str) -> Result<String> {
-    let versions = Versions::read(layout)?;
+/// A node image this builder made (or found with its tag).
+#[derive(Debug, Clone)]
+pub struct NodeImage {
+    /// `dra-e2e/kind-node:<version>-<hash>`.
+    pub tag: String,
+    /// The feature gates its kubelet takes (another release than the pinned one may have removed
+    /// or locked some of kind.yaml's).
+    pub known_gates: Vec<String>,
+}
+
+/// Which Kubernetes a node image is built from: the pinned release, another release, or a
+/// checkout (as `cluster up --k8s-version` / `--k8s-source` of the local provider).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Kubernetes<'a> {
+    /// A release tag (`v1.38.0-beta.0`).
+    pub release: Option<&'a str>,
+    /// A Kubernetes checkout.
+    pub source: Option<&'a Path>,
+}
+
+/// Builds the node image unless an image with its tag exists.
+pub async fn ensure(
+    tools: &Tools,
+    layout: &Layout,
+    kind_version: &str,
+    k8s: Kubernetes<'_>,
+) -> Result<NodeImage> {
+    let versions = {
+        let (layout, release, source) =
+            (layout.clone(), k8s.release.map(String::from), k8s.source.map(PathBuf::from));
+        tokio::task::spawn_blocking(move || {
+            Versions::for_cluster(&layout, release.as_deref(), source.as_deref())
+        })
+        .await
+        .context("the module thread panicked")??
+    };
     let bins = {
         let (layout, versions) = (layout.clone(), versions.clone());
         tokio::task::spawn_blocking(move || build::ensure_wanted(&layout, &versions, Wanted::Kind))
@@ -85,9 +118,10 @@ pub async fn ensure(tools: &Tools, layout: &Layout, kind_version: &str) -> Resul
     };
     let kind_files = kind_base_files(kind_version).await?;
     let tag = format!("{REPOSITORY}:{}-{}", versions.kubernetes, input_hash(&bins.dir, &kind_files)?);
+    let image = NodeImage { tag: tag.clone(), known_gates: build::known_gates(&bins)? };
     if tools.output(&super::image_present_cmd(&tag), QUICK).await.is_ok() {
         Step::start(format!("kind node image {tag}")).finish("cached");
-        return Ok(tag);
+        return Ok(image);
     }
     let started = Instant::now();
     let cache = layout.cache.join("kind-image");
@@ -124,7 +158,7 @@ pub async fn ensure(tools: &Tools, layout: &Layout, kind_version: &str) -> Resul
     untag.with_context(|| format!("remove the intermediate image {base_tag}"))?;
     step.done();
     eprintln!("==> kind node image {tag} built in {}", crate::progress::human(started.elapsed()));
-    Ok(tag)
+    Ok(image)
 }
 
 /// The image archives of the node, as (file name in `dir`, what it holds).
