@@ -206,6 +206,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         let up = cluster.up(true).await.map(|_| ());
         let up_ok = up.is_ok();
         step("local cluster up", up, t);
+        let lanes = lanes(&repo);
         // What later lanes need built (the kind node image last) builds now, niced, beside the
         // lanes before them, which mostly wait on the cluster. The kind lane's engine starts
         // first: the image is imported into it.
@@ -213,9 +214,9 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
             if args.lane == TestLane::All {
                 kind = Some(kind_lane::prepare(&mut step).await);
             }
-            let builds: Vec<_> = lanes(&repo)
-                .into_iter()
-                .filter_map(|lane| lane.build)
+            let builds: Vec<_> = lanes
+                .iter()
+                .filter_map(|lane| lane.build.clone())
                 .chain(kind.as_ref().and_then(kind_lane::KindLane::image_build))
                 .collect();
             let t = Instant::now();
@@ -235,7 +236,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                 let t = Instant::now();
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
-            for lane in lanes(&repo).into_iter().take_while(|_| go_on()) {
+            for lane in lanes.into_iter().take_while(|_| go_on()) {
                 let t = Instant::now();
                 if let (Some(build), Some(background)) = (&lane.build, background.as_mut())
                     && let Some((name, result)) = background.wait(build.key).await

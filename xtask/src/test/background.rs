@@ -165,10 +165,8 @@ fn run_one(exe: &Path, repo: &Path, build: &Build, log: &PathBuf, running: &Mute
     *running.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     let status = status.map_err(|e| fail(format!("wait: {e}")))?;
     if !status.success() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let mut tail: Vec<&str> = text.lines().rev().take(15).collect();
-        tail.reverse();
-        return Err(fail(format!("{status}; {}:\n{}", log.display(), tail.join("\n"))));
+        let tail = crate::local::process::tail(log, 15);
+        return Err(fail(format!("{status}; {}:\n{tail}", log.display())));
     }
     Ok(started.elapsed())
 }
