@@ -12,7 +12,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
@@ -21,7 +21,10 @@ use clap::Args;
 use crate::{e2e, local, overrides::OverrideArgs, progress::human};
 
 mod background;
+mod budget;
 pub(crate) mod kind_lane;
+
+pub use budget::StepStart;
 
 /// The workload lane: the cluster restarted with what PodGroups need (beta gates off by default
 /// and a beta API, which kind.yaml leaves off because they change how every pod is scheduled),
@@ -165,18 +168,18 @@ pub struct TestArgs {
 struct Outcome {
     name: String,
     result: Result<()>,
-    elapsed: Duration,
+    cost: budget::StepCost,
 }
 
 /// Runs the steps and prints the summary.
 pub async fn run(args: TestArgs) -> Result<ExitCode> {
     let repo = crate::repo::repo_root();
     let mut outcomes = Vec::new();
-    let mut step = |name: &str, result: Result<()>, started: Instant| {
+    let mut step = |name: &str, result: Result<()>, started: StepStart| {
         if let Err(e) = &result {
             eprintln!("==> step failed: {name}: {e:#}");
         }
-        outcomes.push(Outcome { name: name.to_string(), result, elapsed: started.elapsed() });
+        outcomes.push(Outcome { name: name.to_string(), result, cost: started.cost() });
     };
 
     if args.lane == TestLane::Kind && (args.no_cluster || args.keep_cluster) {
@@ -188,7 +191,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     let interrupted = interrupt_flag();
     let go_on = || !interrupted.load(Ordering::SeqCst);
     if args.lane != TestLane::Kind {
-        let t = Instant::now();
+        let t = StepStart::now();
         step(
             "unit and protocol tests (cargo test --workspace)",
             cargo(&repo, &["test", "--workspace"], &[]),
@@ -199,7 +202,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     let mut kind = None;
     let mut background = None;
     if !args.no_cluster && args.lane != TestLane::Kind && go_on() {
-        let t = Instant::now();
+        let t = StepStart::now();
         // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
         let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
             .with_overrides(Some(crate::overrides::Overrides::default()));
@@ -219,31 +222,35 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                 .filter_map(|lane| lane.build.clone())
                 .chain(kind.as_ref().and_then(kind_lane::KindLane::image_build))
                 .collect();
-            let t = Instant::now();
+            let t = StepStart::now();
             let started = background::Background::start(&repo, builds);
             let ok = started.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}"));
             background = started.ok();
-            step("background builds started (nice 19)", ok, t);
+            step("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
         }
         if up_ok {
             let kubeconfig = cluster.kubeconfig();
             for test in cluster_tests().into_iter().take_while(|_| go_on()) {
-                let t = Instant::now();
+                let t = StepStart::now();
                 let result = cargo(&repo, &test.cargo_args, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
                 step(test.name, result, t);
             }
             for (name, suite_args) in suite_runs(&repo).into_iter().take_while(|_| go_on()) {
-                let t = Instant::now();
+                let t = StepStart::now();
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
             for lane in lanes.into_iter().take_while(|_| go_on()) {
-                let t = Instant::now();
+                // The restart's step carries the wait for its build (the `waited` column).
+                let mut t = StepStart::now();
                 if let (Some(build), Some(background)) = (&lane.build, background.as_mut())
-                    && let Some((name, result)) = background.wait(build.key).await
+                    && let Some(waited) = background.wait(build.key).await
                 {
-                    step(&name, result, t);
+                    t = t.waited(waited.waited);
+                    match waited.result {
+                        Ok(()) => eprintln!("==> {} (waited {})", waited.name, human(waited.waited)),
+                        Err(e) => step(&waited.name, Err(e), StepStart::now()),
+                    }
                 }
-                let t = Instant::now();
                 let up = match lane_overrides(&lane) {
                     Ok(overrides) => {
                         cluster.clone().with_overrides(Some(overrides)).up(false).await.map(|_| ())
@@ -256,20 +263,20 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                     continue;
                 }
                 for (name, cmd) in lane.cluster_tests.iter().take_while(|_| go_on()) {
-                    let t = Instant::now();
+                    let t = StepStart::now();
                     let result = cargo(&repo, cmd, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
                     step(name, result, t);
                 }
                 if !go_on() {
                     break;
                 }
-                let t = Instant::now();
+                let t = StepStart::now();
                 let (name, suite_args) = &lane.suite;
                 step(name, run_suite(&repo, &kubeconfig, suite_args).await, t);
             }
         }
         if !args.keep_cluster {
-            let t = Instant::now();
+            let t = StepStart::now();
             let down = async {
                 cluster.down().await?;
                 let left = cluster.leftovers();
@@ -295,14 +302,43 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         eprintln!("==> interrupted: the steps after the one that was running did not run");
     }
 
-    eprintln!("\n{:<62} {:>8}  result", "step", "time");
-    for o in &outcomes {
-        let result = if o.result.is_ok() { "ok" } else { "FAILED" };
-        eprintln!("{:<62} {:>8}  {result}", o.name, human(o.elapsed));
-    }
+    eprint!("\n{}", step_table(&outcomes));
     let failed = outcomes.iter().filter(|o| o.result.is_err()).count();
     eprintln!("{} steps, {failed} failed", outcomes.len());
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The closing table: per step its wall time, the machine's CPU time over it (the background
+/// builds' share apart, in `bg cpu`), the time it waited for a background build, its result; and
+/// the totals.
+fn step_table(outcomes: &[Outcome]) -> String {
+    let opt = |d: Option<Duration>| d.map(human).unwrap_or_else(|| "-".into());
+    let wait = |d: Duration| if d.is_zero() { String::new() } else { human(d) };
+    let mut table =
+        format!("{:<62} {:>8} {:>8} {:>8} {:>8}  result\n", "step", "time", "cpu", "bg cpu", "waited");
+    for o in outcomes {
+        let result = if o.result.is_ok() { "ok" } else { "FAILED" };
+        let c = &o.cost;
+        table += &format!(
+            "{:<62} {:>8} {:>8} {:>8} {:>8}  {result}\n",
+            o.name,
+            human(c.elapsed),
+            opt(c.cpu),
+            opt(c.background),
+            wait(c.waited)
+        );
+    }
+    let sum = |f: fn(&budget::StepCost) -> Option<Duration>| outcomes.iter().filter_map(|o| f(&o.cost)).sum();
+    let elapsed: Duration = sum(|c| Some(c.elapsed));
+    table += &format!(
+        "{:<62} {:>8} {:>8} {:>8} {:>8}\n",
+        "all steps",
+        human(elapsed),
+        human(sum(|c| c.cpu)),
+        human(sum(|c| c.background)),
+        wait(sum(|c| Some(c.waited)))
+    );
+    table
 }
 
 /// Set once Ctrl-C (SIGINT) reaches the run. The step that is running gets it too (same process
@@ -461,6 +497,35 @@ mod tests {
                 test.any_provider
             );
         }
+    }
+
+    #[test]
+    fn the_step_table_shows_cpu_and_waits_and_sums_them() {
+        let secs = Duration::from_secs;
+        let outcome = |name: &str, ok: bool, cost| Outcome {
+            name: name.into(),
+            result: if ok { Ok(()) } else { Err(anyhow::anyhow!("broke")) },
+            cost,
+        };
+        let outcomes = [
+            outcome(
+                "restart",
+                true,
+                budget::StepCost {
+                    elapsed: secs(100),
+                    cpu: Some(secs(30)),
+                    background: Some(secs(50)),
+                    waited: secs(40),
+                },
+            ),
+            outcome("lane", false, budget::StepCost { elapsed: secs(20), cpu: None, ..Default::default() }),
+        ];
+        let table = step_table(&outcomes);
+        let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[0], ["step", "time", "cpu", "bg", "cpu", "waited", "result"]);
+        assert_eq!(rows[1], ["restart", "1m40s", "30.0s", "50.0s", "40.0s", "ok"]);
+        assert_eq!(rows[2], ["lane", "20.0s", "-", "-", "FAILED"]);
+        assert_eq!(rows[3], ["all", "steps", "2m00s", "30.0s", "50.0s", "40.0s"]);
     }
 
     #[test]

@@ -13,12 +13,11 @@
 use std::{
     path::Path,
     sync::atomic::{AtomicBool, Ordering},
-    time::Instant,
 };
 
 use anyhow::{Result, bail};
 
-use super::{background::Background, cargo, run_suite, suite_args};
+use super::{StepStart, background::Background, cargo, run_suite, suite_args};
 use crate::{
     kind::{self, engine::Engine},
     provider::Provider,
@@ -57,8 +56,8 @@ pub struct KindLane {
 }
 
 /// Starts the lane's engine (unless `DOCKER_HOST` names one).
-pub async fn prepare(step: &mut dyn FnMut(&str, Result<()>, Instant)) -> KindLane {
-    let t = Instant::now();
+pub async fn prepare(step: &mut dyn FnMut(&str, Result<()>, StepStart)) -> KindLane {
+    let t = StepStart::now();
     let engine = if std::env::var_os("DOCKER_HOST").is_some() {
         Ok(None)
     } else {
@@ -89,20 +88,20 @@ impl KindLane {
         repo: &Path,
         interrupted: &AtomicBool,
         background: Option<&mut Background>,
-        step: &mut dyn FnMut(&str, Result<()>, Instant),
+        step: &mut dyn FnMut(&str, Result<()>, StepStart),
     ) {
         let go_on = || !interrupted.load(Ordering::SeqCst);
         if let Some(background) = background.filter(|_| go_on()) {
-            let t = Instant::now();
-            if let Some((name, result)) = background.wait(IMAGE_BUILD).await {
-                step(&name, result, t);
+            let t = StepStart::now();
+            if let Some(waited) = background.wait(IMAGE_BUILD).await {
+                step(&waited.name, waited.result, t.waited(waited.waited));
             }
         }
         if self.engine_ok {
             on_cluster(repo, &go_on, step).await;
         }
         if self.engine_started {
-            let t = Instant::now();
+            let t = StepStart::now();
             step("kind lane: the run's own Docker engine stopped", Engine::from_env().stop(false).await, t);
         }
     }
@@ -110,14 +109,18 @@ impl KindLane {
 
 /// Cluster up, the tests on it, cluster down (also after a failure) and the leftovers check.
 /// After a failure the nodes' and pods' logs are exported first, to `<target>/e2e/artifacts/kind-logs`.
-async fn on_cluster(repo: &Path, go_on: &dyn Fn() -> bool, step: &mut dyn FnMut(&str, Result<()>, Instant)) {
+async fn on_cluster(
+    repo: &Path,
+    go_on: &dyn Fn() -> bool,
+    step: &mut dyn FnMut(&str, Result<()>, StepStart),
+) {
     let args = kind_args();
     let failed = std::cell::Cell::new(false);
-    let mut step = |name: &str, result: Result<()>, t: Instant| {
+    let mut step = |name: &str, result: Result<()>, t: StepStart| {
         failed.set(failed.get() || result.is_err());
         step(name, result, t);
     };
-    let t = Instant::now();
+    let t = StepStart::now();
     let mut kubeconfig = None;
     if go_on() {
         let up = Provider::Kind.up(&args, None, None, false, false).await;
@@ -130,12 +133,12 @@ async fn on_cluster(repo: &Path, go_on: &dyn Fn() -> bool, step: &mut dyn FnMut(
     }
     if let Some(kubeconfig) = kubeconfig {
         for test in super::cluster_tests().iter().filter(|test| test.any_provider).take_while(|_| go_on()) {
-            let t = Instant::now();
+            let t = StepStart::now();
             let result = cargo(repo, &test.cargo_args, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
             step(&format!("kind: {}", test.name), result, t);
         }
         if go_on() {
-            let t = Instant::now();
+            let t = StepStart::now();
             let result = run_suite(repo, &kubeconfig, &suite_args(repo, &["--focus", FOCUS], JUNIT)).await;
             step("e2e on kind: every kubelet spec (--focus kubelet)", result, t);
         }
@@ -147,7 +150,7 @@ async fn on_cluster(repo: &Path, go_on: &dyn Fn() -> bool, step: &mut dyn FnMut(
             Err(e) => eprintln!("==> could not export the kind cluster's logs: {e:#}"),
         }
     }
-    let t = Instant::now();
+    let t = StepStart::now();
     let down = async {
         Provider::Kind.down(&args, false).await?;
         let left = kind::leftovers(&args).await?;
