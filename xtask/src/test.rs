@@ -22,6 +22,7 @@ use crate::{e2e, local, overrides::OverrideArgs, progress::human};
 
 mod background;
 mod budget;
+mod cluster_tests;
 pub(crate) mod kind_lane;
 
 pub use budget::StepStart;
@@ -230,10 +231,13 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         }
         if up_ok {
             let kubeconfig = cluster.kubeconfig();
-            for test in cluster_tests().into_iter().take_while(|_| go_on()) {
+            if go_on() {
                 let t = StepStart::now();
-                let result = cargo(&repo, &test.cargo_args, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
-                step(test.name, result, t);
+                let tests = cluster_tests::cluster_tests();
+                let (name, result) =
+                    cluster_tests::run_side_by_side(&repo, &tests.iter().collect::<Vec<_>>(), &kubeconfig)
+                        .await;
+                step(&name, result, t);
             }
             for (name, suite_args) in suite_runs(&repo).into_iter().take_while(|_| go_on()) {
                 let t = StepStart::now();
@@ -355,66 +359,6 @@ fn interrupt_flag() -> Arc<AtomicBool> {
     flag
 }
 
-/// A cluster test: `#[ignore]`d tests that read the kubeconfig from `DRA_E2E_KUBECONFIG`.
-pub(crate) struct ClusterTest {
-    /// The step name.
-    pub name: &'static str,
-    /// cargo's arguments. `--workspace` keeps cargo's feature unification identical to the
-    /// `cargo test --workspace` build before, so nothing is compiled twice.
-    pub cargo_args: Vec<&'static str>,
-    /// Whether it runs on any cluster (the kind lane runs these too); the others read the local
-    /// cluster's node directories on this machine or its node names.
-    pub any_provider: bool,
-}
-
-/// The cluster tests of the default cluster, in order.
-pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
-    let test = |name, cargo_args: &[&'static str], any_provider| ClusterTest {
-        name,
-        cargo_args: cargo_args.to_vec(),
-        any_provider,
-    };
-    vec![
-        test(
-            "local cluster tests (xtask/tests/local_cluster.rs)",
-            &["test", "--workspace", "--test", "local_cluster", "--", "--ignored"],
-            false,
-        ),
-        test(
-            "framework cluster tests (harness/tests/cluster/framework.rs)",
-            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "framework::"],
-            true,
-        ),
-        // The kubelet-like client dials the node's sockets from this machine.
-        test(
-            "tunnel cluster tests (harness/tests/cluster/tunnel.rs)",
-            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "tunnel::"],
-            false,
-        ),
-        test(
-            "driver cluster tests (harness/tests/cluster/driver.rs)",
-            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
-            true,
-        ),
-        test(
-            "fault cluster tests (harness/tests/cluster/faults.rs)",
-            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "faults::"],
-            true,
-        ),
-        // Serves a local cluster node's kubelet directory (kind-worker3) from this machine.
-        test(
-            "example driver against a real kubelet (kubelet-plugin/tests/node_driver.rs)",
-            &["test", "--workspace", "--test", "node_driver", "--", "--ignored"],
-            false,
-        ),
-        test(
-            "leftovers cluster test: a SIGKILLed run, a cleaning run, a live run (suites/tests/leftovers.rs)",
-            &["test", "--workspace", "--test", "leftovers", "--", "--ignored"],
-            true,
-        ),
-    ]
-}
-
 /// The e2e suite runs against the local cluster, each with its JUnit report: the control-plane
 /// specs (API server, scheduler and controllers only), then the kubelet specs (pods run, the
 /// kubelet talks to the in-process plugin through the proxy pods) but those of the workload lane.
@@ -486,7 +430,7 @@ mod tests {
         // What ties a cluster test to the local cluster: its node directories on this machine,
         // its node names.
         let local_only = ["DRA_E2E_LOCAL_STATE", "kind-worker"];
-        for test in cluster_tests() {
+        for test in cluster_tests::cluster_tests() {
             let file = test.name.rsplit_once('(').unwrap().1.trim_end_matches(')');
             let source = std::fs::read_to_string(crate::repo::repo_root().join(file)).unwrap();
             let ties: Vec<_> = local_only.iter().filter(|m| source.contains(*m)).collect();

@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Result, bail};
 
-use super::{StepStart, background::Background, cargo, run_suite, suite_args};
+use super::{StepStart, background::Background, run_suite, suite_args};
 use crate::{
     kind::{self, engine::Engine},
     provider::Provider,
@@ -132,10 +132,12 @@ async fn on_cluster(
         );
     }
     if let Some(kubeconfig) = kubeconfig {
-        for test in super::cluster_tests().iter().filter(|test| test.any_provider).take_while(|_| go_on()) {
+        if go_on() {
             let t = StepStart::now();
-            let result = cargo(repo, &test.cargo_args, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
-            step(&format!("kind: {}", test.name), result, t);
+            let tests = super::cluster_tests::cluster_tests();
+            let any: Vec<_> = tests.iter().filter(|test| test.any_provider).collect();
+            let (name, result) = super::cluster_tests::run_side_by_side(repo, &any, &kubeconfig).await;
+            step(&format!("kind: {name}"), result, t);
         }
         if go_on() {
             let t = StepStart::now();
