@@ -191,6 +191,28 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     }
     let interrupted = interrupt_flag();
     let go_on = || !interrupted.load(Ordering::SeqCst);
+    let local_lanes = !args.no_cluster && args.lane != TestLane::Kind;
+    let lanes = lanes(&repo);
+    let mut kind = None;
+    let mut background = None;
+    // Everything the run builds for its clusters (the local cluster first, the kind node image
+    // last) builds from the start, in the background at the least CPU priority: beside the unit
+    // tests, then beside the lanes before the one that needs it, which mostly wait on the
+    // cluster. The kind lane's engine starts first: the image is imported into it.
+    if local_lanes {
+        if args.lane == TestLane::All {
+            kind = Some(kind_lane::prepare(&mut step).await);
+        }
+        let builds: Vec<_> = std::iter::once(local_cluster_build())
+            .chain(lanes.iter().filter_map(|lane| lane.build.clone()))
+            .chain(kind.as_ref().and_then(kind_lane::KindLane::image_build))
+            .collect();
+        let t = StepStart::now();
+        let started = background::Background::start(&repo, builds);
+        let ok = started.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}"));
+        background = started.ok();
+        step("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
+    }
     if args.lane != TestLane::Kind {
         let t = StepStart::now();
         step(
@@ -200,35 +222,14 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
         );
     }
 
-    let mut kind = None;
-    let mut background = None;
-    if !args.no_cluster && args.lane != TestLane::Kind && go_on() {
-        let t = StepStart::now();
+    if local_lanes && go_on() {
+        let t = wait_for_build(background.as_mut(), LOCAL_CLUSTER_BUILD, &mut step).await;
         // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
         let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
             .with_overrides(Some(crate::overrides::Overrides::default()));
         let up = cluster.up(true).await.map(|_| ());
         let up_ok = up.is_ok();
         step("local cluster up", up, t);
-        let lanes = lanes(&repo);
-        // What later lanes need built (the kind node image last) builds now, niced, beside the
-        // lanes before them, which mostly wait on the cluster. The kind lane's engine starts
-        // first: the image is imported into it.
-        if up_ok && go_on() {
-            if args.lane == TestLane::All {
-                kind = Some(kind_lane::prepare(&mut step).await);
-            }
-            let builds: Vec<_> = lanes
-                .iter()
-                .filter_map(|lane| lane.build.clone())
-                .chain(kind.as_ref().and_then(kind_lane::KindLane::image_build))
-                .collect();
-            let t = StepStart::now();
-            let started = background::Background::start(&repo, builds);
-            let ok = started.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}"));
-            background = started.ok();
-            step("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
-        }
         if up_ok {
             let kubeconfig = cluster.kubeconfig();
             if go_on() {
@@ -244,17 +245,10 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
             for lane in lanes.into_iter().take_while(|_| go_on()) {
-                // The restart's step carries the wait for its build (the `waited` column).
-                let mut t = StepStart::now();
-                if let (Some(build), Some(background)) = (&lane.build, background.as_mut())
-                    && let Some(waited) = background.wait(build.key).await
-                {
-                    t = t.waited(waited.waited);
-                    match waited.result {
-                        Ok(()) => eprintln!("==> {} (waited {})", waited.name, human(waited.waited)),
-                        Err(e) => step(&waited.name, Err(e), StepStart::now()),
-                    }
-                }
+                let t = match &lane.build {
+                    Some(build) => wait_for_build(background.as_mut(), build.key, &mut step).await,
+                    None => StepStart::now(),
+                };
                 let up = match lane_overrides(&lane) {
                     Ok(overrides) => {
                         cluster.clone().with_overrides(Some(overrides)).up(false).await.map(|_| ())
@@ -343,6 +337,36 @@ fn step_table(outcomes: &[Outcome]) -> String {
         wait(sum(|c| Some(c.waited)))
     );
     table
+}
+
+/// The background build of the local cluster's binaries (`cluster build`), which the first
+/// `cluster up` waits for.
+const LOCAL_CLUSTER_BUILD: &str = "local-cluster";
+
+fn local_cluster_build() -> background::Build {
+    background::Build { key: LOCAL_CLUSTER_BUILD, what: "the local cluster's binaries".into(), args: vec![] }
+}
+
+/// Waits for the background build `key` (if it was queued) and returns the start of the step
+/// that needed it, carrying the wait (the step table's `waited`). A failed build is a failed step
+/// of its own (with its log's tail); the step after it then builds in the foreground.
+async fn wait_for_build(
+    background: Option<&mut background::Background>,
+    key: &str,
+    step: &mut impl FnMut(&str, Result<()>, StepStart),
+) -> StepStart {
+    let t = StepStart::now();
+    let Some(waited) = (match background {
+        Some(background) => background.wait(key).await,
+        None => None,
+    }) else {
+        return t;
+    };
+    match waited.result {
+        Ok(()) => eprintln!("==> {} (waited {})", waited.name, human(waited.waited)),
+        Err(e) => step(&waited.name, Err(e), StepStart::now()),
+    }
+    t.waited(waited.waited)
 }
 
 /// Set once Ctrl-C (SIGINT) reaches the run. The step that is running gets it too (same process

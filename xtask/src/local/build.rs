@@ -5,6 +5,7 @@
 //! only kubectl and `cluster up --registry` only adds the registry to a complete build.
 
 mod kind;
+mod lock;
 
 use std::{
     fs,
@@ -376,13 +377,29 @@ pub fn ensure_wanted(layout: &Layout, versions: &Versions, wanted: Wanted) -> Re
     // A checkout's sources change under the same version: its builds always run (Go's cache
     // makes an unchanged one quick).
     let checkout = versions.kube.checkout.is_some();
-    let builds: Vec<GoBuild> = plan(&layout.go_dir(), versions, wanted)
-        .into_iter()
-        .filter(|b| {
-            (checkout && b.module == versions.kube.dir)
-                || b.outputs.iter().any(|o| !bins.dir.join(o).is_file())
-        })
-        .collect();
+    let to_build = || -> Vec<GoBuild> {
+        plan(&layout.go_dir(), versions, wanted)
+            .into_iter()
+            .filter(|b| {
+                (checkout && b.module == versions.kube.dir)
+                    || b.outputs.iter().any(|o| !bins.dir.join(o).is_file())
+            })
+            .collect()
+    };
+    // One build of a key at a time; a cache hit takes no lock (outputs arrive by rename), so a
+    // build in the background never holds up a `cluster up` whose binaries are there. After the
+    // wait, what the other build made is no longer built.
+    let mut builds = to_build();
+    let _one_at_a_time = if builds.is_empty() {
+        None
+    } else {
+        let lock = lock::BuildLock::acquire(
+            &lock::lock_file(&layout.cache.join("bin"), &key),
+            lock::BUILD_LOCK_TIMEOUT,
+        )?;
+        builds = to_build();
+        Some(lock)
+    };
     if builds.is_empty() {
         if matches!(wanted, Wanted::Cluster | Wanted::Kind) {
             Step::start(format!("build Kubernetes {} components", versions.kubernetes)).finish("cached");
