@@ -71,7 +71,10 @@ async fn extended_resource_test(b: &Builder, resources: &[String], env: &[&str])
         &quantities(&two),
         [
             "env|grep container_1_request_0=true",
-            "while true; do env; env|grep container_1_request_0=true; echo $?; sleep 5; done",
+            // Upstream's loop, with the test pods' `trap exit TERM` (harness::builder::INFINITE_SLEEP):
+            // the sidecar's shell, PID 1, would ignore SIGTERM and hold the pod's deletion for
+            // its 30 s grace period.
+            "trap exit TERM; while true; do env; env|grep container_1_request_0=true; echo $?; sleep 5; done",
             "env|grep container_3_request_0=true",
         ],
     )?;
