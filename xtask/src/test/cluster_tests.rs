@@ -1,9 +1,11 @@
 //! The cluster tests: `#[ignore]`d cargo tests that read the kubeconfig from
 //! `DRA_E2E_KUBECONFIG`, run side by side, each in its own process (they mostly wait on the
-//! cluster, and runs side by side on one cluster leave each other alone: none of them labels its
-//! objects with a run identity another run could sweep, and each deletes only its own proxy pods
-//! and closes only its own connections). Each one's output goes to a log of its own and is
-//! printed whole once it ends, so outputs never interleave.
+//! cluster, and tests side by side on one cluster leave each other alone: each deletes only its
+//! own proxy pods and closes only its own connections, and the runs they make in-process label
+//! nothing with a run identity a sweep could take). The one exception is ordered: a test that
+//! checks what a run's start sweeps ([`ClusterTest::checks_sweeps`]) starts once the tests that
+//! start `dra-e2e` runs ([`ClusterTest::starts_runs`]) ended. Each test's output goes to a log
+//! of its own and is printed whole once it ends, so outputs never interleave.
 
 use std::{
     path::Path,
@@ -27,9 +29,12 @@ pub(crate) struct ClusterTest {
     /// Whether it runs on any cluster (the kind lane runs these too); the others read the local
     /// cluster's node directories on this machine or its node names.
     pub any_provider: bool,
-    /// Whether it runs alone, after the others: it checks what other runs leave behind and what
-    /// a run's start sweeps, which a run starting beside it would change.
-    pub alone: bool,
+    /// Whether it starts `dra-e2e` runs of its own (each sweeps other runs' leftovers as it
+    /// starts).
+    pub starts_runs: bool,
+    /// Whether it checks what a run's start sweeps, which a run starting beside it would change:
+    /// it starts once every test that [`ClusterTest::starts_runs`] ended.
+    pub checks_sweeps: bool,
 }
 
 /// The cluster tests of the default cluster, in order.
@@ -39,7 +44,8 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
         short: name.split_whitespace().next().unwrap_or(name),
         cargo_args: cargo_args.to_vec(),
         any_provider,
-        alone: false,
+        starts_runs: false,
+        checks_sweeps: false,
     };
     vec![
         test(
@@ -47,11 +53,15 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
             &["test", "--workspace", "--test", "local_cluster", "--", "--ignored"],
             false,
         ),
-        test(
-            "framework cluster tests (harness/tests/cluster/framework.rs)",
-            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "framework::"],
-            true,
-        ),
+        // Its self-test binary is a runner of its own (a `dra-e2e` run).
+        ClusterTest {
+            starts_runs: true,
+            ..test(
+                "framework cluster tests (harness/tests/cluster/framework.rs)",
+                &["test", "--workspace", "--test", "cluster", "--", "--ignored", "framework::"],
+                true,
+            )
+        },
         // The kubelet-like client dials the node's sockets from this machine.
         test(
             "tunnel cluster tests (harness/tests/cluster/tunnel.rs)",
@@ -75,7 +85,8 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
             false,
         ),
         ClusterTest {
-            alone: true,
+            starts_runs: true,
+            checks_sweeps: true,
             ..test(
                 "leftovers cluster test: a SIGKILLed run, a cleaning run, a live run (suites/tests/leftovers.rs)",
                 &["test", "--workspace", "--test", "leftovers", "--", "--ignored"],
@@ -85,8 +96,8 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
     ]
 }
 
-/// Runs `tests` side by side against `kubeconfig` (those that run [`ClusterTest::alone`] one by
-/// one afterwards), each `cargo <args>` with its output in
+/// Runs `tests` side by side against `kubeconfig` (those that [`ClusterTest::checks_sweeps`] one
+/// by one once those that [`ClusterTest::starts_runs`] ended), each `cargo <args>` with its output in
 /// `<target>/e2e/cluster-tests/<short>.log`, printed whole when it ends. Returns one line for the
 /// step table (each test's time, the failed ones named) and whether all passed.
 pub(crate) async fn run_side_by_side(
@@ -121,12 +132,22 @@ async fn side_by_side(
         };
         (test, run)
     });
-    let (alone, together): (Vec<_>, Vec<_>) = runs.partition(|(test, _)| test.alone);
-    let mut ended: Vec<(&&ClusterTest, Duration, Result<()>)> =
-        futures::future::join_all(together.into_iter().map(|(_, run)| run)).await;
-    for (_, run) in alone {
-        ended.push(run.await);
-    }
+    // Three groups at once: those that start runs, then after them those that check sweeps (one
+    // by one); and beside both, the rest.
+    let (checkers, others): (Vec<_>, Vec<_>) = runs.partition(|(test, _)| test.checks_sweeps);
+    let (runners, rest): (Vec<_>, Vec<_>) = others.into_iter().partition(|(test, _)| test.starts_runs);
+    let ordered = async {
+        let mut ended = futures::future::join_all(runners.into_iter().map(|(_, run)| run)).await;
+        for (_, run) in checkers {
+            ended.push(run.await);
+        }
+        ended
+    };
+    let (mut ended, beside): (Vec<Ended>, Vec<Ended>) =
+        futures::future::join(ordered, futures::future::join_all(rest.into_iter().map(|(_, run)| run))).await;
+    ended.extend(beside);
+    // In the given order.
+    ended.sort_by_key(|(test, _, _)| tests.iter().position(|t| std::ptr::eq(*t, **test)));
     let times: Vec<String> =
         ended.iter().map(|(t, took, _)| format!("{} {}", t.short, human(*took))).collect();
     let failed: Vec<String> =
@@ -135,6 +156,9 @@ async fn side_by_side(
     let result = if failed.is_empty() { Ok(()) } else { Err(anyhow::anyhow!("{}", failed.join("; "))) };
     (name, result)
 }
+
+/// A test that ended: how long it took, its outcome.
+type Ended<'a> = (&'a &'a ClusterTest, Duration, Result<()>);
 
 /// Runs one cluster test to its end, its output in `log`.
 async fn run_one(
@@ -176,22 +200,23 @@ mod tests {
         // A stand-in for cargo: notes its start, waits, notes its end; `fail` fails.
         let program = dir.path().join("fake-cargo");
         let script = format!(
-            "#!/bin/sh\necho \"start $1\" >> {o}\necho \"output of $1 with $DRA_E2E_KUBECONFIG\"\nsleep 1\necho \"end $1\" >> {o}\n[ \"$1\" != fail ]\n",
+            "#!/bin/sh\necho \"start $1\" >> {o}\necho \"output of $1 with $DRA_E2E_KUBECONFIG\"\ncase $1 in fail) sleep 3;; *) sleep 1;; esac\necho \"end $1\" >> {o}\n[ \"$1\" != fail ]\n",
             o = order.display()
         );
         std::fs::write(&program, script).unwrap();
         std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let test = |name, short, arg, alone| ClusterTest {
+        let test = |name, short, arg, starts_runs, checks_sweeps| ClusterTest {
             name,
             short,
             cargo_args: vec![arg],
             any_provider: true,
-            alone,
+            starts_runs,
+            checks_sweeps,
         };
         let tests = [
-            test("solo tests (c.rs)", "solo", "solo", true),
-            test("first tests (a.rs)", "first", "pass", false),
-            test("second tests (b.rs)", "second", "fail", false),
+            test("sweep checking tests (c.rs)", "checker", "checker", true, true),
+            test("run starting tests (a.rs)", "runner", "runner", true, false),
+            test("other tests (b.rs)", "other", "fail", false, false),
         ];
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs).unwrap();
@@ -205,14 +230,18 @@ mod tests {
         .await;
 
         let lines: Vec<String> = std::fs::read_to_string(&order).unwrap().lines().map(String::from).collect();
-        assert!(lines[..2].iter().all(|l| l.starts_with("start")), "one ran after the other: {lines:?}");
-        // The one that runs alone starts once the others ended.
-        assert_eq!(lines[4..], ["start solo", "end solo"], "{lines:?}");
-        assert!(name.starts_with("cluster tests side by side: first "), "{name}");
-        assert!(name.contains(", second ") && name.contains(", solo "), "{name}");
+        let at =
+            |line: &str| lines.iter().position(|l| l == line).unwrap_or_else(|| panic!("{line}: {lines:?}"));
+        assert!(at("start fail") < at("end runner"), "the other test did not run beside: {lines:?}");
+        // The sweep checker starts once the run starter ended, beside the other test.
+        assert!(at("end runner") < at("start checker"), "{lines:?}");
+        assert!(at("start checker") < at("end fail"), "{lines:?}");
+        // The row names each in the given order.
+        assert!(name.starts_with("cluster tests side by side: checker "), "{name}");
+        assert!(name.contains(", runner ") && name.contains(", other "), "{name}");
         let err = format!("{:#}", result.unwrap_err());
-        assert!(err.contains("second tests (b.rs)") && !err.contains("first tests"), "{err}");
-        let first = std::fs::read_to_string(logs.join("first.log")).unwrap();
-        assert_eq!(first, "output of pass with /k.conf\n");
+        assert!(err.contains("other tests (b.rs)") && !err.contains("run starting"), "{err}");
+        let runner = std::fs::read_to_string(logs.join("runner.log")).unwrap();
+        assert_eq!(runner, "output of runner with /k.conf\n");
     }
 }
