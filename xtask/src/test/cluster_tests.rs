@@ -37,6 +37,9 @@ pub(crate) struct ClusterTest {
     pub checks_sweeps: bool,
 }
 
+/// The fault test that closes every connection of its process to the API server (`ss -K`).
+const CONNECTIONS_CLOSED: &str = "faults::tunnels_and_proxies_come_back_after_their_connections_are_closed";
+
 /// The cluster tests of the default cluster, in order.
 pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
     let test = |name: &'static str, cargo_args: &[&'static str], any_provider| ClusterTest {
@@ -73,9 +76,28 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
             &["test", "--workspace", "--test", "cluster", "--", "--ignored", "driver::"],
             true,
         ),
+        // Each fault test waits on its own proxy pods: all at once in one process, but the one
+        // that closes every connection of its process, which gets a process of its own.
         test(
             "fault cluster tests (harness/tests/cluster/faults.rs)",
-            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "faults::"],
+            &[
+                "test",
+                "--workspace",
+                "--test",
+                "cluster",
+                "--",
+                "--ignored",
+                "faults::",
+                "--skip",
+                CONNECTIONS_CLOSED,
+                "--test-threads",
+                "8",
+            ],
+            true,
+        ),
+        test(
+            "connection fault cluster test (harness/tests/cluster/faults.rs)",
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "--exact", CONNECTIONS_CLOSED],
             true,
         ),
         // Serves a local cluster node's kubelet directory (kind-worker3) from this machine.
@@ -192,6 +214,15 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn the_connection_fault_test_is_named_as_in_its_file() {
+        // `--exact` with a name that no longer exists would run nothing and pass.
+        let file = crate::repo::repo_root().join("harness/tests/cluster/faults.rs");
+        let source = std::fs::read_to_string(&file).unwrap();
+        let function = CONNECTIONS_CLOSED.rsplit("::").next().unwrap();
+        assert!(source.contains(&format!("async fn {function}()")), "{} has no {function}", file.display());
+    }
 
     #[tokio::test]
     async fn they_run_side_by_side_each_with_its_own_output_and_failures_named() {
