@@ -1,8 +1,13 @@
 //! A driver that survives the loss of a proxy pod: the ReplicaSet replaces a deleted pod at
 //! once, and the node's plugin moves to the replacement — new proxy processes, tunnels and CDI
-//! file operations in the new pod, the same call log, health and prepared claims. The kubelet
-//! sees the registration socket appear again and registers the plugin anew; a prepare it retries
-//! writes the claim's CDI files through the new pod.
+//! file operations in the new pod, the same call log, health and prepared claims. The prepared
+//! claims belong to the node, not to the running plugin: they stay what they were while the
+//! plugin moves ([`Driver::prepared_claims`] does not go empty in between), and their CDI files
+//! stay on the node (the pods mount its CDI directory; nothing removes them on a move). The
+//! kubelet sees the registration socket appear again and registers the plugin anew (new calls in
+//! the same log); a prepare it retries for a claim the plugin holds answers with the claim's
+//! devices again without rewriting its files, one it had not finished writes them through the new
+//! pod, and an unprepare it retries removes them through the new pod.
 //!
 //! A pod that is not replaced in time ([`DriverConfig::replacement_timeout`]) fails the spec at once
 //! ([`Ctx::fail_now`](crate::framework::Ctx::fail_now)) with what was lost and when, instead of
