@@ -1,8 +1,13 @@
 //! A driver that survives the loss of a proxy pod: the ReplicaSet replaces a deleted pod at
 //! once, and the node's plugin moves to the replacement — new proxy processes, tunnels and CDI
-//! file operations in the new pod, the same call log, health and prepared claims. The kubelet
-//! sees the registration socket appear again and registers the plugin anew; a prepare it retries
-//! writes the claim's CDI files through the new pod.
+//! file operations in the new pod, the same call log, health and prepared claims. The prepared
+//! claims belong to the node, not to the running plugin: they stay what they were while the
+//! plugin moves ([`Driver::prepared_claims`] does not go empty in between), and their CDI files
+//! stay on the node (the pods mount its CDI directory; nothing removes them on a move). The
+//! kubelet sees the registration socket appear again and registers the plugin anew (new calls in
+//! the same log); a prepare it retries for a claim the plugin holds answers with the claim's
+//! devices again without rewriting its files, one it had not finished writes them through the new
+//! pod, and an unprepare it retries removes them through the new pod.
 //!
 //! A pod that is not replaced in time ([`DriverConfig::replacement_timeout`]) fails the spec at once
 //! ([`Ctx::fail_now`](crate::framework::Ctx::fail_now)) with what was lost and when, instead of
@@ -91,6 +96,31 @@ impl Driver {
         self.inner.per_node.get(node).map(|s| lock(&s.moves).clone()).unwrap_or_default()
     }
 
+    /// `f` of the node's running plugin; while the plugin moves to a replacement proxy pod,
+    /// once it runs there. Fails at once when the node has no plugin (stopped, or the driver runs
+    /// without kubelet), and when the move takes longer than it may.
+    pub(super) async fn with_running_plugin<T>(
+        &self,
+        node: &str,
+        state: &NodeState,
+        f: impl Fn(&ProxiedPlugin) -> T,
+    ) -> Result<T, WaitError> {
+        let what = format!("the kubelet plugin of driver {} on node {node} to run", self.inner.name);
+        let timeout = self.inner.config.replacement_timeout + STOP_LOST_TIMEOUT;
+        wait::poll(what, timeout, Duration::from_millis(100), || {
+            let running = lock(&state.plugin).as_ref().map(&f);
+            let moving = lock(&state.claims).is_some();
+            async move {
+                match running {
+                    Some(value) => Attempt::Done(value),
+                    None if moving => Attempt::Retry("it is moving to a replacement proxy pod".to_owned()),
+                    None => Attempt::Fail("it does not run (stopped, or started without kubelet)".to_owned()),
+                }
+            }
+        })
+        .await
+    }
+
     /// Starts the supervisor of a node's plugin: whenever its proxy pod goes away, it moves the
     /// plugin to the replacement, or fails the spec at once if none is ready in time. Stopped
     /// (dropped) when the plugin stops.
@@ -102,7 +132,7 @@ impl Driver {
         let task = tokio::spawn(async move {
             loop {
                 let gone = match this.inner.per_node.get(&node) {
-                    Some(state) => lock(&state.plugin).as_ref().map(|p| p.plugin.gone()),
+                    Some(state) => lock(&state.plugin).as_ref().map(|p| p.gone()),
                     None => None,
                 };
                 let Some(gone) = gone else { return };
@@ -120,7 +150,8 @@ impl Driver {
     /// lost pod first (while its container may still run, so that its proxy processes cannot
     /// remove the replacement's sockets, which live at the same host paths), then waits for the
     /// replacement and starts the plugin there with the same call log, health and prepared
-    /// claims. `Err`: why it cannot.
+    /// claims (the node's, kept in its [`NodeState`] all along, so that they stay visible while
+    /// the plugin moves). `Err`: why it cannot.
     async fn move_plugin(&self, node: &str, reason: String) -> Result<(), String> {
         let inner = &self.inner;
         let Some(state) = inner.per_node.get(node) else { return Ok(()) };
@@ -128,8 +159,11 @@ impl Driver {
         let lost = lock(&state.pod).clone().unwrap_or_default();
         let lost_name = pod_display(&lost);
         tracing::warn!(driver = %inner.name, %node, pod = %lost_name, %reason, "proxy pod lost; moving the plugin to its replacement");
-        // Stopped meanwhile (teardown): nothing to move.
-        let Some(RunningPlugin { plugin: old, claims }) = lock(&state.plugin).take() else { return Ok(()) };
+        // Stopped meanwhile (teardown): nothing to move. The claims stay with the node.
+        let Some(claim_state) = lock(&state.claims).as_ref().map(|c| c.state().clone()) else {
+            return Ok(());
+        };
+        let Some(old) = lock(&state.plugin).take() else { return Ok(()) };
         // The old plugin stops while the ReplicaSet brings up the replacement.
         let stop_old = async {
             let began = std::time::Instant::now();
@@ -170,11 +204,11 @@ impl Driver {
         let new_name = pod_display(&new_pod);
         let first_call = state.calls.log().records.iter().map(|r| r.id + 1).max().unwrap_or(0);
         let started = self
-            .start_node_plugin(node, state, new_pod.clone(), claims.state().clone())
+            .start_node_plugin(node, state, new_pod.clone(), claim_state)
             .await
             .map_err(|e| fail(format!("the plugin did not start in {new_name}: {e}")))?;
         *lock(&state.pod) = Some(new_pod);
-        *lock(&state.plugin) = Some(RunningPlugin { plugin: started, claims });
+        *lock(&state.plugin) = Some(started);
         let moved = ProxyMove {
             node: node.to_owned(),
             from: lost_name,

@@ -110,8 +110,13 @@ struct NodeState {
     client: Option<kube::Client>,
     /// The proxy pod (with kubelet): the current one, after a move its replacement.
     pod: Mutex<Option<Pod>>,
-    /// The running plugin (with kubelet), taken at teardown.
-    plugin: Mutex<Option<RunningPlugin>>,
+    /// The running plugin (with kubelet): taken while it moves to a replacement proxy pod and at
+    /// teardown.
+    plugin: Mutex<Option<ProxiedPlugin>>,
+    /// The node's prepared claims (with kubelet): taken when its plugin first starts, kept while
+    /// the plugin moves from a lost proxy pod to its replacement (the claims stay prepared on the
+    /// node; only the way to it changes), given back when the plugin stops for good.
+    claims: Mutex<Option<shared_claims::Lease>>,
     /// The plugin's configuration without the pod's rolling-update UID, for a restart in a
     /// replacement pod.
     plugin_config: Mutex<Option<PluginConfig>>,
@@ -119,12 +124,6 @@ struct NodeState {
     supervisor: Mutex<Option<tokio_util::task::AbortOnDropHandle<()>>>,
     /// The moves so far.
     moves: Mutex<Vec<ProxyMove>>,
-}
-
-/// A node's running plugin and its share of the claim state of the driver on the node.
-struct RunningPlugin {
-    plugin: ProxiedPlugin,
-    claims: shared_claims::Lease,
 }
 
 struct Inner {
@@ -333,6 +332,7 @@ impl Driver {
                     client,
                     pod: Mutex::new(pod),
                     plugin: Mutex::new(None),
+                    claims: Mutex::new(None),
                     plugin_config: Mutex::new(None),
                     supervisor: Mutex::new(None),
                     moves: Mutex::new(Vec::new()),
@@ -489,31 +489,33 @@ impl Driver {
     }
 
     /// Claims a node's plugin has prepared and not yet unprepared (empty without kubelet, and
-    /// after the plugin stopped). While another instance of the driver runs on the node, the
-    /// two share their prepared claims (see [`DriverConfig::rolling_update`]).
+    /// after the plugin stopped). While the plugin moves to a replacement proxy pod (see
+    /// [`Driver::proxy_moves`]) they stay what they were. While another instance of the driver
+    /// runs on the node, the two share their prepared claims (see
+    /// [`DriverConfig::rolling_update`]).
     pub fn prepared_claims(&self, node: &str) -> Vec<ClaimId> {
         self.inner
             .per_node
             .get(node)
-            .and_then(|s| lock(&s.plugin).as_ref().map(|p| p.plugin.plugin().prepared_claims()))
+            .and_then(|s| lock(&s.claims).as_ref().map(|c| c.state().prepared_claims()))
             .unwrap_or_default()
     }
 
     /// Unprepares `claim` in a node's running plugin directly, without a gRPC call (upstream's
     /// `plugin.UnprepareClaim`): for a claim the kubelet was told not to unprepare
     /// (`skipNodeOperations`), so that the plugin does not hold it at teardown. Nothing goes into
-    /// the node's call log. Fails without a running plugin on the node.
+    /// the node's call log. While the plugin moves to a replacement proxy pod this waits for the
+    /// move (the claim's files are removed through the replacement). Fails without a plugin on
+    /// the node.
     pub async fn unprepare_claim(&self, node: &str, claim: &ResourceClaim) -> anyhow::Result<()> {
         let state = self.state(node)?;
         let namespace = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         // The future owns what it needs: the lock is released before it runs.
-        let unprepare =
-            lock(&state.plugin).as_ref().map(|p| p.plugin.plugin().unprepare_claim(&namespace, &name, &uid));
-        let unprepare = unprepare.ok_or_else(|| {
-            anyhow::anyhow!("driver {} has no running plugin on node {node}", self.inner.name)
-        })?;
+        let unprepare = self
+            .with_running_plugin(node, state, |p| p.plugin().unprepare_claim(&namespace, &name, &uid))
+            .await?;
         unprepare.await.map_err(|e| {
             anyhow::anyhow!("unprepare claim {namespace}/{name} ({uid}) in the plugin on node {node}: {e}")
         })
@@ -524,7 +526,7 @@ impl Driver {
     pub fn socket_paths(&self, node: &str) -> Option<(String, String)> {
         let state = self.inner.per_node.get(node)?;
         let running = lock(&state.plugin);
-        let (dra, registration) = running.as_ref()?.plugin.socket_paths();
+        let (dra, registration) = running.as_ref()?.socket_paths();
         Some((dra.to_owned(), registration.to_owned()))
     }
 

@@ -34,21 +34,18 @@ impl Driver {
                 .metadata(self.metadata_config()?);
             *lock(&state.plugin_config) = Some(plugin);
             let claims = shared_claims::Lease::acquire(&inner.name, node);
-            let started = self.start_node_plugin(node, state, pod, claims.state().clone()).await?;
-            *lock(&state.plugin) = Some(RunningPlugin { plugin: started, claims });
+            let claim_state = claims.state().clone();
+            // The node's, from now until the plugin stops for good (a move keeps it).
+            *lock(&state.claims) = Some(claims);
+            let started = self.start_node_plugin(node, state, pod, claim_state).await?;
+            *lock(&state.plugin) = Some(started);
             self.supervise(ctx, node);
             let this = self.clone();
             let node = node.clone();
             ctx.defer(
                 format!("stop the kubelet plugin of driver {} on node {node}", inner.name),
                 async move {
-                    let state = this.inner.per_node.get(&node);
-                    // No more moves first: the pods are about to go.
-                    drop(state.and_then(|s| lock(&s.supervisor).take()));
-                    let running = state.and_then(|s| lock(&s.plugin).take());
-                    if let Some(running) = running {
-                        this.stop_plugin(&node, running).await;
-                    }
+                    this.stop_plugin(&node).await;
                     Ok(())
                 },
             );

@@ -14,32 +14,37 @@ impl Driver {
             return Ok(());
         }
         tracing::info!(driver = %inner.name, instance = %inner.config.instance_suffix, "stopping driver");
-        for (node, state) in &inner.per_node {
-            // No more moves: the pods are about to go.
-            drop(lock(&state.supervisor).take());
-            let running = lock(&state.plugin).take();
-            if let Some(running) = running {
-                self.stop_plugin(node, running).await;
-            }
+        for node in inner.per_node.keys() {
+            self.stop_plugin(node).await;
         }
         let rs_api: Api<ReplicaSet> = Api::namespaced(inner.admin.clone(), &inner.namespace);
         let rs_name = format!("dra-test-driver{}{}", inner.config.name_suffix, inner.config.instance_suffix);
         scale_proxy_down(&rs_api, &rs_name, &inner.name).await
     }
 
-    /// Stops a node's plugin. Claims it still holds as prepared (the kubelet did not unprepare
-    /// them, e.g. after a failed spec) would leave their CDI files on the node: those are then
-    /// removed through the proxy pod, with a warning, unless another instance of the driver still
-    /// runs on the node and shares the claims (it may still be asked to unprepare them). With
-    /// device metadata, the last instance also removes the metadata directory.
-    pub(super) async fn stop_plugin(&self, node: &str, running: RunningPlugin) {
+    /// Stops a node's plugin for good: no more moves to replacement proxy pods, the plugin (if
+    /// it runs: a move that failed left none) stops, and the node's claim state is given back.
+    /// Claims it still holds as prepared (the kubelet did not unprepare them, e.g. after a
+    /// failed spec) would leave their CDI files on the node: those are then removed through the
+    /// proxy pod, with a warning, unless another instance of the driver still runs on the node
+    /// and shares the claims (it may still be asked to unprepare them). With device metadata,
+    /// the last instance also removes the metadata directory. Stopping a stopped plugin does
+    /// nothing.
+    pub(super) async fn stop_plugin(&self, node: &str) {
         let driver = &self.inner.name;
-        let RunningPlugin { plugin, claims } = running;
+        let Some(node_state) = self.inner.per_node.get(node) else { return };
+        // No more moves first: the pods are about to go.
+        drop(lock(&node_state.supervisor).take());
+        let plugin = lock(&node_state.plugin).take();
         // Stop serving first, so that the prepared claims no longer change through this instance.
-        let state = plugin.plugin().claim_state().clone();
-        let cdi_dir = plugin.plugin().config().cdi_dir.clone();
-        let metadata = plugin.plugin().config().metadata.clone();
-        plugin.stop().await;
+        if let Some(plugin) = plugin {
+            plugin.stop().await;
+        }
+        let Some(claims) = lock(&node_state.claims).take() else { return };
+        let Some(config) = lock(&node_state.plugin_config).clone() else { return };
+        let state = claims.state().clone();
+        let cdi_dir = config.cdi_dir.clone();
+        let metadata = config.metadata.clone();
         let leftover = state.prepared_claims();
         let last = claims.release();
         if !last && !leftover.is_empty() {

@@ -1,6 +1,7 @@
 //! Faults a kubelet spec must survive, against a real cluster: its proxy pod deleted (and
-//! replaced by the ReplicaSet) while the kubelet prepares a claim, and the port-forward
-//! connections of its tunnels closed from outside. Run through `cargo xtask test`, or:
+//! replaced by the ReplicaSet) while the kubelet prepares a claim, after it prepared one (the
+//! plugin keeps its prepared claims, their CDI files and its call log) and while it unprepares
+//! one, and the port-forward connections of its tunnels closed from outside. Run through `cargo xtask test`, or:
 //!
 //! ```text
 //! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
@@ -10,12 +11,16 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use harness::{
     builder::Builder,
     calls::{CallLog, Method},
-    driver::{Driver, DriverConfig, Nodes, resources},
+    driver::{Driver, DriverConfig, Nodes, ProxyMove, resources},
     framework::{Ctx, Registry, SpecResult},
     manifests::INSTANCE_LABEL,
+    plugin::ClaimId,
+    tunnel::PodRef,
+    wait::Attempt,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -295,5 +300,197 @@ async fn a_proxy_pod_without_replacement_fails_the_spec_at_once() {
     // Not the spec's 5 min timeout: the loss, 10 s, the clean-up.
     assert!(spec.duration < Duration::from_secs(150), "{:?}\n{output}", spec.duration);
     assert!(took < Duration::from_secs(200), "{took:?}");
+    assert_nothing_left(&client, &created).await;
+}
+
+/// The CDI spec files in `/cdi` of proxy pod `proxy` (the node's `/var/run/cdi`) that belong to
+/// claim `uid`, sorted.
+async fn cdi_files(ctx: &Ctx, proxy: &Pod, uid: &str) -> anyhow::Result<Vec<String>> {
+    use harness::podexec::Runner as _;
+    let exec = harness::podexec::PodExec::new(ctx.stream_client().clone(), PodRef::from_pod(proxy)?);
+    let out = exec.checked(vec!["ls".into(), "-1".into(), "/cdi".into()]).await?;
+    let mut files: Vec<String> =
+        out.stdout.lines().filter(|f| f.contains(uid) && f.ends_with(".json")).map(str::to_owned).collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Deletes the node's proxy pod at once (grace period 0, as a node drain, an eviction or a
+/// crash loses it) and waits until the plugin moved to the replacement. While it moves and
+/// after, the plugin still holds `claim` as prepared. Returns the move.
+async fn lose_proxy_pod(
+    ctx: &Ctx,
+    driver: &Driver,
+    node: &str,
+    claim: &ClaimId,
+) -> anyhow::Result<ProxyMove> {
+    let lost = driver.proxy_pod(node).context("no proxy pod")?;
+    let before = driver.proxy_moves(node).len();
+    let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+    pods.delete(&lost.name_any(), &DeleteParams::default().grace_period(0)).await?;
+    tracing::info!(pod = %lost.name_any(), "proxy pod deleted with grace period 0");
+    let claim = claim.clone();
+    let polls = std::sync::atomic::AtomicUsize::new(0);
+    let moved = harness::wait::poll(
+        "the plugin to move to a replacement proxy pod",
+        T,
+        Duration::from_millis(20),
+        || {
+            polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let prepared = driver.prepared_claims(node);
+            let moves = driver.proxy_moves(node);
+            let claim = claim.clone();
+            async move {
+                if !prepared.contains(&claim) {
+                    return Attempt::Fail(format!(
+                        "the plugin forgot claim {claim:?} while moving (prepared: {prepared:?}, moves: {moves:?})"
+                    ));
+                }
+                match moves.get(before) {
+                    Some(moved) => Attempt::Done(moved.clone()),
+                    None => Attempt::Retry("no move yet".to_owned()),
+                }
+            }
+        },
+    )
+    .await?;
+    tracing::info!(polls = polls.into_inner(), "{moved}");
+    assert_eq!(moved.from, format!("{}/{}", ctx.namespace(), lost.name_any()));
+    Ok(moved)
+}
+
+/// The pod's claim, prepared and held by the plugin on `node`.
+fn the_prepared_claim(driver: &Driver, node: &str) -> anyhow::Result<ClaimId> {
+    let prepared = driver.prepared_claims(node);
+    anyhow::ensure!(prepared.len() == 1, "one prepared claim expected: {prepared:?}");
+    Ok(prepared[0].clone())
+}
+
+async fn lost_after_prepare_body(ctx: Ctx, created: Created) -> SpecResult {
+    record(&created, &ctx);
+    let nodes = Nodes::select(&ctx, 1, 1).await?;
+    let node = nodes.names()[0].clone();
+    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
+    created.add("DeviceClass", b.class_name());
+    let calls = driver.calls(&node).clone();
+    let lost = driver.proxy_pod(&node).unwrap();
+
+    // The kubelet prepares the pod's claim; the proxy pod goes before the spec checks it.
+    let (pod, template) = b.pod_inline();
+    b.create_template(&template).await?;
+    b.create_pod(&pod).await?;
+    let prepared = |log: &CallLog| log.matching(Method::NodePrepareResources).iter().any(|r| r.succeeded());
+    calls.wait_for("a successful NodePrepareResources", prepared, T).await?;
+    let claim = the_prepared_claim(&driver, &node)?;
+    let files = cdi_files(&ctx, &lost, &claim.uid).await?;
+    assert!(!files.is_empty(), "no CDI file of claim {claim:?} in {}", lost.name_any());
+    let moved = lose_proxy_pod(&ctx, &driver, &node, &claim).await?;
+    calls
+        .wait_for(
+            "registration through the replacement",
+            move |log| registered_since(log, moved.first_call),
+            T,
+        )
+        .await?;
+
+    // The spec's checks pass: the pod runs with its devices, the claim is prepared as the
+    // kubelet asked and held by the plugin, its CDI files are still on the node.
+    let running = b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
+    b.expect_prepared(&running).await?;
+    let replacement = driver.proxy_pod(&node).unwrap();
+    assert_ne!(replacement.uid(), lost.uid());
+    assert_eq!(cdi_files(&ctx, &replacement, &claim.uid).await?, files);
+    // One call log: the first registration, the prepare, the registration through the
+    // replacement; every prepare of the claim (a repeated one too) succeeded with the same
+    // devices.
+    let log = calls.log();
+    assert!(registered_since(&log, 0), "{log}");
+    let history = calls.claim(&claim.uid);
+    assert_eq!(history.prepare_failures(), 0, "{history}");
+    let devices: Vec<_> = history.prepares().map(|c| c.devices.clone()).collect();
+    assert!(devices.windows(2).all(|w| w[0] == w[1]), "{history}");
+    assert!(history.prepares().any(|c| c.id < moved.first_call), "{history}");
+
+    // The kubelet unprepares through the replacement: the claim and its files go.
+    b.delete_pod_and_wait(&running).await?;
+    let uid = claim.uid.clone();
+    let unprepared = move |log: &CallLog| !harness::calls::ClaimCalls::of(log, &uid).is_prepared();
+    calls.wait_for("the claim unprepared", unprepared, T).await?;
+    assert_eq!(driver.prepared_claims(&node), []);
+    assert_eq!(cdi_files(&ctx, &replacement, &claim.uid).await?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster: run via cargo xtask test"]
+async fn a_proxy_pod_lost_after_prepare_keeps_the_prepared_claims() {
+    let created = Created::default();
+    let c = created.clone();
+    let mut reg = Registry::new();
+    reg.describe("[faults]", |r| {
+        r.it("proxy pod lost after prepare", move |ctx: Ctx| lost_after_prepare_body(ctx, c.clone()));
+    });
+    let (report, output, client) = run(reg).await;
+    assert_eq!(report.failed(), 0, "{output}");
+    assert_eq!(report.passed(), 1, "{output}");
+    assert_nothing_left(&client, &created).await;
+}
+
+async fn lost_during_unprepare_body(ctx: Ctx, created: Created) -> SpecResult {
+    record(&created, &ctx);
+    let nodes = Nodes::select(&ctx, 1, 1).await?;
+    let node = nodes.names()[0].clone();
+    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
+    created.add("DeviceClass", b.class_name());
+    let calls = driver.calls(&node).clone();
+    let (pod, template) = b.pod_inline();
+    b.create_template(&template).await?;
+    b.create_pod(&pod).await?;
+    b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
+    let claim = the_prepared_claim(&driver, &node)?;
+
+    // The pod goes; the kubelet's NodeUnprepareResources is held; then the proxy pod goes.
+    let block = calls.block(Method::NodeUnprepareResources);
+    let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+    pods.delete(&pod.name_any(), &DeleteParams::default()).await?;
+    let blocked = |log: &CallLog| log.blocked(Method::NodeUnprepareResources) > 0;
+    calls.wait_for("a blocked NodeUnprepareResources", blocked, T).await?;
+    let moved = lose_proxy_pod(&ctx, &driver, &node, &claim).await?;
+    calls
+        .wait_for(
+            "registration through the replacement",
+            move |log| registered_since(log, moved.first_call),
+            T,
+        )
+        .await?;
+
+    // Released, the unprepare completes through the replacement (the kubelet calls again).
+    block.release();
+    harness::wait::gone(&pods, &pod.name_any(), format!("test pod {}", pod.name_any()), T).await?;
+    let log = calls.log();
+    let history = harness::calls::ClaimCalls::of(&log, &claim.uid);
+    let last = history.last_unprepared().with_context(|| format!("never unprepared: {history}"))?;
+    assert!(last.id >= moved.first_call, "unprepared before the move ({moved}): {history}");
+    assert!(!history.is_prepared(), "{history}");
+    assert_eq!(driver.prepared_claims(&node), []);
+    let replacement = driver.proxy_pod(&node).unwrap();
+    assert_eq!(cdi_files(&ctx, &replacement, &claim.uid).await?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster: run via cargo xtask test"]
+async fn a_proxy_pod_lost_during_unprepare_lets_it_complete_after_the_move() {
+    let created = Created::default();
+    let c = created.clone();
+    let mut reg = Registry::new();
+    reg.describe("[faults]", |r| {
+        r.it("proxy pod lost during unprepare", move |ctx: Ctx| lost_during_unprepare_body(ctx, c.clone()));
+    });
+    let (report, output, client) = run(reg).await;
+    assert_eq!(report.failed(), 0, "{output}");
+    assert_eq!(report.passed(), 1, "{output}");
     assert_nothing_left(&client, &created).await;
 }

@@ -414,7 +414,7 @@ impl KubeletPlugin {
         namespace: &str,
         name: &str,
         uid: &str,
-    ) -> impl std::future::Future<Output = Result<(), String>> + Send + 'static {
+    ) -> impl std::future::Future<Output = Result<(), String>> + Send + use<> {
         let dra = self.shared.dra.clone();
         let uid = uid.to_owned();
         let request =
