@@ -304,6 +304,7 @@ mod tests {
                         body: Some(Duration::from_millis(200)),
                         cleanup: Some(Duration::from_millis(50)),
                         deferred: None,
+                        queued: None,
                     },
                     waits: vec![("pod tester-1 to run".into(), Duration::from_secs(2))],
                     ..spec("[sig-node] [DRA] kubelet passes", &["sig-node", "DRA"], Outcome::Passed, 1)

@@ -215,6 +215,7 @@ mod tests {
             body: Some(Duration::from_millis(1000)),
             cleanup: Some(Duration::from_millis(125)),
             deferred: None,
+            queued: None,
         };
         let xml = report(&run).to_string().unwrap();
         for property in [

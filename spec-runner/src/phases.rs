@@ -1,4 +1,5 @@
-//! Where a spec's time went: set-up (from the body's start until the harness says its driver is
+//! Where a spec's time went: queued (waiting to start: a serial spec for the specs before it to
+//! settle and for every worker slot, another spec for a free slot), set-up (from the body's start until the harness says its driver is
 //! ready, [`Ctx::setup_done`](crate::Ctx::setup_done)), body (the rest of the body), cleanup (the
 //! cleanups, the namespace's deletion request included) and deferred checks (after the worker slot
 //! was released: the namespace and deleted objects gone, …; wall time, the checks run at once). Printed per spec with `-v`, summed in the run's summary,
@@ -16,6 +17,8 @@ use super::duration;
 /// The phases of one spec run; `None` for a phase the spec did not reach or does not have.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Phases {
+    /// From when the runner reached the spec until it had its worker slot (before its first try).
+    pub queued: Option<Duration>,
     /// From the body's start until its set-up was marked done (driver plugins registered).
     pub setup: Option<Duration>,
     /// The body after its set-up (the whole body when it marked none).
@@ -28,14 +31,14 @@ pub struct Phases {
 
 impl Phases {
     /// The names of the phases as reports carry them, in order.
-    pub const NAMES: [&'static str; 4] = ["setup", "body", "cleanup", "deferred"];
+    pub const NAMES: [&'static str; 5] = ["queued", "setup", "body", "cleanup", "deferred"];
 
-    /// `(name, duration)` of every phase that has one, in order (`setup`, `body`, `cleanup`,
-    /// `deferred`).
+    /// `(name, duration)` of every phase that has one, in order (`queued`, `setup`, `body`,
+    /// `cleanup`, `deferred`).
     pub fn entries(&self) -> impl Iterator<Item = (&'static str, Duration)> {
         Self::NAMES
             .into_iter()
-            .zip([self.setup, self.body, self.cleanup, self.deferred])
+            .zip([self.queued, self.setup, self.body, self.cleanup, self.deferred])
             .filter_map(|(name, d)| d.map(|d| (name, d)))
     }
 
@@ -58,6 +61,7 @@ impl Phases {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or_default() + b.unwrap_or_default()),
         };
+        self.queued = sum(self.queued, other.queued);
         self.setup = sum(self.setup, other.setup);
         self.body = sum(self.body, other.body);
         self.cleanup = sum(self.cleanup, other.cleanup);
@@ -101,6 +105,7 @@ mod tests {
     #[test]
     fn lines_and_sums_name_only_present_phases() {
         let mut a = Phases {
+            queued: None,
             setup: Some(Duration::from_millis(3200)),
             body: Some(Duration::from_secs(10)),
             cleanup: Some(Duration::from_secs(5)),
@@ -115,6 +120,8 @@ mod tests {
         assert_eq!(a.deferred, None);
         let names: Vec<&str> = a.entries().map(|(n, _)| n).collect();
         assert_eq!(names, ["setup", "body", "cleanup"]);
+        a.add(&Phases { queued: Some(Duration::from_millis(500)), ..Phases::default() });
+        assert_eq!(a.line(), "queued 500ms, set-up 3.2s, body 11s, cleanup 5s");
     }
 
     #[tokio::test(start_paused = true)]

@@ -218,6 +218,7 @@ async fn run_attempt(
     let semaphore = Arc::new(Semaphore::new(procs as usize));
     let mut tasks = SpecTasks::new(attempt);
     for spec in serial.iter().chain(parallel) {
+        let reached = Instant::now();
         let permits = if spec.info.is_serial() {
             tasks.settle().await;
             procs
@@ -234,7 +235,12 @@ async fn run_attempt(
         started.insert(spec.info.index());
         let slot = Slot::held(semaphore.clone(), permit, permits);
         let settled = CancellationToken::new();
-        tasks.spawn(spec, settled.clone(), run_tries(env.clone(), spec.clone(), attempt, slot, settled));
+        let queued = reached.elapsed();
+        tasks.spawn(
+            spec,
+            settled.clone(),
+            run_tries(env.clone(), spec.clone(), attempt, slot, settled, queued),
+        );
     }
     tasks.finish().await;
     tasks.reports
@@ -245,19 +251,21 @@ async fn run_attempt(
 /// fails stops new specs with `--fail-fast`. A try's deferred checks end before the next try
 /// starts (they can fail it); the next try takes the slot again. `settled` is cancelled once the
 /// spec has settled (see [`run_attempt`]): by the last possible try's settling checks, else when
-/// the tries end ([`SpecTasks::spawn`]).
+/// the tries end ([`SpecTasks::spawn`]). `queued` is how long it waited for its slot.
 async fn run_tries(
     env: Arc<Env>,
     spec: Arc<SpecDef>,
     attempt: u32,
     mut slot: Slot,
     settled: CancellationToken,
+    queued: Duration,
 ) -> SpecReport {
     let mut earlier = Vec::new();
     for try_number in 1.. {
         let last_try = try_number >= env.options.flake_attempts;
         let settles = last_try.then_some(&settled);
         let mut report = run_spec(env.clone(), spec.clone(), attempt, try_number, &mut slot, settles).await;
+
         let retry = report.outcome.is_failed()
             && try_number < env.options.flake_attempts
             && !env.interrupt.is_cancelled()
@@ -275,6 +283,10 @@ async fn run_tries(
         }
         report.tries = try_number;
         report.earlier_failures = earlier;
+        if !report.phases.is_empty() {
+            // Before its first try.
+            report.phases.queued = Some(queued);
+        }
         if report.outcome.is_failed() && env.options.fail_fast && !env.stop_new.is_cancelled() {
             tracing::warn!("--fail-fast: a spec failed, no new spec starts");
             env.stop_new.cancel();

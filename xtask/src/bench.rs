@@ -144,13 +144,32 @@ fn summary(report: &Report) -> String {
             *sums.entry(phase).or_default() += v;
         }
     }
-    let order = ["setup", "body", "cleanup", "deferred"];
+    let order = ["queued", "setup", "body", "cleanup", "deferred"];
     let phases: Vec<String> =
         order.iter().filter_map(|p| sums.get(p).map(|v| format!("{p} {v:.1}s"))).collect();
     let _ = writeln!(
         out,
         "phase sums: {}",
         if phases.is_empty() { "none".to_owned() } else { phases.join(", ") }
+    );
+
+    // Waiting to start: a serial spec for the specs before it to settle and for every slot (the
+    // price of running it on a quiet cluster), another spec for a free slot.
+    let queued = |serial: bool| -> (f64, usize) {
+        let waits: Vec<f64> = report
+            .spec_reports
+            .iter()
+            .filter(|s| s.leaf_node_text.contains("[Serial]") == serial)
+            .flat_map(|s| s.entries("phase:queued"))
+            .map(|(_, v)| v)
+            .collect();
+        (waits.iter().sum(), waits.len())
+    };
+    let ((serial, serial_n), (others, others_n)) = (queued(true), queued(false));
+    let _ = writeln!(
+        out,
+        "queued: {serial:.1}s by {serial_n} serial specs (the specs before them settling, every slot free), \
+         {others:.1}s by {others_n} others (a free slot)"
     );
 
     let mut setups: Vec<f64> =
@@ -244,6 +263,24 @@ mod tests {
         let slow = text.find("40.0s passed slow").unwrap();
         assert!(slow < text.find("2.0s passed fast").unwrap(), "{text}");
         assert!(text.contains("waited 20.0s for pod tester-1 to run\n"), "{text}");
+    }
+
+    #[test]
+    fn the_wait_to_start_is_split_between_serial_specs_and_the_others() {
+        let report = Report {
+            run_time: 100_000_000_000,
+            spec_reports: vec![
+                spec("one [Serial]", 10, vec![entry("phase:queued", 0.5), entry("phase:body", 9.0)]),
+                spec("two [Serial]", 10, vec![entry("phase:queued", 5.25), entry("phase:body", 9.0)]),
+                spec("parallel", 3, vec![entry("phase:queued", 2.0), entry("phase:body", 3.0)]),
+            ],
+        };
+        let text = summary(&report);
+        assert!(text.contains("phase sums: queued 7.8s, body 21.0s\n"), "{text}");
+        assert!(
+            text.contains("queued: 5.8s by 2 serial specs (the specs before them settling, every slot free), 2.0s by 1 others (a free slot)\n"),
+            "{text}"
+        );
     }
 
     #[test]
