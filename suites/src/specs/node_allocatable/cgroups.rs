@@ -190,7 +190,10 @@ impl Reader<'_> {
         } else {
             format!("{HOST_CGROUP_MOUNT}/{controller}")
         };
-        let command = format!("find {root} -name '*{}*' -o -name '*{uid}*'", uid.replace('-', "_"));
+        // Other pods' cgroups come and go while find walks the tree (specs run side by side), and
+        // find then exits 1 on the vanished directory: what counts is whether this pod's is found.
+        let command =
+            format!("find {root} -name '*{}*' -o -name '*{uid}*' 2>/dev/null; true", uid.replace('-', "_"));
         let out = self.sh(&self.first_container(), &command).await?;
         let dir = out.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_owned);
         dir.ok_or_else(|| format!("no cgroup directory of pod UID {uid} under {root}"))
