@@ -358,7 +358,9 @@ async fn blocks_new_pod_after_force_delete(ctx: Ctx) -> SpecResult {
     let new_claim = b.create_claim(&claim).await?;
     b.create_pod(&pod).await?;
     let new_uid = new_claim.uid().unwrap_or_default();
-    // The kubelet retries every ~10 s; upstream allows 10 min (PodStartTimeout * 2).
+    // The kubelet refuses the new pod at its first sync (right after it arrives) and tries
+    // again only at the pod's next resync, 60-90 s later; upstream allows 10 min
+    // (PodStartTimeout * 2).
     let message =
         format!("old ResourceClaim with same name {claim_name} and different UID {old_uid} still exists");
     wait_event(&ctx, &pod.name_any(), FAILED_PREPARE, &message, POD_START_TIMEOUT * 2).await?;
@@ -373,6 +375,9 @@ async fn blocks_new_pod_after_force_delete(ctx: Ctx) -> SpecResult {
         driver.prepared_claims(&node)
     );
 
+    // The kubelet retries the old pod's unprepare every 10-15 s (its pod worker's back-off
+    // after a failed sync), so the old claim is unprepared soon after this; the new pod starts
+    // at its next resync (see above), which is what this wait mostly waits for.
     failing_unprepare.clear();
     b.test_pod(&pod, &[]).await?;
     let new_id = ClaimId { name: claim_name.clone(), uid: new_uid.clone() };
