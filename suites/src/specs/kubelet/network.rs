@@ -375,9 +375,10 @@ async fn blocks_new_pod_after_force_delete(ctx: Ctx) -> SpecResult {
         driver.prepared_claims(&node)
     );
 
-    // The kubelet retries the old pod's unprepare every 10-15 s (its pod worker's back-off
-    // after a failed sync), so the old claim is unprepared soon after this; the new pod starts
-    // at its next resync (see above), which is what this wait mostly waits for.
+    // The old claim is unprepared soon after this: the kubelet often has not even tried yet
+    // (it is still stopping the old pod's container), else it retries after its pod worker's
+    // back-off (10-15 s). The new pod starts only at its next resync (see above): that is what
+    // this wait waits for.
     failing_unprepare.clear();
     b.test_pod(&pod, &[]).await?;
     let new_id = ClaimId { name: claim_name.clone(), uid: new_uid.clone() };
