@@ -362,12 +362,16 @@ impl Driver {
             driver.start_plugins(ctx).await?;
         }
 
-        driver.publish_node_local(&resources).await?;
-        driver.start_pool_controllers(ctx, &resources);
-
+        // Devices only once every kubelet knows the plugin. A pod waiting for devices is
+        // scheduled about a second after they appear; a kubelet that gets it before the plugin
+        // registered refuses it ("DRA driver … is not registered") and tries again only at the
+        // pod's next resync, 60-90 s later (its sync ends without an error). Upstream's plugin
+        // serves its registration socket before it publishes, so it registers first.
         if driver.inner.config.with_kubelet {
             driver.wait_registered().await?;
         }
+        driver.publish_node_local(&resources).await?;
+        driver.start_pool_controllers(ctx, &resources);
         tracing::info!(driver = %driver.inner.name, "driver is ready");
         // The spec's set-up phase ends here (with its last driver, when it starts several).
         ctx.setup_done();

@@ -358,7 +358,9 @@ async fn blocks_new_pod_after_force_delete(ctx: Ctx) -> SpecResult {
     let new_claim = b.create_claim(&claim).await?;
     b.create_pod(&pod).await?;
     let new_uid = new_claim.uid().unwrap_or_default();
-    // The kubelet retries every ~10 s; upstream allows 10 min (PodStartTimeout * 2).
+    // The kubelet refuses the new pod at its first sync (right after it arrives) and tries
+    // again only at the pod's next resync, 60-90 s later; upstream allows 10 min
+    // (PodStartTimeout * 2).
     let message =
         format!("old ResourceClaim with same name {claim_name} and different UID {old_uid} still exists");
     wait_event(&ctx, &pod.name_any(), FAILED_PREPARE, &message, POD_START_TIMEOUT * 2).await?;
@@ -373,6 +375,10 @@ async fn blocks_new_pod_after_force_delete(ctx: Ctx) -> SpecResult {
         driver.prepared_claims(&node)
     );
 
+    // The old claim is unprepared soon after this: the kubelet often has not even tried yet
+    // (it is still stopping the old pod's container), else it retries after its pod worker's
+    // back-off (10-15 s). The new pod starts only at its next resync (see above): that is what
+    // this wait waits for.
     failing_unprepare.clear();
     b.test_pod(&pod, &[]).await?;
     let new_id = ClaimId { name: claim_name.clone(), uid: new_uid.clone() };
