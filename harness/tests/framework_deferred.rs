@@ -148,6 +148,71 @@ async fn serial_specs_run_first_on_a_quiet_cluster_and_their_checks_overlap_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serial_spec_waits_for_settling_checks_before_it_but_not_for_observations() {
+    // Two serial specs, in either order: the second fails if it starts before the first one's
+    // settling check ended, and the first one's observation holds only if the second starts
+    // while it still runs.
+    let (journal, started) = (Journal::default(), Started::default());
+    let mut reg = Registry::new();
+    for (spec, name, other) in [("serial one", "one", "two"), ("serial two", "two", "one")] {
+        let s = started.clone();
+        reg.it(spec, move |ctx: Ctx| {
+            let s = s.clone();
+            async move {
+                let seen = s.0.0.lock().unwrap().clone();
+                if seen.contains(other) && !seen.contains(&format!("{other}: settled")) {
+                    return Err(
+                        anyhow::anyhow!("started before serial {other}'s settling check ended").into()
+                    );
+                }
+                s.add(name);
+                let settling = s.clone();
+                ctx.defer_check(format!("{name}: its objects gone"), Duration::from_secs(5), async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    settling.add(&format!("{name}: settled"));
+                    Ok(())
+                });
+                ctx.defer_observation(
+                    format!("{name}: the other spec starts meanwhile"),
+                    Duration::from_secs(5),
+                    async move {
+                        s.wait_for(&[other]).await;
+                        Ok(())
+                    },
+                );
+                Ok(())
+            }
+        })
+        .label("Serial");
+    }
+    let report = run(reg, &journal, 2, CancellationToken::new()).await;
+    assert_eq!((report.passed(), report.failed()), (2, 0), "{:?}", report.specs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_observation_fails_its_spec_and_the_run_waits_for_it() {
+    let journal = Journal::default();
+    let mut reg = Registry::new();
+    let j = journal.clone();
+    reg.it("observed", move |ctx: Ctx| {
+        let j = j.clone();
+        async move {
+            ctx.defer_observation("the slices to be gone", Duration::from_secs(5), async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                j.push("observation ended".to_owned());
+                Err(anyhow::anyhow!("2 slices left"))
+            });
+            Ok(())
+        }
+    });
+    let report = run(reg, &journal, 2, CancellationToken::new()).await;
+    assert!(journal.entries().contains(&"observation ended".to_owned()), "the run did not wait for it");
+    let observed = report.specs.iter().find(|s| s.full_text == "observed").unwrap();
+    let Outcome::Failed { message, .. } = &observed.outcome else { panic!("{:?}", observed.outcome) };
+    assert!(message.contains("the slices to be gone") && message.contains("2 slices left"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_deferred_check_fails_its_spec_saying_which_and_after_how_long() {
     let journal = Journal::default();
     let mut reg = Registry::new();

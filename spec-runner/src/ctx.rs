@@ -291,7 +291,9 @@ impl Ctx {
     /// within the longest timeout; the clean-up bound does not apply), and one that fails
     /// or times out fails the spec (the report names it and says after how long). The run ends
     /// only when every deferred check has finished. Only for checks whose subject no later spec
-    /// can see (its own namespace, objects with the spec's unique names).
+    /// can see (its own namespace, objects with the spec's unique names). A `[Serial]` spec
+    /// starts only once these checks of the specs before it ended (they settle the cluster);
+    /// checks that only watch the cluster are [`Ctx::defer_observation`]s.
     ///
     /// ```no_run
     /// # fn f(ctx: spec_runner::Ctx) {
@@ -306,6 +308,19 @@ impl Ctx {
         F: Future<Output = anyhow::Result<()>> + Send + 'static,
     {
         self.inner.cleanups.checks.push(what.into(), timeout, check);
+    }
+
+    /// Registers an observation: a deferred check (see [`Ctx::defer_check`]: it runs the same
+    /// way and fails the spec the same way) that only watches the cluster do something on its own
+    /// and holds nothing a later spec could see, such as the kubelet wiping the ResourceSlices of
+    /// a driver whose plugins went away (after its own 30 s grace). A `[Serial]` spec waits for
+    /// the settling checks of the specs before it ([`Ctx::defer_check`], the namespace and
+    /// objects gone), not for their observations.
+    pub fn defer_observation<F>(&self, what: impl Into<String>, timeout: Duration, check: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.inner.cleanups.checks.push_observation(what.into(), timeout, check);
     }
 
     /// Registers a cleanup that deletes an object (usually cluster-scoped:

@@ -3,6 +3,12 @@
 //! departed driver's ResourceSlices). They run after the slot is released, at the same time,
 //! each bounded by its own timeout (so together by the longest one: the spec's clean-up bound
 //! covers its cleanups, not these), and a failing one still fails its spec.
+//!
+//! Two kinds: a settling check waits for something a later spec could see (its namespace and
+//! pods, cluster-scoped objects) and a `[Serial]` spec starts only once the settling checks of the
+//! specs before it ended; an observation watches the cluster do something on its own (the kubelet
+//! wiping a departed driver's slices after its 30 s grace) and holds nothing another spec needs,
+//! so no spec waits for it.
 
 use std::{
     future::Future,
@@ -15,6 +21,7 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     time::Instant,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::{
@@ -29,6 +36,8 @@ struct Check {
     what: String,
     timeout: Duration,
     run: BoxFuture<'static, anyhow::Result<()>>,
+    /// A settling check (a later serial spec waits for it), not an observation.
+    settles: bool,
 }
 
 /// The deferred checks of one spec run.
@@ -38,16 +47,32 @@ pub(crate) struct DeferredChecks {
 }
 
 impl DeferredChecks {
-    /// Registers a check; it starts only once the spec's cleanups have run.
+    /// Registers a settling check; it starts only once the spec's cleanups have run.
     pub(crate) fn push<F>(&self, what: String, timeout: Duration, check: F)
     where
         F: Future<Output = anyhow::Result<()>> + Send + 'static,
     {
-        tracing::debug!(what = %what, "registered deferred check");
+        self.push_kind(what, timeout, check, true);
+    }
+
+    /// Registers an observation: a check no later spec waits for.
+    pub(crate) fn push_observation<F>(&self, what: String, timeout: Duration, check: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.push_kind(what, timeout, check, false);
+    }
+
+    fn push_kind<F>(&self, what: String, timeout: Duration, check: F, settles: bool)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        tracing::debug!(what = %what, settles, "registered deferred check");
         self.checks.lock().unwrap_or_else(PoisonError::into_inner).push(Check {
             what,
             timeout,
             run: check.boxed(),
+            settles,
         });
     }
 
@@ -59,26 +84,50 @@ impl DeferredChecks {
     /// Runs every registered check at the same time, each in its own task (so panics are
     /// caught) with its own timeout, and returns what each did, in registration order. A check
     /// registered while they run (by a task of the spec that outlived its body) runs after them.
-    pub(crate) async fn run_all(&self, state: Option<&Arc<SpecState>>) -> Vec<CheckReport> {
+    /// `settled` is cancelled once every settling check ended and none is left to run, while
+    /// observations may still run (at the latest when this returns).
+    pub(crate) async fn run_all(
+        &self,
+        state: Option<&Arc<SpecState>>,
+        settled: Option<&CancellationToken>,
+    ) -> Vec<CheckReport> {
         let mut reports = Vec::new();
         loop {
             let checks = std::mem::take(&mut *self.checks.lock().unwrap_or_else(PoisonError::into_inner));
             if checks.is_empty() {
+                settled.inspect(|s| s.cancel());
                 return reports;
             }
             if let Some(state) = state {
                 let names: Vec<&str> = checks.iter().map(|c| c.what.as_str()).collect();
                 state.set_phase(Phase::Deferred(names.join(", ")));
             }
-            let runs = checks.into_iter().map(|Check { what, timeout, run }| {
+            let mut settling = Vec::new();
+            let mut observing = Vec::new();
+            for (index, Check { what, timeout, run, settles }) in checks.into_iter().enumerate() {
                 let span = tracing::info_span!("deferred", what = %what);
                 let task = match state {
                     Some(state) => tokio::spawn(state.scope(run).instrument(span.clone())),
                     None => tokio::spawn(run.instrument(span.clone())),
                 };
-                run_one(what, timeout, task, span)
-            });
-            reports.extend(futures::future::join_all(runs).await);
+                let run = run_one(what, timeout, task, span).map(move |report| (index, report));
+                if settles { settling.push(run) } else { observing.push(run) }
+            }
+            let settle = async {
+                let done = futures::future::join_all(settling).await;
+                // Settled unless a check registered a settling check meanwhile.
+                let more =
+                    self.checks.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|c| c.settles);
+                if !more {
+                    settled.inspect(|s| s.cancel());
+                }
+                done
+            };
+            let (mut done, observed) =
+                futures::future::join(settle, futures::future::join_all(observing)).await;
+            done.extend(observed);
+            done.sort_by_key(|(index, _)| *index);
+            reports.extend(done.into_iter().map(|(_, report)| report));
         }
     }
 }
@@ -166,7 +215,7 @@ mod tests {
         });
         checks.push("hangs".into(), Duration::from_millis(50), std::future::pending());
         checks.push("panics".into(), Duration::from_secs(5), async { panic!("boom") });
-        let got = checks.run_all(None).await;
+        let got = checks.run_all(None, None).await;
         let got: Vec<_> = got.iter().map(|c| (c.what.as_str(), c.error.as_deref())).collect();
         assert_eq!(
             got,
@@ -188,7 +237,7 @@ mod tests {
             late.push("late".into(), Duration::from_secs(5), async { Err(anyhow::anyhow!("still there")) });
             Ok(())
         });
-        let got = checks.run_all(None).await;
+        let got = checks.run_all(None, None).await;
         let got: Vec<_> = got.iter().map(|c| (c.what.as_str(), c.error.as_deref())).collect();
         assert_eq!(got, [("first", None), ("late", Some("still there"))]);
     }
@@ -200,7 +249,7 @@ mod tests {
             checks.push(format!("hangs {secs}s"), Duration::from_secs(secs), std::future::pending());
         }
         let started = Instant::now();
-        let got = checks.run_all(None).await;
+        let got = checks.run_all(None, None).await;
         assert_eq!(started.elapsed(), Duration::from_secs(300));
         let errors: Vec<_> = got.iter().map(|c| c.error.as_deref().unwrap_or_default()).collect();
         assert_eq!(errors, ["did not hold within 30s", "did not hold within 5m", "did not hold within 1m"]);

@@ -1,5 +1,5 @@
 //! Where a spec's time went: queued (waiting to start: a serial spec for the specs before it to
-//! end, deferred checks included, and for every worker slot, another spec for a free slot), set-up (from the body's start until the harness says its driver is
+//! settle and for every worker slot, another spec for a free slot), set-up (from the body's start until the harness says its driver is
 //! ready, [`Ctx::setup_done`](crate::Ctx::setup_done)), body (the rest of the body), cleanup (the
 //! cleanups, the namespace's deletion request included) and deferred checks (after the worker slot
 //! was released: the namespace and deleted objects gone, …; wall time, the checks run at once). Printed per spec with `-v`, summed in the run's summary,

@@ -202,10 +202,11 @@ pub async fn run_with_backend(
 /// Runs one attempt: the `[Serial]` specs first, then the others at most `procs` at a time, in
 /// the run's order. A spec holds its slot for its body and cleanups and releases it before its
 /// deferred checks, which only wait on its own objects going away. A serial spec holds every
-/// slot and starts only when every spec before it has ended, deferred checks included, so it
-/// finds a quiet cluster; the parallel specs start while the last serial spec's deferred checks
-/// still run (they are alone with anything but another spec's body). Returns when every spec's
-/// deferred checks have finished.
+/// slot and starts only when every spec before it has settled (ended, its settling deferred
+/// checks included: its namespace and objects gone), so it finds a quiet cluster; observations
+/// (the kubelet wiping a departed driver's slices) hold nothing and may still run. The parallel
+/// specs start while the last serial spec's deferred checks still run (they are alone with
+/// anything but another spec's body). Returns when every spec's deferred checks have finished.
 async fn run_attempt(
     env: &Arc<Env>,
     serial: &[Arc<SpecDef>],
@@ -219,7 +220,7 @@ async fn run_attempt(
     for spec in serial.iter().chain(parallel) {
         let reached = Instant::now();
         let permits = if spec.info.is_serial() {
-            tasks.finish().await;
+            tasks.settle().await;
             procs
         } else {
             1
@@ -233,8 +234,13 @@ async fn run_attempt(
         let Ok(permit) = permit else { break };
         started.insert(spec.info.index());
         let slot = Slot::held(semaphore.clone(), permit, permits);
+        let settled = CancellationToken::new();
         let queued = reached.elapsed();
-        tasks.spawn(spec, run_tries(env.clone(), spec.clone(), attempt, slot, queued));
+        tasks.spawn(
+            spec,
+            settled.clone(),
+            run_tries(env.clone(), spec.clone(), attempt, slot, settled, queued),
+        );
     }
     tasks.finish().await;
     tasks.reports
@@ -243,18 +249,23 @@ async fn run_attempt(
 /// Runs a spec up to `--flake-attempts` times, until it does not fail (or the run is
 /// interrupted); the report is the last run's, with the failures before it. A spec that still
 /// fails stops new specs with `--fail-fast`. A try's deferred checks end before the next try
-/// starts (they can fail it); the next try takes the slot again. `queued` is how long it waited
-/// for its slot.
+/// starts (they can fail it); the next try takes the slot again. `settled` is cancelled once the
+/// spec has settled (see [`run_attempt`]): by the last possible try's settling checks, else when
+/// the tries end ([`SpecTasks::spawn`]). `queued` is how long it waited for its slot.
 async fn run_tries(
     env: Arc<Env>,
     spec: Arc<SpecDef>,
     attempt: u32,
     mut slot: Slot,
+    settled: CancellationToken,
     queued: Duration,
 ) -> SpecReport {
     let mut earlier = Vec::new();
     for try_number in 1.. {
-        let mut report = run_spec(env.clone(), spec.clone(), attempt, try_number, &mut slot).await;
+        let last_try = try_number >= env.options.flake_attempts;
+        let settles = last_try.then_some(&settled);
+        let mut report = run_spec(env.clone(), spec.clone(), attempt, try_number, &mut slot, settles).await;
+
         let retry = report.outcome.is_failed()
             && try_number < env.options.flake_attempts
             && !env.interrupt.is_cancelled()
@@ -293,6 +304,7 @@ async fn run_spec(
     attempt: u32,
     try_number: u32,
     slot: &mut Slot,
+    settled: Option<&CancellationToken>,
 ) -> SpecReport {
     let id = capture::new_spec_id();
     capture::begin(id);
@@ -317,6 +329,7 @@ async fn run_spec(
         execute(&env, &spec, attempt, &dir, &state, cleanups.clone()).instrument(span.clone()).await;
     let duration = started.elapsed();
     let deferred = if cleanups.checks.is_empty() {
+        settled.inspect(|s| s.cancel());
         Vec::new()
     } else {
         // A spec that failed for good stops new specs before its slot frees one (--fail-fast).
@@ -330,7 +343,7 @@ async fn run_spec(
         }
         slot.release();
         let checks_start = Instant::now();
-        let reports = cleanups.checks.run_all(Some(&state)).instrument(span.clone()).await;
+        let reports = cleanups.checks.run_all(Some(&state), settled).instrument(span.clone()).await;
         run.phases.deferred = Some(checks_start.elapsed());
         reports
     };

@@ -4,6 +4,7 @@
 use std::{collections::HashMap, future::Future, sync::Arc};
 
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use super::{outcome::SpecReport, registry::SpecDef, spec_end::runner_failure};
 
@@ -13,6 +14,8 @@ pub(crate) struct SpecTasks {
     attempt: u32,
     set: JoinSet<SpecReport>,
     specs: HashMap<tokio::task::Id, Arc<SpecDef>>,
+    /// Per started spec, cancelled once it settled (body, cleanups, settling checks).
+    settled: Vec<CancellationToken>,
     /// The reports of the specs that ended.
     pub(crate) reports: Vec<SpecReport>,
 }
@@ -20,17 +23,33 @@ pub(crate) struct SpecTasks {
 impl SpecTasks {
     /// No tasks yet, for `attempt` (of `--repeat`).
     pub(crate) fn new(attempt: u32) -> Self {
-        Self { attempt, set: JoinSet::new(), specs: HashMap::new(), reports: Vec::new() }
+        Self { attempt, set: JoinSet::new(), specs: HashMap::new(), settled: Vec::new(), reports: Vec::new() }
     }
 
-    /// Starts `run`, the life of `spec` in this attempt.
+    /// Starts `run`, the life of `spec` in this attempt, which cancels `settled` once the spec
+    /// settled (at the latest when it ends).
     pub(crate) fn spawn(
         &mut self,
         spec: &Arc<SpecDef>,
+        settled: CancellationToken,
         run: impl Future<Output = SpecReport> + Send + 'static,
     ) {
-        let handle = self.set.spawn(run);
+        // Settled also when the task ends without saying so (a panic).
+        let guard = settled.clone();
+        let handle = self.set.spawn(async move {
+            let _guard = guard.drop_guard();
+            run.await
+        });
         self.specs.insert(handle.id(), spec.clone());
+        self.settled.push(settled);
+    }
+
+    /// Waits until every started spec has settled: its body, cleanups and settling deferred
+    /// checks ended (its observations may still run).
+    pub(crate) async fn settle(&mut self) {
+        for settled in self.settled.drain(..) {
+            settled.cancelled().await;
+        }
     }
 
     /// Waits until every started spec has ended, its deferred checks included.

@@ -153,7 +153,7 @@ fn summary(report: &Report) -> String {
         if phases.is_empty() { "none".to_owned() } else { phases.join(", ") }
     );
 
-    // Waiting to start: a serial spec for the specs before it to end and for every slot (the
+    // Waiting to start: a serial spec for the specs before it to settle and for every slot (the
     // price of running it on a quiet cluster), another spec for a free slot.
     let queued = |serial: bool| -> (f64, usize) {
         let waits: Vec<f64> = report
@@ -168,7 +168,7 @@ fn summary(report: &Report) -> String {
     let ((serial, serial_n), (others, others_n)) = (queued(true), queued(false));
     let _ = writeln!(
         out,
-        "queued: {serial:.1}s by {serial_n} serial specs (the specs before them ending, every slot free), \
+        "queued: {serial:.1}s by {serial_n} serial specs (the specs before them settling, every slot free), \
          {others:.1}s by {others_n} others (a free slot)"
     );
 
@@ -278,7 +278,7 @@ mod tests {
         let text = summary(&report);
         assert!(text.contains("phase sums: queued 7.8s, body 21.0s\n"), "{text}");
         assert!(
-            text.contains("queued: 5.8s by 2 serial specs (the specs before them ending, every slot free), 2.0s by 1 others (a free slot)\n"),
+            text.contains("queued: 5.8s by 2 serial specs (the specs before them settling, every slot free), 2.0s by 1 others (a free slot)\n"),
             "{text}"
         );
     }

@@ -226,12 +226,13 @@ impl Driver {
 
         let slices_api: Api<ResourceSlice> = Api::all(admin.clone());
         // A pure wait after the teardown (the kubelets wipe the slices of a driver whose plugins
-        // went away), on slices of this spec's own driver name: a deferred check, run after the
-        // spec's worker slot is released.
+        // went away, after their own 30 s grace), on slices of this spec's own driver name: an
+        // observation, run after the spec's worker slot is released, that no serial spec waits
+        // for (the slices name only this driver, whose classes and claims are gone).
         if config.expect_slice_removal {
             let api = slices_api.clone();
             let driver = name.clone();
-            ctx.defer_check(
+            ctx.defer_observation(
                 format!("the ResourceSlices of driver {name} to be gone"),
                 SLICE_REMOVAL_TIMEOUT + Duration::from_secs(30),
                 async move {
