@@ -7,9 +7,11 @@
 //! Allocate answers a bind mount of `/tmp/<device ID>` ([`DEVICE_PATHS`]). The name is fixed in
 //! the binary, so a spec using it must be `Serial`.
 //!
-//! [`DevicePlugin::deploy`] creates the DaemonSet from [`crate::manifests::SAMPLE_DEVICE_PLUGIN`]
-//! (namespace replaced, required node affinity on the chosen nodes), registers its removal as a
-//! cleanup at once, and waits until every chosen node advertises the devices as allocatable. The
+//! [`DevicePlugin::deploy`] waits until no chosen node advertises the resource (an earlier
+//! plugin's count can linger in the node's status for the kubelet's 10 s status period), creates
+//! the DaemonSet from [`crate::manifests::SAMPLE_DEVICE_PLUGIN`] (namespace replaced, required
+//! node affinity on the chosen nodes), registers its removal as a cleanup at once, and waits
+//! until every chosen node advertises the devices as allocatable. The
 //! cleanup ([`DevicePlugin::undeploy`]) deletes the DaemonSet, waits until its pods are gone and
 //! until no chosen node advertises the resource as allocatable any more. Deploy after
 //! [`crate::builder::Builder::start`], so that this cleanup runs before the builder's teardown
@@ -134,19 +136,34 @@ impl std::fmt::Debug for DevicePlugin {
 impl DevicePlugin {
     /// Upstream's `deployDevicePlugin`: creates the DaemonSet in the spec's namespace for `nodes`,
     /// registers [`DevicePlugin::undeploy`] as a cleanup, and waits until each node advertises
-    /// [`DEVICES`] allocatable devices of [`RESOURCE_NAME`].
+    /// [`DEVICES`] allocatable devices of [`RESOURCE_NAME`]. Beyond upstream, each node must first
+    /// advertise none, so that the count it waits for is this plugin's, not an earlier one's.
     pub async fn deploy(ctx: &Ctx, nodes: &[String]) -> Result<Self, DevicePluginError> {
         let ds = daemonset(ctx.namespace(), nodes)?;
         let api: Api<DaemonSet> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+        let mut plugin = DevicePlugin {
+            client: ctx.client().clone(),
+            namespace: ctx.namespace().to_owned(),
+            name: ds.name_any(),
+            nodes: nodes.to_vec(),
+        };
+        // An earlier plugin's devices may still be in the node's status: the kubelet writes it
+        // every 10 s, so a node can advertise devices its device manager no longer has. A count
+        // read before this plugin runs would be that stale one, and a pod admitted on it fails
+        // ("no healthy devices present"); so the count must be 0 first.
+        for node in nodes {
+            plugin
+                .wait_allocatable(
+                    node,
+                    format!("node {node} to advertise no {RESOURCE_NAME} before the plugin is deployed"),
+                    |n| n == 0,
+                )
+                .await?;
+        }
         let created = api.create(&PostParams::default(), &ds).await.map_err(|source| {
             DevicePluginError::Api { what: format!("create DaemonSet {}", ds.name_any()), source }
         })?;
-        let plugin = DevicePlugin {
-            client: ctx.client().clone(),
-            namespace: ctx.namespace().to_owned(),
-            name: created.name_any(),
-            nodes: nodes.to_vec(),
-        };
+        plugin.name = created.name_any();
         tracing::info!(daemonset = %plugin.name, nodes = ?nodes, "deployed the sample device plugin");
         let cleanup = plugin.clone();
         ctx.defer_with_timeout("undeploy the sample device plugin", UNDEPLOY_TIMEOUT, async move {
@@ -203,6 +220,8 @@ impl DevicePlugin {
         if let Err(source) = gone {
             return Err(DevicePluginError::Wait { source, pods: self.describe_pods().await });
         }
+        // Said in the log, so that a clean-up bound that cuts the wait shows which one it cut.
+        tracing::info!(daemonset = %self.name, nodes = ?self.nodes, "the plugin's pods are gone; waiting for the nodes to advertise no {RESOURCE_NAME}");
         for node in &self.nodes {
             self.wait_allocatable(
                 node,
