@@ -85,6 +85,7 @@ async fn a_deferred_check_runs_after_the_slot_is_released() {
             checks,
             [
                 (format!("{name}: both bodies started").as_str(), true),
+                (&*format!("the pods of namespace dra-{name}-x to be gone"), true),
                 (&*format!("namespace dra-{name}-x to be gone"), true)
             ],
         );
@@ -292,9 +293,11 @@ async fn after_ctrl_c_cleanups_and_deferred_checks_still_run() {
         "{:?}",
         spec.outcome
     );
-    assert_eq!(spec.deferred.len(), 2, "{:?}", spec.deferred);
+    assert_eq!(spec.deferred.len(), 3, "{:?}", spec.deferred);
     let entries = journal.entries();
-    for e in ["delete dra-interrupted-x", "check ran", "gone dra-interrupted-x"] {
+    for e in
+        ["delete dra-interrupted-x", "check ran", "pods gone dra-interrupted-x", "gone dra-interrupted-x"]
+    {
         assert!(entries.contains(&e.to_owned()), "{e} in {entries:?}");
     }
 }

@@ -116,6 +116,15 @@ impl ClusterBackend for FakeCluster {
         Ok(())
     }
 
+    async fn wait_namespace_pods_gone(
+        &self,
+        namespace: &SpecNamespace,
+        _: Duration,
+    ) -> Result<(), ClusterError> {
+        self.journal.push(format!("pods gone {}", namespace.name));
+        Ok(())
+    }
+
     async fn collect_artifacts(&self, request: ArtifactRequest<'_>) -> Vec<String> {
         self.journal.push(format!("collect {}", request.namespace));
         std::fs::write(request.dir.join("events.yaml"), "items: []\n").unwrap();

@@ -89,6 +89,15 @@ pub trait ClusterBackend: Send + Sync + 'static {
         timeout: Duration,
     ) -> Result<(), ClusterError>;
 
+    /// Waits until no pod is left in a deleted namespace, at most `timeout`: what a later
+    /// `[Serial]` spec must not share the nodes with. The runner waits for it as a settling
+    /// deferred check, and for the namespace itself to be gone as an observation.
+    async fn wait_namespace_pods_gone(
+        &self,
+        namespace: &SpecNamespace,
+        timeout: Duration,
+    ) -> Result<(), ClusterError>;
+
     /// Writes the cluster's view of a failed spec into `request.dir`
     /// (events, pods, container logs; suites add more as artifact sources). Returns the
     /// problems met; collection never changes a spec's outcome.

@@ -309,6 +309,41 @@ impl ClusterBackend for KubeBackend {
         }
     }
 
+    async fn wait_namespace_pods_gone(
+        &self,
+        namespace: &SpecNamespace,
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        let what = format!("the pods of namespace {} to be gone", namespace.name);
+        let api = Api::<Pod>::namespaced(self.client.clone(), &namespace.name);
+        let waiting = super::monitor::waiting(what.clone(), Some(timeout));
+        let waited = tokio::time::timeout(timeout, until_no_pods(api.clone())).await;
+        drop(waiting);
+        match waited {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ClusterError::Other(format!("wait for {what}: {e}"))),
+            Err(_) => {
+                // Name the pods that are still there and their phases.
+                let left = match api.list(&ListParams::default()).await {
+                    Ok(list) => list
+                        .items
+                        .iter()
+                        .map(|p| {
+                            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("?");
+                            format!("{} ({phase})", p.metadata.name.as_deref().unwrap_or("?"))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    Err(e) => e.to_string(),
+                };
+                Err(ClusterError::Timeout {
+                    what: format!("{what} (left: {left})"),
+                    after: duration::display(timeout),
+                })
+            }
+        }
+    }
+
     async fn collect_artifacts(&self, request: ArtifactRequest<'_>) -> Vec<String> {
         let mut problems = Vec::new();
         let dir = request.dir;
@@ -417,6 +452,28 @@ async fn pod_logs(client: &Client, ns: &str, pod: &Pod, logs_dir: &Path) -> Resu
             tokio::fs::write(&path, text)
                 .await
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Watches the pods of `api`'s namespace until there are none (a watch, not a poll: it ends at
+/// the event that removes the last one).
+async fn until_no_pods(api: Api<Pod>) -> Result<(), kube::runtime::watcher::Error> {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+    let (reader, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    let mut events = std::pin::pin!(events);
+    let mut listed = false;
+    while let Some(event) = events.next().await {
+        match event? {
+            watcher::Event::InitDone => listed = true,
+            watcher::Event::Init | watcher::Event::InitApply(_) => continue,
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
+        }
+        if listed && reader.is_empty() {
+            return Ok(());
         }
     }
     Ok(())

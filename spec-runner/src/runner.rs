@@ -495,12 +495,17 @@ async fn execute(
 
     let (backend, ns, ns_timeout) = (env.backend.clone(), namespace.clone(), options.namespace_timeout);
     let stack = cleanups.clone();
-    // First registered, so it runs last; waiting until the namespace is gone is a deferred check
-    // (bounded by its own timeout inside).
+    // First registered, so it runs last. Its pods gone settles the cluster for a later serial
+    // spec; the namespace itself gone (the namespace controller's few seconds) is an
+    // observation. Both deferred checks are bounded by their own timeouts inside.
     cleanups.push(format!("delete namespace {}", namespace.name), options.cleanup_timeout, async move {
         backend.delete_namespace(&ns).await?;
-        let what = format!("namespace {} to be gone", ns.name);
-        stack.checks.push(what, ns_timeout + Duration::from_secs(15), async move {
+        let bound = ns_timeout + Duration::from_secs(15);
+        let (pods_backend, pods_ns) = (backend.clone(), ns.clone());
+        stack.checks.push(format!("the pods of namespace {} to be gone", ns.name), bound, async move {
+            pods_backend.wait_namespace_pods_gone(&pods_ns, ns_timeout).await.map_err(anyhow::Error::from)
+        });
+        stack.checks.push_observation(format!("namespace {} to be gone", ns.name), bound, async move {
             backend.wait_namespace_gone(&ns, ns_timeout).await.map_err(anyhow::Error::from)
         });
         Ok(())

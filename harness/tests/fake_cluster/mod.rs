@@ -105,6 +105,15 @@ impl ClusterBackend for FakeCluster {
         Ok(())
     }
 
+    async fn wait_namespace_pods_gone(
+        &self,
+        namespace: &SpecNamespace,
+        _: Duration,
+    ) -> Result<(), ClusterError> {
+        self.journal.push(format!("pods gone {}", namespace.name));
+        Ok(())
+    }
+
     async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
         Vec::new()
     }

@@ -133,6 +133,10 @@ impl ClusterBackend for Simulated {
         Ok(())
     }
 
+    async fn wait_namespace_pods_gone(&self, _: &SpecNamespace, _: Duration) -> Result<(), ClusterError> {
+        Ok(())
+    }
+
     async fn collect_artifacts(&self, _: ArtifactRequest<'_>) -> Vec<String> {
         Vec::new()
     }
