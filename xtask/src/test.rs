@@ -407,13 +407,25 @@ fn workload_run(repo: &Path) -> (&'static str, Vec<String>) {
     ("e2e: workload lane (PodGroup specs)", suite_args(repo, &["--focus", WORKLOAD_FOCUS], "workload"))
 }
 
-/// dra-e2e's arguments for one lane: the selection, -p 4, its JUnit report and the artifacts.
+/// How many specs a lane on the local cluster runs at once. Its specs mostly wait on the
+/// cluster: on 2 cores, warm, the kubelet lane took 3 min 45 s at 4 (the machine 50-60% busy)
+/// and 2 min 45 s at 8 (70% busy), the other specs' lane 3 min 39 s and 3 min 15 s
+/// (docs/spec-time.md).
+pub(crate) const LANE_PROCS: &str = "8";
+
+/// dra-e2e's arguments for one lane: the selection, [`LANE_PROCS`] at once, its JUnit report
+/// and the artifacts.
 fn suite_args(repo: &Path, selection: &[&str], junit: &str) -> Vec<String> {
+    suite_args_with(repo, selection, junit, LANE_PROCS)
+}
+
+/// [`suite_args`] with `procs` specs at once.
+fn suite_args_with(repo: &Path, selection: &[&str], junit: &str, procs: &str) -> Vec<String> {
     let out = e2e::target_dir(repo).join("e2e");
     let artifacts = out.join("artifacts").display().to_string();
     let junit = out.join(format!("{junit}.xml")).display().to_string();
     let mut args: Vec<String> = selection.iter().map(|s| s.to_string()).collect();
-    args.extend(["-p", "4", "--junit", &junit, "--artifacts", &artifacts].map(String::from));
+    args.extend(["-p", procs, "--junit", &junit, "--artifacts", &artifacts].map(String::from));
     args
 }
 

@@ -1,9 +1,10 @@
 //! The kind lane of `cargo xtask test` (also alone: `cargo xtask test --lane kind`, what the
 //! e2e-kind workflow runs): a four-node kind cluster from kind.yaml, with the node image built here
 //! (or `KIND_NODE_IMAGE`), the cluster tests that do not depend on the provider, every kubelet spec
-//! (`--focus kubelet`, `-p 4` as on the local cluster), then the cluster deleted, and nothing of it may be left: no container, no
-//! `kind` network, no kubeconfig. The run's own Docker engine is started unless `DOCKER_HOST`
-//! names one, and stopped again if this lane started it.
+//! (`--focus kubelet`, `-p 4`; the local cluster's lanes run 8 at once), then the cluster deleted,
+//! and nothing of it may be left: no container, no `kind` network, no kubeconfig. The run's own
+//! Docker engine is started unless `DOCKER_HOST` names one, and stopped again if this lane
+//! started it.
 //!
 //! In CI's run the lane is prepared as soon as the local cluster is up: the engine starts and the
 //! node image is one of the run's background builds ([`super::background`], at the lowest CPU
@@ -17,7 +18,7 @@ use std::{
 
 use anyhow::{Result, bail};
 
-use super::{StepStart, background::Background, run_suite, suite_args};
+use super::{StepStart, background::Background, run_suite, suite_args_with};
 use crate::{
     kind::{self, engine::Engine},
     provider::Provider,
@@ -32,6 +33,10 @@ pub const FOCUS: &str = "kubelet";
 
 /// The name of the lane's JUnit report, `<target>/e2e/kind.xml`.
 pub const JUNIT: &str = "kind";
+
+/// How many specs the kind lane runs at once: its nodes are containers with their own
+/// containerd and systemd, heavier than the local cluster's, and it was only measured at 4.
+const KIND_PROCS: &str = "4";
 
 /// The key of the node image's background build.
 const IMAGE_BUILD: &str = "kind-node-image";
@@ -141,7 +146,9 @@ async fn on_cluster(
         }
         if go_on() {
             let t = StepStart::now();
-            let result = run_suite(repo, &kubeconfig, &suite_args(repo, &["--focus", FOCUS], JUNIT)).await;
+            let result =
+                run_suite(repo, &kubeconfig, &suite_args_with(repo, &["--focus", FOCUS], JUNIT, KIND_PROCS))
+                    .await;
             step("e2e on kind: every kubelet spec (--focus kubelet)", result, t);
         }
     }
