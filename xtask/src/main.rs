@@ -6,6 +6,8 @@
 mod bench;
 mod cli;
 mod cluster_config;
+#[cfg(test)]
+mod docs_check;
 mod e2e;
 mod gomod;
 mod image_archive;
