@@ -1,4 +1,4 @@
-//! Generated code for the kubelet gRPC APIs in `harness/proto/`, one module per
+//! Generated code for the kubelet gRPC APIs in `kubelet-plugin/proto/`, one module per
 //! proto package (messages, clients and servers).
 //!
 //! | module | proto package | registration string |
