@@ -123,7 +123,8 @@ async fn verbose_prints_each_specs_start_phases_and_steps() {
         "  [passes with steps] STEP: check the thing\n",
         "  [passes with steps] cleanup: remove the thing\n",
         "  [passes with steps] cleanup: delete namespace dra-passes-with-steps-x\n",
-        "  [passes with steps] deferred checks: namespace dra-passes-with-steps-x to be gone\n",
+        "  [passes with steps] deferred checks: the pods of namespace dra-passes-with-steps-x to be gone, \
+         namespace dra-passes-with-steps-x to be gone\n",
         "s] [progress] passes with steps\n",
     ];
     let mut at = start;
