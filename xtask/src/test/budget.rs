@@ -146,6 +146,12 @@ impl BackgroundCgroup {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e).with_context(|| format!("create cgroup {}", dir.display())),
             }
+            // A group left by a killed run is idle already, and the kernel refuses `cpu.shares`
+            // on an idle group (EINVAL): make it a plain group first.
+            let idle = dir.join("cpu.idle");
+            if idle.is_file() {
+                std::fs::write(&idle, "0").with_context(|| format!("write 0 to {}", idle.display()))?;
+            }
             // v1: the least shares; v2: the least weight. `cpu.idle` (Linux 5.15) makes the group
             // SCHED_IDLE among its siblings; older kernels lack the file.
             for (file, value) in [("cpu.shares", "2"), ("cpu.weight", "1"), ("cpu.idle", "1")] {
@@ -220,6 +226,32 @@ mod tests {
         drop(again);
         drop(group);
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_real_group_left_idle_by_a_killed_run_is_taken_over() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: making a cgroup needs root (CI runs as root)");
+            return;
+        }
+        let name = format!("dra-e2e-background-takeover-{}", std::process::id());
+        // A killed run leaves its group behind, idle where the kernel has cpu.idle.
+        let left = BackgroundCgroup::create_named(&name).unwrap();
+        let dirs = left.dirs.clone();
+        std::mem::forget(left);
+        let again = BackgroundCgroup::create_named(&name).expect("take over the group a killed run left");
+        for dir in &dirs {
+            let idle = dir.join("cpu.idle");
+            if idle.is_file() {
+                assert_eq!(std::fs::read_to_string(&idle).unwrap().trim(), "1", "{}", idle.display());
+            }
+            let shares = dir.join("cpu.shares");
+            if shares.is_file() {
+                assert_eq!(std::fs::read_to_string(&shares).unwrap().trim(), "2", "{}", shares.display());
+            }
+        }
+        drop(again);
+        assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?} left");
     }
 
     #[test]
