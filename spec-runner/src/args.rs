@@ -5,17 +5,18 @@ use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    backend::ClusterBackend,
-    capture, duration,
-    gate::{GateTable, table_for_flag, table_for_server},
-    kube_backend::KubeBackend,
-    monitor::Monitor,
-    options::RunOptions,
-    progress::{Output, Verbosity},
-    registry::Registry,
-    runner::run_with_backend,
-    selection::Selection,
+use crate::{
+    cluster::backend::ClusterBackend,
+    cluster::kube_backend::KubeBackend,
+    duration,
+    report::progress::{Output, Verbosity},
+    run::capture,
+    run::monitor::Monitor,
+    run::options::RunOptions,
+    run::runner::run_with_backend,
+    select::selection::Selection,
+    spec::gate::{GateTable, table_for_flag, table_for_server},
+    spec::registry::Registry,
 };
 
 /// The runner's flags; flatten them into the binary's clap parser.
@@ -159,7 +160,7 @@ impl RunnerArgs {
     }
 
     /// The selection these flags stand for.
-    pub fn selection(&self) -> Result<Selection, super::selection::SelectionError> {
+    pub fn selection(&self) -> Result<Selection, crate::select::selection::SelectionError> {
         Selection::new(&self.focus, &self.skip, self.label_filter.as_deref())
     }
 }
@@ -184,7 +185,7 @@ const CLEANUP_STATUS_EVERY: Duration = Duration::from_secs(3);
 /// unusable kubeconfig, unreachable cluster, no `resource.k8s.io/v1`), 130
 /// after Ctrl-C.
 ///
-/// Installs the default tracing set-up ([`init_tracing`](super::init_tracing))
+/// Installs the default tracing set-up ([`init_tracing`](crate::init_tracing))
 /// unless a global subscriber exists, a panic hook that logs panics inside
 /// specs into the spec's log, and the signal handlers: SIGUSR1 prints a progress report of
 /// every running spec; the first Ctrl-C cancels running specs (their cleanups run, and every
@@ -249,7 +250,7 @@ pub async fn run_versioned(
 /// [`run`] once connected.
 async fn run_connected(registry: Registry, args: RunnerArgs, backend: KubeBackend) -> ExitCode {
     // The run's Lease and identity, and the sweep of gone runs' leftovers (run_guard).
-    let lease = super::run_guard::begin(&backend, args.keep_leftovers).await;
+    let lease = crate::cluster::run_guard::begin(&backend, args.keep_leftovers).await;
     let backend = match &lease {
         Some(lease) => backend.with_run_identity(lease.run_id()),
         None => backend,
@@ -370,7 +371,7 @@ fn install_panic_hook() {
             .map(|s| (*s).to_owned())
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic with a non-string payload".to_owned());
-        tracing::error!(target: super::outcome::OUTCOME_TARGET, "panicked{location}: {message}");
+        tracing::error!(target: crate::report::outcome::OUTCOME_TARGET, "panicked{location}: {message}");
     }));
 }
 

@@ -122,76 +122,55 @@
 //! folder per [`ArtifactSource`] the spec (or a suite hook) registered.
 
 mod args;
-mod artifacts;
-mod backend;
-mod capture;
-mod cleanup;
 mod cluster;
-mod ctx;
-mod deferred;
 mod duration;
-mod error;
-mod gate;
-mod json_report;
-mod junit;
-mod kube_backend;
-mod label;
-mod label_filter;
-mod leftovers;
-mod monitor;
 mod names;
-mod options;
-mod order;
-mod outcome;
-mod phases;
-mod progress;
-mod registry;
-mod requirements;
-mod run_guard;
-mod run_identity;
-mod runner;
-mod selection;
-mod spec_end;
-mod spec_tasks;
+mod report;
+mod run;
+mod select;
+mod spec;
 
 pub use args::{RunnerArgs, run, run_on, run_versioned};
-pub use artifacts::ArtifactSource;
-pub use backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
-pub use capture::{
-    CaptureLayer, DEFAULT_CONSOLE_LOG, DEFAULT_SPEC_LOG, SPEC_LOG_ENV, SPEC_SPAN_TARGET, capture_layer,
-    init_tracing,
+pub use cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
+pub use cluster::kube_backend::{
+    KubeBackend, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client, write_list,
 };
-pub use cleanup::{CLEANUP_ALLOWANCE, CleanupFailure};
-pub use cluster::{
+pub use cluster::leftovers::{
+    GoneRun, Leftover, LeftoverError, Leftovers, find as find_leftovers, remove as remove_leftovers,
+};
+pub use cluster::preflight::{
     ClusterInfo, KUBELET_MIN_VERSION, KubeVersion, NodeInfo, PreflightError, feature_gates_from_metrics,
     kubelet_min_version,
 };
-pub use ctx::{Ctx, current_cancellation};
+pub use cluster::run_guard::{CleanupArgs, SWEEP_TIMEOUT, cleanup};
+pub use cluster::run_identity::{
+    LEASE_DURATION, LEASE_NAMESPACE, LEASE_PREFIX, MANAGED_BY_LABEL, RENEW_EVERY, RUN_INFO_ANNOTATION,
+    RUN_LABEL, RunLease, lease_name, new_run_id, stamp as stamp_run_identity,
+};
 pub use duration::{display as display_duration, parse as parse_duration};
-pub use error::{Skip, SpecError, SpecResult, skip};
-pub use gate::{Gate, GateTable, Stability, UnknownGate, VersionError, table_for_flag, table_for_server};
-pub use json_report::{JsonConfig, render as json_report, write as write_json_report};
-pub use junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
-pub use kube_backend::{
-    KubeBackend, MANAGED_BY_LABEL, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client, write_list,
+pub use report::json_report::{JsonConfig, render as json_report, write as write_json_report};
+pub use report::junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
+pub use report::outcome::OUTCOME_TARGET;
+pub use report::outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};
+pub use report::progress::{Output, OutputBuffer, Verbosity};
+pub use run::artifacts::ArtifactSource;
+pub use run::capture::{
+    CaptureLayer, DEFAULT_CONSOLE_LOG, DEFAULT_SPEC_LOG, SPEC_LOG_ENV, SPEC_SPAN_TARGET, capture_layer,
+    init_tracing,
 };
-pub use label::Label;
-pub use label_filter::{LabelFilter, LabelFilterError};
-pub use leftovers::{
-    GoneRun, Leftover, LeftoverError, Leftovers, find as find_leftovers, remove as remove_leftovers,
+pub use run::cleanup::{CLEANUP_ALLOWANCE, CleanupFailure};
+pub use run::monitor::{Monitor, WaitGuard, step, waiting};
+pub use run::options::{DEFAULT_CLEANUP_BOUND, RunOptions};
+pub use run::phases::Phases;
+pub use run::runner::run_with_backend;
+pub use select::label_filter::{LabelFilter, LabelFilterError};
+pub use select::selection::{Selection, SelectionError};
+pub use spec::ctx::{Ctx, current_cancellation};
+pub use spec::error::{Skip, SpecError, SpecResult, skip};
+pub use spec::gate::{
+    Gate, GateTable, Stability, UnknownGate, VersionError, table_for_flag, table_for_server,
 };
-pub use monitor::{Monitor, WaitGuard, step, waiting};
-pub use options::{DEFAULT_CLEANUP_BOUND, RunOptions};
-pub use outcome::OUTCOME_TARGET;
-pub use outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};
-pub use phases::Phases;
-pub use progress::{Output, OutputBuffer, Verbosity};
-pub use registry::{Registry, RegistryError, SpecHandle, SpecInfo};
-pub use requirements::{ClusterAccess, Precheck};
-pub use run_guard::{CleanupArgs, SWEEP_TIMEOUT, cleanup};
-pub use run_identity::{
-    LEASE_DURATION, LEASE_NAMESPACE, LEASE_PREFIX, RENEW_EVERY, RUN_INFO_ANNOTATION, RUN_LABEL, RunLease,
-    lease_name, new_run_id, stamp as stamp_run_identity,
-};
-pub use runner::run_with_backend;
-pub use selection::{Selection, SelectionError};
+pub use spec::info::SpecInfo;
+pub use spec::label::Label;
+pub use spec::registry::{Registry, RegistryError, SpecHandle};
+pub use spec::requirements::{ClusterAccess, Precheck};

@@ -1,12 +1,12 @@
 //! What the runner needs from a cluster, behind a small trait so the runner
 //! core can be tested without Kubernetes. The production implementation is
-//! [`KubeBackend`](super::KubeBackend).
+//! [`KubeBackend`](crate::KubeBackend).
 
 use std::{path::Path, time::Duration};
 
 use async_trait::async_trait;
 
-use super::cluster::{ClusterInfo, PreflightError};
+use crate::cluster::preflight::{ClusterInfo, PreflightError};
 
 /// What a spec's namespace should look like.
 #[derive(Debug, Clone)]
@@ -66,7 +66,7 @@ pub trait ClusterBackend: Send + Sync + 'static {
     /// Connects, discovers the served API versions and the nodes, and describes the cluster.
     async fn preflight(&self) -> Result<ClusterInfo, PreflightError>;
 
-    /// The admin client specs get on their [`Ctx`](super::Ctx).
+    /// The admin client specs get on their [`Ctx`](crate::Ctx).
     fn client(&self) -> kube::Client;
 
     /// The admin client for long-lived streams (port-forward tunnels, exec): by default the

@@ -17,9 +17,10 @@ use kube::{
 };
 use serde::Serialize;
 
-use super::{
-    backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
-    cluster::{ClusterInfo, NodeInfo, PreflightError},
+use crate::{
+    cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
+    cluster::preflight::{ClusterInfo, NodeInfo, PreflightError},
+    cluster::run_identity::MANAGED_BY_LABEL,
     duration,
 };
 
@@ -30,8 +31,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Container logs are cut after this many bytes (the API server's `limitBytes`).
 const LOG_LIMIT_BYTES: i64 = 10 << 20;
 
-/// Label on every namespace the runner creates.
-pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "dra-e2e");
 /// Annotation with the spec's full text on its namespace.
 pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
 
@@ -117,11 +116,11 @@ impl KubeBackend {
     }
 
     /// The same backend whose clients stamp every object they create with the run's identity
-    /// ([`super::run_identity::stamp`]).
+    /// ([`crate::cluster::run_identity::stamp`]).
     pub fn with_run_identity(self, run_id: &str) -> Self {
         Self {
-            client: super::run_identity::stamp(self.client, run_id),
-            stream_client: super::run_identity::stamp(self.stream_client, run_id),
+            client: crate::cluster::run_identity::stamp(self.client, run_id),
+            stream_client: crate::cluster::run_identity::stamp(self.stream_client, run_id),
             server: self.server,
         }
     }
@@ -170,7 +169,7 @@ impl KubeBackend {
     async fn api_server_gates(&self) -> Option<BTreeMap<String, bool>> {
         let request = kube::core::Request::new("").get("metrics", &Default::default()).ok()?;
         match self.client.request_text(request).await {
-            Ok(text) => Some(super::cluster::feature_gates_from_metrics(&text)),
+            Ok(text) => Some(crate::cluster::preflight::feature_gates_from_metrics(&text)),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the API server's /metrics for its feature gates");
                 None
@@ -274,7 +273,7 @@ impl ClusterBackend for KubeBackend {
             kube::runtime::conditions::is_deleted(&namespace.uid),
         );
         let waiting =
-            super::monitor::waiting(format!("namespace {} to be gone", namespace.name), Some(timeout));
+            crate::run::monitor::waiting(format!("namespace {} to be gone", namespace.name), Some(timeout));
         let waited = tokio::time::timeout(timeout, gone).await;
         drop(waiting);
         match waited {
@@ -316,7 +315,7 @@ impl ClusterBackend for KubeBackend {
     ) -> Result<(), ClusterError> {
         let what = format!("the pods of namespace {} to be gone", namespace.name);
         let api = Api::<Pod>::namespaced(self.client.clone(), &namespace.name);
-        let waiting = super::monitor::waiting(what.clone(), Some(timeout));
+        let waiting = crate::run::monitor::waiting(what.clone(), Some(timeout));
         let waited = tokio::time::timeout(timeout, until_no_pods(api.clone())).await;
         drop(waiting);
         match waited {

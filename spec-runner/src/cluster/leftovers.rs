@@ -1,5 +1,5 @@
 //! Leftovers of runs that are gone: objects labelled [`RUN_LABEL`] whose run's Lease expired or
-//! no longer exists (see [`super::run_identity`]). A run looks for them before its specs start
+//! no longer exists (see [`crate::cluster::run_identity`]). A run looks for them before its specs start
 //! and removes them (`--keep-leftovers` only reports); `dra-e2e cleanup` does the same on demand.
 //!
 //! Objects of a live run (its Lease renewed within its duration) are never touched, nor objects
@@ -38,7 +38,7 @@ use kube::{
     discovery::{Discovery, Scope, verbs},
 };
 
-use super::run_identity::{LEASE_NAMESPACE, RUN_INFO_ANNOTATION, RUN_LABEL, expired_for};
+use crate::cluster::run_identity::{LEASE_NAMESPACE, RUN_INFO_ANNOTATION, RUN_LABEL, expired_for};
 
 /// Looking for or removing leftovers failed.
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +292,7 @@ async fn wait_gone(
     force: &DeleteParams,
 ) -> Result<(), String> {
     let api = Api::<Namespace>::all(client.clone());
-    let _waiting = super::monitor::waiting(format!("leftover namespace {namespace} to be gone"), None);
+    let _waiting = crate::run::monitor::waiting(format!("leftover namespace {namespace} to be gone"), None);
     loop {
         let ns = match api.get_opt(namespace).await {
             Ok(None) => return Ok(()),

@@ -5,7 +5,7 @@ use std::{
     fmt,
 };
 
-use super::error::{SpecError, SpecResult};
+use crate::spec::error::{SpecError, SpecResult};
 
 /// A Kubernetes version as `major.minor.patch` (from `v1.37.2`, `v1.35.0-alpha.1+abc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -79,7 +79,7 @@ impl NodeInfo {
     }
 }
 
-/// The cluster, as discovered once before any spec runs; on every [`Ctx`](super::Ctx).
+/// The cluster, as discovered once before any spec runs; on every [`Ctx`](crate::Ctx).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterInfo {
     /// The API server URL from the kubeconfig.

@@ -1,5 +1,5 @@
 //! The start and end of a run on a real cluster: its Lease and identity
-//! ([`super::run_identity`]), the sweep of gone runs' leftovers ([`super::leftovers`]) before
+//! ([`crate::cluster::run_identity`]), the sweep of gone runs' leftovers ([`crate::cluster::leftovers`]) before
 //! its specs, and `dra-e2e cleanup` ([`cleanup`]), the sweep on its own.
 
 use std::{
@@ -10,14 +10,14 @@ use std::{
 
 use kube::Client;
 
-use super::{
-    backend::ClusterBackend as _,
-    duration,
-    kube_backend::KubeBackend,
-    leftovers::{self, Leftovers},
-    run_identity::{
+use crate::{
+    cluster::backend::ClusterBackend as _,
+    cluster::kube_backend::KubeBackend,
+    cluster::leftovers::{self, Leftovers},
+    cluster::run_identity::{
         LEASE_DURATION, LEASE_NAMESPACE, RENEW_EVERY, RUN_LABEL, RunLease, lease_name, new_run_id,
     },
+    duration,
 };
 
 /// How long the sweep waits for gone runs' namespaces to be gone.
@@ -136,7 +136,7 @@ fn run_info() -> String {
 /// `--keep-leftovers`). Exit codes: 0 done (or nothing found), 1 some could not be removed, 2
 /// the cluster cannot be used.
 pub async fn cleanup(args: CleanupArgs) -> ExitCode {
-    super::capture::init_tracing();
+    crate::run::capture::init_tracing();
     let backend = match KubeBackend::connect(args.kubeconfig.as_deref()).await {
         Ok(backend) => backend,
         Err(e) => return usage_error(&e),

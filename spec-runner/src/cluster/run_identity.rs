@@ -13,7 +13,7 @@
 //! every [`RENEW_EVERY`] (10 s), so a run SIGKILLed (or whose machine went away) is taken for
 //! gone 30 s after its last renewal; a run whose API server does not answer for 30 s may be
 //! taken for gone too (it logs each failed renewal). On a clean exit the Lease is deleted.
-//! [`super::leftovers`] finds and removes the objects of runs whose Lease expired or is gone.
+//! [`crate::cluster::leftovers`] finds and removes the objects of runs whose Lease expired or is gone.
 
 use std::time::Duration;
 
@@ -32,8 +32,8 @@ use kube::{
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::kube_backend::MANAGED_BY_LABEL;
-
+/// Label on every namespace the runner creates and on the run's Lease.
+pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "dra-e2e");
 /// The label with the run id on every object a run creates.
 pub const RUN_LABEL: &str = "dra-e2e.k8s.io/run";
 /// Where the runs' Leases live.
@@ -50,7 +50,7 @@ pub const RUN_INFO_ANNOTATION: &str = "dra-e2e.k8s.io/run-info";
 /// A new run id: `YYYYMMDD-HHMMSS-` and 6 random characters (a valid label value, sorts by start).
 pub fn new_run_id() -> String {
     let now = Timestamp::now().strftime("%Y%m%d-%H%M%S");
-    let suffix = super::names::unique_suffix();
+    let suffix = crate::names::unique_suffix();
     format!("{now}-{}", &suffix[..6])
 }
 

@@ -12,9 +12,9 @@ use std::{
 
 use serde::Serialize;
 
-use super::{
+use crate::{
     SUITE_NAME,
-    outcome::{FailureKind, Outcome, RunReport, SpecReport},
+    report::outcome::{FailureKind, Outcome, RunReport, SpecReport},
 };
 
 /// What the run was configured with, for ginkgo's `SuiteConfig`.
@@ -252,7 +252,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::phases::Phases;
+    use crate::run::phases::Phases;
 
     /// Builds spec-runner/ginkgo-json-check (ginkgo's own types) once per test process.
     fn checker() -> &'static Path {

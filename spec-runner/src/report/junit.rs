@@ -8,7 +8,7 @@ use std::path::Path;
 
 use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestRerun, TestSuite};
 
-use super::outcome::{Outcome, RunReport};
+use crate::report::outcome::{Outcome, RunReport};
 
 /// The name of the report and its test suite.
 pub const SUITE_NAME: &str = "dra-e2e";
@@ -103,7 +103,7 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
-    use crate::outcome::{FailureKind, SpecReport};
+    use crate::report::outcome::{FailureKind, SpecReport};
 
     fn spec(text: &str, attempt: u32, outcome: Outcome, log: &str) -> SpecReport {
         SpecReport {

@@ -5,7 +5,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use super::{duration, phases::Phases};
+use crate::{duration, run::phases::Phases};
 
 /// Target of the runner's per-spec outcome messages: in spec logs, but off
 /// on the console by default (the progress lines already say it).
@@ -111,7 +111,7 @@ pub struct SpecReport {
     pub deferred: Vec<CheckReport>,
 }
 
-/// What one deferred check (see [`Ctx::defer_check`](super::Ctx::defer_check)) did.
+/// What one deferred check (see [`Ctx::defer_check`](crate::Ctx::defer_check)) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckReport {
     /// What it checks, as registered (`namespace x to be gone`).

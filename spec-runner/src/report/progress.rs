@@ -7,9 +7,9 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use super::{
-    cluster::ClusterInfo,
-    outcome::{Outcome, RunReport, SpecReport},
+use crate::{
+    cluster::preflight::ClusterInfo,
+    report::outcome::{Outcome, RunReport, SpecReport},
 };
 
 /// Where progress lines go (stdout by default; tests capture them).

@@ -13,15 +13,14 @@ use std::{
 
 use async_trait::async_trait;
 
-use super::{
-    backend::{ArtifactRequest, ClusterBackend},
-    ctx::Ctx,
+use crate::{
+    cluster::backend::{ArtifactRequest, ClusterBackend},
     duration, names,
 };
 
 /// Something that can add files to a failed spec's artifacts, e.g. the
 /// Driver's recorded gRPC calls. Register it with
-/// [`Ctx::artifact_source`](super::Ctx::artifact_source).
+/// [`Ctx::artifact_source`](crate::Ctx::artifact_source).
 ///
 /// ```
 /// use std::path::Path;
@@ -73,11 +72,11 @@ pub(crate) async fn fresh_dir(dir: &Path) -> std::io::Result<()> {
     tokio::fs::create_dir_all(dir).await
 }
 
-/// Cluster state and artifact sources of a failed spec, bounded by the artifact timeout.
+/// Cluster state and the spec's artifact sources of a failed spec, bounded by the artifact timeout.
 pub(crate) async fn collect(
     backend: &dyn ClusterBackend,
     limit: Duration,
-    ctx: &Ctx,
+    sources: &[std::sync::Arc<dyn ArtifactSource>],
     namespace: &str,
     dir: &Path,
 ) -> Vec<String> {
@@ -93,7 +92,7 @@ pub(crate) async fn collect(
             vec![format!("collecting cluster artifacts did not finish within {}", duration::display(limit))]
         }
     };
-    for source in ctx.sources() {
+    for source in sources {
         let name = source.name().to_owned();
         let sub = dir.join(names::dir_name(&name));
         let result = match tokio::fs::create_dir_all(&sub).await {

@@ -287,12 +287,12 @@ mod tests {
         let log_b = take(b);
         let lines: Vec<_> = log_a.lines().collect();
         assert_eq!(lines.len(), 3, "{log_a}");
-        assert!(lines[0].ends_with("INFO  spec_runner::capture::tests: prepared claim=c1"), "{log_a}");
+        assert!(lines[0].ends_with("INFO  spec_runner::run::capture::tests: prepared claim=c1"), "{log_a}");
         assert!(
-            lines[1].ends_with("WARN  spec_runner::capture::tests: cleanup{what=delete namespace}: slow")
+            lines[1].ends_with("WARN  spec_runner::run::capture::tests: cleanup{what=delete namespace}: slow")
         );
         assert!(lines[2].ends_with(": async"), "{log_a}");
-        assert!(log_b.contains("ERROR spec_runner::capture::tests: broken code=3"), "{log_b}");
+        assert!(log_b.contains("ERROR spec_runner::run::capture::tests: broken code=3"), "{log_b}");
         assert!(!log_a.contains("outside") && !log_b.contains("outside"));
         assert_eq!(take(a), "", "taken once");
     }

@@ -1,7 +1,7 @@
 //! The cleanup stack of a spec: cleanups run in reverse order of registration, after the
 //! "first" cleanups (what must stop before anything is torn down, such as injected faults),
 //! which run in registration order. All of them together are bounded by the spec's clean-up
-//! bound ([`RunOptions::cleanup_bound`](super::RunOptions::cleanup_bound)).
+//! bound ([`RunOptions::cleanup_bound`](crate::RunOptions::cleanup_bound)).
 
 use std::{
     future::Future,
@@ -13,9 +13,12 @@ use futures::{FutureExt as _, future::BoxFuture};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::{
+use crate::{
     duration,
-    monitor::{Phase, SpecState},
+    run::{
+        monitor::{PendingCleanups, Phase, SpecState},
+        panic::panic_message,
+    },
 };
 
 /// How long each cleanup still left once a spec's clean-up bound is spent may run (its own
@@ -105,7 +108,7 @@ pub(crate) struct CleanupStack {
     /// Run before `entries`, first registered first.
     first: Mutex<std::collections::VecDeque<Cleanup>>,
     /// Run after every cleanup, once the spec's worker slot is released.
-    pub(crate) checks: super::deferred::DeferredChecks,
+    pub(crate) checks: crate::run::deferred::DeferredChecks,
 }
 
 impl CleanupStack {
@@ -181,7 +184,7 @@ impl CleanupStack {
             if left <= CLEANUP_ALLOWANCE && !spent_said {
                 spent_said = true;
                 tracing::warn!(
-                    target: super::outcome::OUTCOME_TARGET,
+                    target: crate::report::outcome::OUTCOME_TARGET,
                     "the {} clean-up bound is spent: each cleanup left gets {}",
                     duration::display(bound),
                     duration::display(CLEANUP_ALLOWANCE)
@@ -215,7 +218,9 @@ impl CleanupStack {
                 None => span.in_scope(|| tracing::info!("cleanup done")),
                 Some(error) => {
                     let failure = CleanupFailure { what, error, gave_up_after };
-                    span.in_scope(|| tracing::error!(target: super::outcome::OUTCOME_TARGET, "{failure}"));
+                    span.in_scope(
+                        || tracing::error!(target: crate::report::outcome::OUTCOME_TARGET, "{failure}"),
+                    );
                     failures.push(failure);
                 }
             }
@@ -224,14 +229,9 @@ impl CleanupStack {
     }
 }
 
-/// The message of a panic payload (`&str` or `String`, as `panic!` makes them).
-pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    match payload.downcast::<String>() {
-        Ok(s) => *s,
-        Err(payload) => match payload.downcast::<&'static str>() {
-            Ok(s) => (*s).to_owned(),
-            Err(_) => "a panic with a non-string payload".to_owned(),
-        },
+impl PendingCleanups for CleanupStack {
+    fn pending(&self) -> Vec<String> {
+        CleanupStack::pending(self)
     }
 }
 
@@ -303,6 +303,19 @@ mod tests {
                 ("panics", "panicked: cleanup exploded"),
                 ("hangs", "did not finish within 50ms"),
             ]
+        );
+    }
+
+    #[test]
+    fn pending_lists_the_first_cleanups_in_order_then_the_others_last_registered_first() {
+        let stack = CleanupStack::default();
+        stack.push("delete namespace ns".into(), Duration::from_secs(1), async { Ok(()) });
+        stack.push_first("clear faults a".into(), Duration::from_secs(1), async { Ok(()) });
+        stack.push("delete DeviceClass c".into(), Duration::from_secs(1), async { Ok(()) });
+        stack.push_first("clear faults b".into(), Duration::from_secs(1), async { Ok(()) });
+        assert_eq!(
+            PendingCleanups::pending(&stack),
+            ["clear faults a", "clear faults b", "delete DeviceClass c", "delete namespace ns"]
         );
     }
 

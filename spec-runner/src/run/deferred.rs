@@ -24,11 +24,11 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::{
-    cleanup::panic_message,
+use crate::{
     duration,
-    monitor::{Phase, SpecState},
-    outcome::{CheckReport, OUTCOME_TARGET},
+    report::outcome::{CheckReport, OUTCOME_TARGET},
+    run::monitor::{Phase, SpecState},
+    run::panic::panic_message,
 };
 
 /// One registered deferred check.

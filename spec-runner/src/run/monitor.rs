@@ -19,7 +19,7 @@ use std::{
 
 use tokio::{task::futures::TaskLocalFuture, time::Instant};
 
-use super::{capture, cleanup::CleanupStack, duration::display, progress::Output};
+use crate::{duration::display, report::progress::Output, run::capture};
 
 tokio::task_local! {
     static CURRENT: Arc<SpecState>;
@@ -66,6 +66,12 @@ struct Wait {
     since: Instant,
 }
 
+/// What a spec still has to clean up (its cleanup stack), for the status after Ctrl-C.
+pub(crate) trait PendingCleanups: Send + Sync {
+    /// What is registered and has not run yet, in the order it will run.
+    fn pending(&self) -> Vec<String>;
+}
+
 /// What one running spec is doing.
 pub(crate) struct SpecState {
     log_id: u64,
@@ -77,7 +83,7 @@ pub(crate) struct SpecState {
     waits: Mutex<Vec<Wait>>,
     /// Time spent in each finished wait, by what it waited for.
     waited: Mutex<BTreeMap<String, Duration>>,
-    cleanups: Arc<CleanupStack>,
+    cleanups: Arc<dyn PendingCleanups>,
     /// Where `-v` prints phases and steps as they happen.
     verbose: Option<Output>,
 }
@@ -87,7 +93,7 @@ impl SpecState {
         log_id: u64,
         full_text: &str,
         name: &str,
-        cleanups: Arc<CleanupStack>,
+        cleanups: Arc<dyn PendingCleanups>,
         verbose: Option<Output>,
     ) -> Arc<Self> {
         let now = Instant::now();
@@ -348,7 +354,7 @@ mod tests {
     use super::*;
 
     fn state() -> Arc<SpecState> {
-        SpecState::new(0, "[x] spec one", "spec one", Arc::new(CleanupStack::default()), None)
+        SpecState::new(0, "[x] spec one", "spec one", Arc::new(Pending(Vec::new())), None)
     }
 
     #[tokio::test(start_paused = true)]
@@ -377,6 +383,15 @@ mod tests {
         assert!(s.report().contains("Not in a wait the harness knows of."));
     }
 
+    /// A spec's cleanups that have not run yet.
+    struct Pending(Vec<String>);
+
+    impl PendingCleanups for Pending {
+        fn pending(&self) -> Vec<String> {
+            self.0.clone()
+        }
+    }
+
     #[test]
     fn waiting_outside_a_spec_does_nothing() {
         let guard = waiting("nothing", None);
@@ -386,9 +401,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn left_behind_names_the_running_cleanup_and_the_pending_ones() {
-        let stack = Arc::new(CleanupStack::default());
-        stack.push("delete namespace ns".into(), Duration::from_secs(1), async { Ok(()) });
-        stack.push("delete DeviceClass c".into(), Duration::from_secs(1), async { Ok(()) });
+        let stack = Arc::new(Pending(vec!["delete DeviceClass c".into(), "delete namespace ns".into()]));
         let state = SpecState::new(0, "[x] spec two", "spec two", stack, None);
         state.set_phase(Phase::Cleanup("hang".into()));
         let monitor = Monitor::default();

@@ -2,9 +2,9 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use super::{
-    monitor::Monitor,
-    progress::{Output, Verbosity},
+use crate::{
+    report::progress::{Output, Verbosity},
+    run::monitor::Monitor,
 };
 
 /// The default clean-up bound of a spec (`--cleanup-bound`): 3 minutes. One cleanup may use
@@ -15,7 +15,7 @@ use super::{
 /// hanging step.
 pub const DEFAULT_CLEANUP_BOUND: Duration = Duration::from_secs(180);
 
-/// Settings of a run (the parsed command line, see [`RunnerArgs`](super::RunnerArgs)).
+/// Settings of a run (the parsed command line, see [`RunnerArgs`](crate::RunnerArgs)).
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     /// Specs running at the same time (`-p`).
@@ -30,16 +30,16 @@ pub struct RunOptions {
     pub artifacts: PathBuf,
     /// Where to write the JUnit report (`--junit`).
     pub junit: Option<PathBuf>,
-    /// Timeout of each cleanup registered with [`Ctx::defer`](super::Ctx::defer).
+    /// Timeout of each cleanup registered with [`Ctx::defer`](crate::Ctx::defer).
     pub cleanup_timeout: Duration,
     /// The clean-up bound (`--cleanup-bound`): how long all of a spec's cleanups together may
     /// take after its body ended. Each cleanup gets its own timeout or what remains of the
     /// bound, whichever is less; once the bound is spent, each cleanup still left is started
-    /// with [`CLEANUP_ALLOWANCE`](super::CLEANUP_ALLOWANCE) (so that its delete requests still
+    /// with [`CLEANUP_ALLOWANCE`](crate::CLEANUP_ALLOWANCE) (so that its delete requests still
     /// go out), and every cleanup cut short fails the spec as given up on. So a spec's cleanup
     /// phase ends within the bound plus the allowance per cleanup left when it ran out. The
     /// deferred checks are bounded apart from this: they run at the same time, so they end
-    /// within the longest one's timeout (see [`Ctx::defer_check`](super::Ctx::defer_check)).
+    /// within the longest one's timeout (see [`Ctx::defer_check`](crate::Ctx::defer_check)).
     pub cleanup_bound: Duration,
     /// How long deleting a spec's namespace may take until it is gone.
     pub namespace_timeout: Duration,

@@ -7,7 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use rand::{SeedableRng as _, rngs::StdRng, seq::SliceRandom as _};
 
-use super::registry::SpecDef;
+use crate::spec::registry::SpecDef;
 
 /// A seed for a run that was given none (ginkgo uses the time, too).
 pub(crate) fn default_seed() -> u64 {

@@ -12,7 +12,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::duration;
+use crate::duration;
 
 /// The phases of one spec run; `None` for a phase the spec did not reach or does not have.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

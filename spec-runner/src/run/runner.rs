@@ -3,7 +3,7 @@
 //! cleanups), the JUnit report and the summary.
 //!
 //! It talks to the cluster only through a [`ClusterBackend`], so it runs the
-//! same against [`KubeBackend`](super::KubeBackend) and against test doubles.
+//! same against [`KubeBackend`](crate::KubeBackend) and against test doubles.
 
 use std::{collections::HashSet, path::Path, sync::Arc, time::Duration};
 
@@ -11,30 +11,29 @@ use tokio::{sync::Semaphore, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::{
-    artifacts,
-    backend::{ClusterBackend, NamespaceRequest},
-    capture::{self, SPEC_SPAN_TARGET},
-    cleanup::{CleanupStack, failure_lines},
-    cluster::ClusterInfo,
-    ctx::{Ctx, CtxParts},
-    deferred::Slot,
-    duration,
-    json_report::{self, JsonConfig},
-    junit,
-    monitor::{self, Monitor, Phase, SpecState},
-    names,
-    options::RunOptions,
-    order,
-    outcome::OUTCOME_TARGET,
-    outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport},
-    phases::{Phases, SetupMark},
-    progress::{self, Verbosity},
-    registry::{Registry, SpecDef, SuiteHooks},
-    requirements::{self, Precheck},
-    selection::Selection,
-    spec_end::{body_outcome, stop_body, with_failures, write_failure_files},
-    spec_tasks::SpecTasks,
+use crate::{
+    cluster::backend::{ClusterBackend, NamespaceRequest},
+    cluster::preflight::ClusterInfo,
+    duration, names,
+    report::json_report::{self, JsonConfig},
+    report::junit,
+    report::outcome::OUTCOME_TARGET,
+    report::outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport},
+    report::progress::{self, Verbosity},
+    run::artifacts,
+    run::capture::{self, SPEC_SPAN_TARGET},
+    run::cleanup::{CleanupStack, failure_lines},
+    run::deferred::Slot,
+    run::monitor::{self, Monitor, Phase, SpecState},
+    run::options::RunOptions,
+    run::order,
+    run::phases::{Phases, SetupMark},
+    run::spec_end::{Execution, body_outcome, stop_body, with_failures, write_failure_files},
+    run::spec_tasks::SpecTasks,
+    select::selection::Selection,
+    spec::ctx::{Ctx, CtxParts},
+    spec::registry::{Registry, SpecDef, SuiteHooks},
+    spec::requirements::{self, Precheck},
 };
 
 /// Waits at least this long (in all, per name) go into the report.
@@ -427,17 +426,6 @@ impl Drop for Running {
     }
 }
 
-/// What running a spec produced, before its report is made.
-pub(crate) struct Execution {
-    pub(crate) outcome: Outcome,
-    /// Problems while collecting artifacts.
-    pub(crate) problems: Vec<String>,
-    /// Whether the artifact folder was already emptied for this run.
-    pub(crate) dir_ready: bool,
-    /// Where the time went.
-    pub(crate) phases: Phases,
-}
-
 async fn execute(
     env: &Arc<Env>,
     spec: &Arc<SpecDef>,
@@ -542,7 +530,7 @@ async fn execute(
     let body_token = token.clone();
     let mut task = tokio::spawn(
         state
-            .scope(crate::ctx::with_body_token(body_token, async move { body(body_ctx).await }))
+            .scope(crate::spec::ctx::with_body_token(body_token, async move { body(body_ctx).await }))
             .in_current_span(),
     );
     run.outcome = tokio::select! {
@@ -585,7 +573,7 @@ async fn execute(
         run.problems = artifacts::collect(
             env.backend.as_ref(),
             env.options.artifact_timeout,
-            &ctx,
+            &ctx.sources(),
             &namespace.name,
             dir,
         )

@@ -6,15 +6,26 @@ use std::{path::Path, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    artifacts,
-    cleanup::panic_message,
+use crate::{
     duration,
-    error::SpecError,
-    outcome::{FailureKind, OUTCOME_TARGET, Outcome, SpecReport},
-    registry::SpecDef,
-    runner::Execution,
+    report::outcome::{FailureKind, OUTCOME_TARGET, Outcome, SpecReport},
+    run::artifacts,
+    run::panic::panic_message,
+    run::phases::Phases,
+    spec::error::SpecError,
+    spec::registry::SpecDef,
 };
+
+/// What running a spec produced, before its report is made.
+pub(crate) struct Execution {
+    pub(crate) outcome: Outcome,
+    /// Problems while collecting artifacts.
+    pub(crate) problems: Vec<String>,
+    /// Whether the artifact folder was already emptied for this run.
+    pub(crate) dir_ready: bool,
+    /// Where the time went.
+    pub(crate) phases: Phases,
+}
 
 /// The report of a spec whose runner task failed (it panicked outside the body's own task).
 pub(crate) fn runner_failure(spec: &SpecDef, attempt: u32, error: &tokio::task::JoinError) -> SpecReport {

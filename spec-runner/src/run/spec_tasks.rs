@@ -6,7 +6,7 @@ use std::{collections::HashMap, future::Future, sync::Arc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{outcome::SpecReport, registry::SpecDef, spec_end::runner_failure};
+use crate::{report::outcome::SpecReport, run::spec_end::runner_failure, spec::registry::SpecDef};
 
 /// The spec tasks of one attempt (each in its own task, so nothing in a spec can take the
 /// runner down) and the reports of those that ended.

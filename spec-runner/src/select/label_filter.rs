@@ -27,7 +27,7 @@ use std::collections::BTreeSet;
 
 use regex::Regex;
 
-use super::label::key_value;
+use crate::spec::label::key_value;
 
 /// A parse error, with the 0-based character position where it was found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

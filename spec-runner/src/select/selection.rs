@@ -2,9 +2,9 @@
 
 use regex::RegexSet;
 
-use super::{
-    label_filter::{LabelFilter, LabelFilterError, regex_reason},
-    registry::SpecInfo,
+use crate::{
+    select::label_filter::{LabelFilter, LabelFilterError, regex_reason},
+    spec::info::SpecInfo,
 };
 
 /// The selection of specs to run.

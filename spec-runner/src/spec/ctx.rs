@@ -14,12 +14,12 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    artifacts::ArtifactSource,
-    cleanup::CleanupStack,
-    cluster::ClusterInfo,
-    error::{SpecError, SpecResult},
-    phases::SetupMark,
+use crate::{
+    cluster::preflight::ClusterInfo,
+    run::artifacts::ArtifactSource,
+    run::cleanup::CleanupStack,
+    run::phases::SetupMark,
+    spec::error::{SpecError, SpecResult},
 };
 
 /// The per-spec context: admin client, the spec's own namespace, a unique
@@ -244,8 +244,8 @@ impl Ctx {
     /// Registers a cleanup. Cleanups run after the body ends (also when it
     /// fails, panics, times out or the run is interrupted), last registered
     /// first, each with the default cleanup timeout, all of them together within the spec's
-    /// clean-up bound (`--cleanup-bound`, see [`RunOptions::cleanup_bound`](super::RunOptions::cleanup_bound)):
-    /// once it is spent, the cleanups left get [`CLEANUP_ALLOWANCE`](super::CLEANUP_ALLOWANCE)
+    /// clean-up bound (`--cleanup-bound`, see [`RunOptions::cleanup_bound`](crate::RunOptions::cleanup_bound)):
+    /// once it is spent, the cleanups left get [`CLEANUP_ALLOWANCE`](crate::CLEANUP_ALLOWANCE)
     /// each. A failing cleanup fails the spec, and so does one the bound cut short. The future
     /// starts only when the cleanup runs.
     ///
@@ -364,7 +364,7 @@ impl Ctx {
     }
 }
 
-impl super::requirements::ClusterAccess for Ctx {
+impl crate::spec::requirements::ClusterAccess for Ctx {
     fn client(&self) -> &kube::Client {
         Ctx::client(self)
     }
@@ -402,7 +402,7 @@ async fn wait_gone<K>(api: Api<K>, kind: &str, name: &str, uid: &str) -> anyhow:
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let _waiting = super::monitor::waiting(format!("{kind} {name} to be gone"), None);
+    let _waiting = crate::run::monitor::waiting(format!("{kind} {name} to be gone"), None);
     kube::runtime::wait::await_condition(api, name, kube::runtime::conditions::is_deleted(uid))
         .await
         .with_context(|| format!("wait for {kind} {name} to be gone"))?;

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use super::{cluster::KubeVersion, label::Label};
+use crate::{cluster::preflight::KubeVersion, spec::label::Label};
 
 /// A feature gate's maturity (upstream's `featuregate.PreRelease`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,13 +4,14 @@ use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt as _, future::BoxFuture};
 
-use super::{
-    cluster::KubeVersion,
-    ctx::Ctx,
-    error::SpecResult,
-    gate::GateTable,
-    label::{ALWAYS_TRAILING, Label},
-    requirements::{Precheck, Requirement},
+use crate::{
+    cluster::preflight::KubeVersion,
+    spec::ctx::Ctx,
+    spec::error::SpecResult,
+    spec::gate::GateTable,
+    spec::info::{SpecInfo, join_nonempty},
+    spec::label::{ALWAYS_TRAILING, Label},
+    spec::requirements::{Precheck, Requirement},
 };
 
 /// A spec body, type-erased and shareable (a spec may run several times with `--repeat`).
@@ -97,89 +98,6 @@ pub(crate) struct SpecDef {
     pub(crate) requirements: Vec<Requirement>,
 }
 
-/// The description of a registered spec.
-#[derive(Debug, Clone)]
-pub struct SpecInfo {
-    index: usize,
-    /// The top-level container (ginkgo shuffles these by default), or `None` at the top level.
-    top_level: Option<usize>,
-    container_text: String,
-    name: String,
-    own_labels: Vec<Label>,
-    inherited_labels: Vec<Label>,
-    labels: Vec<String>,
-    full_text: String,
-    timeout: Option<Duration>,
-}
-
-impl SpecInfo {
-    /// Container texts, the name and every `[label]`, as upstream's framework renders them
-    /// (see [`Registry`]): `[sig-node] [DRA] control plane [FeatureGate:X] reports [Alpha]`.
-    pub fn full_text(&self) -> &str {
-        &self.full_text
-    }
-
-    /// What ginkgo's default randomization shuffles as one unit: the spec's top-level container,
-    /// or the spec itself when it is registered outside any container.
-    pub(crate) fn shuffle_group(&self) -> (usize, usize) {
-        match self.top_level {
-            Some(container) => (container, usize::MAX),
-            None => (usize::MAX, self.index),
-        }
-    }
-
-    /// The spec's own text (the `it` text, without containers and labels).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// All labels: inherited from containers first, then the spec's own.
-    pub fn labels(&self) -> &[String] {
-        &self.labels
-    }
-
-    /// The spec's own timeout, if it overrides `--timeout`.
-    pub fn timeout(&self) -> Option<Duration> {
-        self.timeout
-    }
-
-    /// Position in registration order.
-    pub fn index(&self) -> usize {
-        self.index
-    }
-
-    /// Whether the spec carries the `Serial` label: it then runs alone, after
-    /// the parallel specs, as ginkgo does.
-    pub fn is_serial(&self) -> bool {
-        self.labels.iter().any(|l| l.eq_ignore_ascii_case("Serial"))
-    }
-
-    fn render(&mut self) {
-        let mut labels: Vec<String> = Vec::new();
-        let mut trailing: Vec<&str> = Vec::new();
-        for l in self.inherited_labels.iter().chain(&self.own_labels) {
-            if !labels.iter().any(|have| have.as_str() == l.name()) {
-                labels.push(l.name().to_owned());
-            }
-            if l.is_trailing() && !trailing.contains(&l.name()) {
-                trailing.push(l.name());
-            }
-        }
-        trailing.sort_unstable();
-        let mut leaf = vec![self.name.clone()];
-        leaf.extend(self.own_labels.iter().filter(|l| l.is_in_place()).map(|l| format!("[{}]", l.name())));
-        for l in trailing {
-            let text = format!("[{l}]");
-            // Upstream never repeats at the end what the text before already shows.
-            if !self.container_text.contains(&text) && !leaf.contains(&text) {
-                leaf.push(text);
-            }
-        }
-        self.full_text = join_nonempty([self.container_text.clone(), join_nonempty(leaf)]);
-        self.labels = labels;
-    }
-}
-
 /// `text [l1] [l2]` with the in-place labels only.
 fn render(text: &str, labels: &[Label]) -> String {
     let mut out = text.trim().to_owned();
@@ -201,10 +119,6 @@ fn sig_label(text: &str) -> Option<&str> {
     let valid =
         !sig.is_empty() && sig.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
     valid.then_some(inner)
-}
-
-fn join_nonempty(parts: impl IntoIterator<Item = String>) -> String {
-    parts.into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>().join(" ")
 }
 
 /// The registry is unusable; every problem is listed.

@@ -11,12 +11,12 @@ use std::{sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 
-use super::{
-    cluster::{ClusterInfo, kubelet_min_version},
-    error::{SpecError, SpecResult},
-    monitor,
-    outcome::{FailureKind, Outcome},
-    registry::SpecInfo,
+use crate::{
+    cluster::preflight::{ClusterInfo, kubelet_min_version},
+    report::outcome::{FailureKind, Outcome},
+    run::monitor,
+    spec::error::{SpecError, SpecResult},
+    spec::info::SpecInfo,
 };
 
 /// How long a spec's requirements may take to decide.
@@ -103,7 +103,7 @@ pub(crate) async fn check(info: &SpecInfo, requirements: &[Requirement], pre: Pr
                 Err(_) => {
                     return Err(SpecError::fail(format!(
                         "deciding the spec's requirements took longer than {}",
-                        super::duration::display(CHECK_TIMEOUT)
+                        crate::duration::display(CHECK_TIMEOUT)
                     )));
                 }
             }

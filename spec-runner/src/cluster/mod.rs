@@ -1,0 +1,9 @@
+//! The cluster behind a run: the backend trait and its kube-rs implementation, what preflight
+//! found, the run's identity and Lease, and the sweep of gone runs' leftovers.
+
+pub(crate) mod backend;
+pub(crate) mod kube_backend;
+pub(crate) mod leftovers;
+pub(crate) mod preflight;
+pub(crate) mod run_guard;
+pub(crate) mod run_identity;

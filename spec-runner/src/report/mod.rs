@@ -1,0 +1,6 @@
+//! What a run reports: outcomes, progress lines and the summary, JUnit and ginkgo's JSON report.
+
+pub(crate) mod json_report;
+pub(crate) mod junit;
+pub(crate) mod outcome;
+pub(crate) mod progress;

@@ -1,0 +1,15 @@
+//! The run: scheduling and one spec's life (the runner, its tasks and their end), the clean-ups and
+//! deferred checks, artifacts, captured logs, phases, the order of specs and what each is doing now.
+
+pub(crate) mod artifacts;
+pub(crate) mod capture;
+pub(crate) mod cleanup;
+pub(crate) mod deferred;
+pub(crate) mod monitor;
+pub(crate) mod options;
+pub(crate) mod order;
+pub(crate) mod panic;
+pub(crate) mod phases;
+pub(crate) mod runner;
+pub(crate) mod spec_end;
+pub(crate) mod spec_tasks;
