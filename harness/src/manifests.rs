@@ -36,6 +36,10 @@ pub const DRIVER_NAME_PLACEHOLDER: &str = "dra-kubelet-plugin-driver-name";
 /// Prefix of every per-driver object name; replaced last.
 pub const NAME_PLACEHOLDER: &str = "dra-kubelet-plugin";
 
+/// The command of the pods that only wait, the test pods and the proxy pods (whose manifest says
+/// the same): sleep until SIGTERM, then exit at once (upstream's `InfiniteSleepCommand`).
+pub const INFINITE_SLEEP: &str = "trap exit TERM; while true; do sleep 1; done";
+
 /// Label that marks the proxy pods (test pod cleanup skips them).
 pub const PART_OF_LABEL: (&str, &str) = ("app.kubernetes.io/part-of", "dra-test-driver");
 /// Label whose value identifies one driver instance's proxy pods.
@@ -274,7 +278,7 @@ mod tests {
         assert_eq!(c.name, "pause");
         // Unlike upstream's, the proxy stops at once on SIGTERM (no 30s grace period to wait out).
         let command = c.command.as_deref().unwrap();
-        assert_eq!(command, ["/bin/sh", "-c", crate::builder::INFINITE_SLEEP]);
+        assert_eq!(command, ["/bin/sh", "-c", INFINITE_SLEEP]);
         assert_eq!(c.image.as_deref(), Some("registry.k8s.io/sig-storage/hostpathplugin:v1.17.1"));
         assert!(c.security_context.as_ref().unwrap().privileged.unwrap());
         assert!(c.ports.is_none());

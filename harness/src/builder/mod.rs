@@ -72,9 +72,7 @@ use crate::{
 
 /// The test pods' image (present on the nodes; never pulled).
 pub const BUSYBOX_IMAGE: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
-/// The test pods' command: sleep until SIGTERM, then exit at once (upstream's
-/// `InfiniteSleepCommand`).
-pub const INFINITE_SLEEP: &str = "trap exit TERM; while true; do sleep 1; done";
+pub use crate::manifests::INFINITE_SLEEP;
 /// Name of the request in claims made by the builder.
 pub const REQUEST_NAME: &str = "my-request";
 /// Name of the pod claim of [`Objects::pod_inline`].

@@ -1,7 +1,22 @@
 //! How a [`Driver`] is named and set up: the driver name, the deployment id of its RBAC
 //! objects, and [`DriverConfig`].
 
-use super::*;
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+
+use super::resources::ResourcesFn;
+use crate::{manifests, plugin::MetadataVersion};
+
+/// The kubelet's default root directory.
+pub const DEFAULT_KUBELET_ROOT_DIR: &str = "/var/lib/kubelet";
+/// The proxy pods' image (never pulled by the tests; it must be present on the nodes).
+pub const DEFAULT_PROXY_IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
+/// How long a replacement of a deleted proxy pod may take to run and be ready, by default
+/// ([`DriverConfig::replacement_timeout`]).
+pub const PROXY_REPLACEMENT_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long the kubelets get to register the plugins (upstream: 1 min).
+pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The driver name: `<namespace><name suffix>.k8s.io`.
 pub fn driver_name(namespace: &str, name_suffix: &str) -> String {
@@ -105,7 +120,7 @@ impl DriverConfig {
             kubelet_root_dir: DEFAULT_KUBELET_ROOT_DIR.to_owned(),
             image: DEFAULT_PROXY_IMAGE.to_owned(),
             registration_timeout: REGISTRATION_TIMEOUT,
-            replacement_timeout: super::PROXY_REPLACEMENT_TIMEOUT,
+            replacement_timeout: PROXY_REPLACEMENT_TIMEOUT,
             device_metadata: None,
             reconcile_pool: None,
         }

@@ -1,7 +1,31 @@
 //! The objects a driver deploys: the proxy ReplicaSet (created, awaited, scaled down), objects
 //! deleted at cleanup, and its ResourceSlices' removal.
 
-use super::*;
+use std::{collections::BTreeMap, fmt, time::Duration};
+
+use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod, resource::v1::ResourceSlice};
+use kube::{
+    Api, Resource,
+    api::{ListParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::json;
+
+use super::{
+    config::DriverConfig,
+    error::{DriverError, api_error},
+    nodes::Nodes,
+    proxy,
+};
+use crate::{
+    framework::Ctx,
+    manifests::INSTANCE_LABEL,
+    wait::{self, Verdict, WaitError},
+};
+
+/// How long the proxy pods may take to become available.
+pub const PROXY_START_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Creates an object and registers its deletion (waiting until it is gone) on `ctx`.
 pub(super) async fn create_with_cleanup<K>(ctx: &Ctx, api: Api<K>, obj: &K) -> Result<K, DriverError>

@@ -1,6 +1,10 @@
 //! What can go wrong while a [`Driver`](super::Driver) is set up, used or torn down.
 
-use super::*;
+use super::impersonate::ImpersonationError;
+use crate::{
+    calls::CallsError, manifests::ManifestError, plugin::MetadataConfigError, proxied::ProxiedError,
+    wait::WaitError,
+};
 
 /// Errors of setting up or using a [`Driver`].
 #[derive(Debug, thiserror::Error)]

@@ -19,9 +19,6 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
 
-/// How long a replacement of a deleted proxy pod may take to run and be ready, by default
-/// ([`DriverConfig::replacement_timeout`]).
-pub const PROXY_REPLACEMENT_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long the plugin of a lost pod gets to stop (its pod is gone; its exec and port-forward
 /// calls fail at once).
 const STOP_LOST_TIMEOUT: Duration = Duration::from_secs(10);

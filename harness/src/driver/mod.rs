@@ -59,18 +59,19 @@ use k8s_openapi::api::{
     resource::v1::{ResourceClaim, ResourceSlice},
 };
 use kube::{
-    Api, Resource,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    Api,
+    api::{DeleteParams, ListParams, PostParams},
     runtime::watcher,
 };
-use serde::{Serialize, de::DeserializeOwned};
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 
-pub use config::{DriverConfig, deployment_id, driver_name, service_account_name};
-pub use deploy::generated_name_base;
+pub use config::{
+    DEFAULT_KUBELET_ROOT_DIR, DEFAULT_PROXY_IMAGE, DriverConfig, PROXY_REPLACEMENT_TIMEOUT,
+    REGISTRATION_TIMEOUT, deployment_id, driver_name, service_account_name,
+};
+pub use deploy::{PROXY_START_TIMEOUT, generated_name_base};
 pub use error::DriverError;
-pub use failover::{PROXY_REPLACEMENT_TIMEOUT, ProxyMove};
+pub use failover::ProxyMove;
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
@@ -78,27 +79,17 @@ pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, S
 use self::{deploy::*, error::api_error};
 
 use crate::{
-    calls::{CallLog, Calls, CallsError, FaultGuard, Method},
+    calls::{CallLog, Calls, FaultGuard, Method},
     framework::{ArtifactSource, Ctx},
-    manifests::{self, INSTANCE_LABEL, ManifestError},
-    plugin::{
-        ClaimId, HealthState, KubeClaims, MetadataConfig, MetadataConfigError, MetadataVersion, PluginConfig,
-    },
+    manifests::{self, INSTANCE_LABEL},
+    plugin::{ClaimId, HealthState, KubeClaims, MetadataConfig, PluginConfig},
     proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec},
     wait::{self, Attempt, Verdict, WaitError},
 };
 
-/// The kubelet's default root directory.
-pub const DEFAULT_KUBELET_ROOT_DIR: &str = "/var/lib/kubelet";
-/// The proxy pods' image (never pulled by the tests; it must be present on the nodes).
-pub const DEFAULT_PROXY_IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
-/// How long the kubelets get to register the plugins (upstream: 1 min).
-pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the driver's slices may take to disappear after teardown (upstream's `IsGone`:
 /// 2 min; the kubelet removes a node's slices 30 s after the plugin is gone).
 pub const SLICE_REMOVAL_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long the proxy pods may take to become available.
-pub const PROXY_START_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long RBAC and the admission policy may take to become effective.
 pub const PERMISSIONS_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -17,7 +17,7 @@ use k8s_openapi::{
 };
 use serde_json::json;
 
-use super::Nodes;
+use super::nodes::Nodes;
 
 /// Key of [`Resources`] for pools that belong to no single node: the test creates their
 /// slices with the admin client instead of a node's plugin (upstream's `multi-host`).
