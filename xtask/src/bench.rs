@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode,
 use anyhow::{Context, Result};
 use serde::Deserialize;
 
-use crate::{cli::UsageError, e2e};
+use crate::{e2e, usage::UsageError};
 
 /// How many of the slowest specs the summary lists.
 const SLOWEST: usize = 10;

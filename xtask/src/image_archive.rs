@@ -5,7 +5,7 @@
 
 use std::{fs::File, io::Read, path::Path};
 
-use crate::cli::UsageError;
+use crate::usage::UsageError;
 
 /// Which format an archive has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::{cli::UsageError, local};
+use crate::{local, usage::UsageError};
 
 /// Whether kubectl's arguments name a kubeconfig themselves.
 fn names_kubeconfig(args: &[String]) -> bool {

@@ -10,7 +10,10 @@ mod cluster_config;
 mod docs_check;
 mod e2e;
 mod gomod;
+mod host_cleanup;
 mod image_archive;
+#[cfg(test)]
+mod import_cycles;
 mod kind;
 mod kube_api;
 mod kubectl;
@@ -22,6 +25,7 @@ mod repo;
 mod skew;
 mod test;
 mod upstream_specs;
+mod usage;
 mod wait;
 
 use std::process::ExitCode;
@@ -44,9 +48,9 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(cli::run(cli)) {
         Ok(code) => code,
-        Err(err) if err.downcast_ref::<cli::UsageError>().is_some() => {
+        Err(err) if err.downcast_ref::<usage::UsageError>().is_some() => {
             eprintln!("error: {err}");
-            ExitCode::from(cli::USAGE_EXIT)
+            ExitCode::from(usage::USAGE_EXIT)
         }
         Err(err) => {
             eprintln!("error: {err:#}");

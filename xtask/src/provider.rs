@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 
-use crate::{cli::UsageError, kind, local, overrides::Overrides};
+use crate::{kind, local, overrides::Overrides, usage::UsageError};
 
 /// Which kind of cluster to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]

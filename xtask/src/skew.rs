@@ -10,9 +10,9 @@
 //! the gates of kind.yaml that its version knows; the known gates are read from the kubelet's own
 //! `--help` (the `--feature-gates` list), cached with its build.
 
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, path::Path, process::Command};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 /// The repository of kind's node images; its tag is the node's Kubernetes version.
 pub const KIND_NODE_IMAGE: &str = "kindest/node";
@@ -147,6 +147,25 @@ pub fn known_gates(
         }
     }
     (kept, dropped)
+}
+
+/// The gates a Kubernetes component lists in its `--help` (`binary args… --help`).
+pub fn listed_gates(binary: &Path, args: &[&str]) -> Result<Vec<String>> {
+    let out = Command::new(binary)
+        .args(args)
+        .arg("--help")
+        .output()
+        .with_context(|| format!("run {} --help", binary.display()))?;
+    let help = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let gates = gates_from_help(&help);
+    if gates.is_empty() {
+        bail!(
+            "{} --help lists no feature gates ({}); cannot tell which gates it accepts",
+            binary.display(),
+            out.status
+        );
+    }
+    Ok(gates)
 }
 
 #[cfg(test)]

@@ -184,7 +184,7 @@ pub async fn run(args: TestArgs) -> Result<ExitCode> {
     };
 
     if args.lane == TestLane::Kind && (args.no_cluster || args.keep_cluster) {
-        return Err(crate::cli::UsageError::new(
+        return Err(crate::usage::UsageError::new(
             "--lane kind runs the kind lane only, whose cluster is always deleted: leave out --no-cluster and --keep-cluster",
         )
         .into());

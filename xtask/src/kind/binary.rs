@@ -18,7 +18,7 @@ use super::{
     host::{Host, find_program},
     kind_version_cmd, parse_kind_version, same_version,
 };
-use crate::{cli::UsageError, progress::Step};
+use crate::{progress::Step, usage::UsageError};
 
 /// How long `go install sigs.k8s.io/kind@V` may take (a cold module cache downloads and builds).
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(15 * 60);

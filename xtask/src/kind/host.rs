@@ -2,7 +2,7 @@
 //! commands with timeouts; and the wait for the cluster's nodes.
 
 use super::*;
-use crate::cli::UsageError;
+use crate::usage::UsageError;
 
 /// The sentence for a Docker daemon that does not answer at `address`; `said` is what `docker
 /// info` wrote (its first sentence is quoted).

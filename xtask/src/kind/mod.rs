@@ -40,10 +40,10 @@ pub use host::{readiness, wait_nodes_ready};
 pub use load::load_archives;
 
 use crate::{
-    cli::UsageError,
     cluster_config::{self, ClusterConfig},
     kube_api::{client_for, node_is_ready},
     overrides::Overrides,
+    usage::UsageError,
     wait::{Probe, poll_until},
 };
 

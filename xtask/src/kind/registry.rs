@@ -209,7 +209,7 @@ async fn image(tools: &Tools, layout: &Layout) -> Result<String> {
         use sha2::{Digest, Sha256};
         let bytes =
             std::fs::read(bins.registry()).with_context(|| format!("read {}", bins.registry().display()))?;
-        build::hex(&Sha256::digest(&bytes)[..6])
+        hex::encode(&Sha256::digest(&bytes)[..6])
     };
     let tag = format!("{IMAGE_REPOSITORY}:{digest}");
     if tools.output(&super::image_present_cmd(&tag), QUICK).await.is_ok() {

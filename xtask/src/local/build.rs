@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
 use super::{
-    kube_module::{KUBE_PACKAGE, KubeModule},
+    kube_module::{KUBE_PACKAGE, KUBECTL_PACKAGE, KubeModule, SAMPLE_DEVICE_PLUGIN_PACKAGE},
     layout::{Layout, go_mod_version},
 };
 use crate::progress::Step;
@@ -178,12 +178,9 @@ fn major_minor(version: &str) -> (String, String) {
     (major, minor)
 }
 
-/// The main package of upstream's sample device plugin, inside the pinned k8s.io/kubernetes module.
-pub const SAMPLE_DEVICE_PLUGIN_PACKAGE: &str = "k8s.io/kubernetes/test/images/sample-device-plugin";
-
 /// Removes build directories of other cache keys under `bin_dir`, except the newest of them (so
 /// switching between two checkouts does not rebuild each time), and partial builds whose builder
-/// is gone; the older kubelets' builds ([`super::old_kubelet::DIR`]) stay. Best effort: a
+/// is gone; the older kubelets' builds ([`super::layout::OLD_KUBELET_DIR`]) stay. Best effort: a
 /// directory that cannot be removed is only logged.
 pub fn prune(bin_dir: &Path, current: &str) {
     let Ok(entries) = fs::read_dir(bin_dir) else { return };
@@ -191,7 +188,7 @@ pub fn prune(bin_dir: &Path, current: &str) {
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        if name == current || name == super::old_kubelet::DIR || !path.is_dir() {
+        if name == current || name == super::layout::OLD_KUBELET_DIR || !path.is_dir() {
             continue;
         }
         if let Some((_, pid)) = name.rsplit_once(".partial-") {
@@ -217,16 +214,6 @@ fn remove_logged(path: &Path) {
         Err(e) => tracing::warn!("could not prune {}: {e}", path.display()),
     }
 }
-
-/// The main package of kubectl, inside the pinned k8s.io/kubernetes module (a `tool` of go.mod,
-/// so that go.sum covers it).
-pub const KUBECTL_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubectl";
-
-/// kubeadm's main package, inside the Kubernetes module (a `tool` of go.mod; kind node image).
-pub const KUBEADM_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubeadm";
-
-/// kube-proxy's main package, inside the Kubernetes module (a `tool` of go.mod; kind node image).
-pub const KUBE_PROXY_PACKAGE: &str = "k8s.io/kubernetes/cmd/kube-proxy";
 
 /// The main package of the CNCF distribution registry, in the `registry` module.
 pub const REGISTRY_PACKAGE: &str = "github.com/distribution/distribution/v3/cmd/registry";
@@ -447,7 +434,7 @@ pub fn known_gates(bins: &Binaries) -> Result<Vec<String>> {
     if let Ok(text) = fs::read_to_string(&file) {
         return Ok(text.lines().map(String::from).collect());
     }
-    let gates = super::old_kubelet::known_gates(&bins.kube(), &["kubelet"])?;
+    let gates = crate::skew::listed_gates(&bins.kube(), &["kubelet"])?;
     fs::write(&file, gates.join("\n")).with_context(|| format!("write {}", file.display()))?;
     Ok(gates)
 }
@@ -560,7 +547,7 @@ fn cache_key(layout: &Layout, versions: &Versions, go_version: &str) -> Result<S
         hasher.update(fs::read(&file).with_context(|| format!("read {}", file.display()))?);
     }
     let digest = hasher.finalize();
-    Ok(format!("{}-{}", versions.kubernetes, hex(&digest[..8])))
+    Ok(format!("{}-{}", versions.kubernetes, hex::encode(&digest[..8])))
 }
 
 /// What a build takes from our replacements ([`crate::gomod::replacements`]): go.mod, go.sum and
@@ -587,10 +574,6 @@ fn collect_go_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -630,7 +613,7 @@ mod tests {
             fs::File::open(&path).unwrap().set_modified(time).unwrap();
         }
         fs::create_dir(dir.path().join("x.partial-999999999")).unwrap();
-        fs::create_dir(dir.path().join(super::super::old_kubelet::DIR)).unwrap();
+        fs::create_dir(dir.path().join(super::super::layout::OLD_KUBELET_DIR)).unwrap();
         let mine = dir.path().join(format!("y.partial-{}", std::process::id()));
         fs::create_dir(&mine).unwrap();
         prune(dir.path(), "current");

@@ -135,7 +135,7 @@ pub fn write_shared_layer_archive(path: &Path, layer: &Path, images: &[SharedLay
         let mut file = File::open(layer).with_context(|| format!("open {}", layer.display()))?;
         let mut hasher = Sha256::new();
         std::io::copy(&mut file, &mut hasher).with_context(|| format!("read {}", layer.display()))?;
-        hex_digest(&hasher.finalize())
+        hex::encode(hasher.finalize())
     };
     let layer_name = format!("{digest}/layer.tar");
     let mut configs = Vec::new();
@@ -275,11 +275,7 @@ fn layer_tar(entries: &[Entry]) -> Result<Vec<u8>> {
 }
 
 fn sha256_hex(data: &[u8]) -> String {
-    hex_digest(&Sha256::digest(data))
-}
-
-fn hex_digest(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(Sha256::digest(data))
 }
 
 fn go_arch() -> &'static str {

@@ -15,8 +15,8 @@ use std::{
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::{build::hex, layout::Layout};
-use crate::{cli::UsageError, gomod};
+use super::layout::Layout;
+use crate::{gomod, usage::UsageError};
 
 /// The import path of our multi-call binary (`xtask/local-cluster/cmd/kube`).
 pub const KUBE_PACKAGE: &str = "github.com/dra-e2e/dra-e2e/xtask/local-cluster/cmd/kube";
@@ -24,15 +24,19 @@ pub const KUBE_PACKAGE: &str = "github.com/dra-e2e/dra-e2e/xtask/local-cluster/c
 /// The module path of `xtask/local-cluster`.
 const LOCAL_CLUSTER_MODULE: &str = "github.com/dra-e2e/dra-e2e/xtask/local-cluster";
 
+/// The main package of upstream's sample device plugin, inside the pinned k8s.io/kubernetes module.
+pub const SAMPLE_DEVICE_PLUGIN_PACKAGE: &str = "k8s.io/kubernetes/test/images/sample-device-plugin";
+/// The main package of kubectl, inside the pinned k8s.io/kubernetes module (a `tool` of go.mod,
+/// so that go.sum covers it).
+pub const KUBECTL_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubectl";
+/// kubeadm's main package, inside the Kubernetes module (a `tool` of go.mod; kind node image).
+pub const KUBEADM_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubeadm";
+/// kube-proxy's main package, inside the Kubernetes module (a `tool` of go.mod; kind node image).
+pub const KUBE_PROXY_PACKAGE: &str = "k8s.io/kubernetes/cmd/kube-proxy";
 /// Packages of k8s.io/kubernetes the cluster builds besides [`KUBE_PACKAGE`] (`tool` lines, so
 /// that `go mod tidy` keeps what they need).
 /// kubeadm and kube-proxy are for the kind node image.
-const TOOLS: &[&str] = &[
-    super::build::KUBECTL_PACKAGE,
-    super::build::SAMPLE_DEVICE_PLUGIN_PACKAGE,
-    super::build::KUBEADM_PACKAGE,
-    super::build::KUBE_PROXY_PACKAGE,
-];
+const TOOLS: &[&str] = &[KUBECTL_PACKAGE, SAMPLE_DEVICE_PLUGIN_PACKAGE, KUBEADM_PACKAGE, KUBE_PROXY_PACKAGE];
 
 /// Bumped when the generated go.mod changes shape, so modules generated before are regenerated.
 const GENERATOR: &str = "4";
@@ -160,12 +164,12 @@ fn checkout(layout: &Layout, source: &Path) -> Result<KubeModule> {
     let version = checkout_version(&source)?;
     let mut hasher = Sha256::new();
     hasher.update(source.to_string_lossy().as_bytes());
-    let dir = layout.cache.join("k8s").join(format!("checkout-{}", &hex(&hasher.finalize())[..12]));
+    let dir = layout.cache.join("k8s").join(format!("checkout-{}", &hex::encode(hasher.finalize())[..12]));
     let mut inputs = Sha256::new();
     inputs.update(inputs_of(layout)?.as_bytes());
     inputs.update(k8s_go_mod.as_bytes());
     inputs.update(fs::read(source.join("go.sum")).unwrap_or_default());
-    let inputs = hex(&inputs.finalize());
+    let inputs = hex::encode(inputs.finalize());
     let stamp = dir.join("inputs");
     let toolchain = gomod::toolchain_for(&k8s_go_mod)?;
     if fs::read_to_string(&stamp).is_ok_and(|s| s == inputs) {
@@ -221,7 +225,7 @@ fn inputs_of(layout: &Layout) -> Result<String> {
         let go_mod = replacement.dir.join("go.mod");
         hasher.update(fs::read(&go_mod).with_context(|| format!("read {}", go_mod.display()))?);
     }
-    Ok(hex(&hasher.finalize()))
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// The generated go.mod: k8s.io/kubernetes@`version`, its staging modules at v0.X.Y of the

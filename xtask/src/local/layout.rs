@@ -27,6 +27,10 @@ pub mod ports {
     pub const ALL: [(u16, &str); 1] = [(APISERVER, "the kube-apiserver forwarder")];
 }
 
+/// The directory of the older kubelets of the skew lane, under `xtask/local-cluster` (their Go
+/// modules) and `<cache>/bin` (their builds, which [`super::build::prune`] leaves alone).
+pub const OLD_KUBELET_DIR: &str = "kubelet";
+
 /// The directories and files of one local cluster.
 #[derive(Debug, Clone)]
 pub struct Layout {

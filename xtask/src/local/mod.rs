@@ -13,7 +13,7 @@ pub(crate) mod build;
 mod components;
 mod host;
 pub(crate) mod images;
-mod kube_module;
+pub(crate) mod kube_module;
 mod layout;
 mod netns;
 mod nodes;
@@ -258,7 +258,7 @@ impl LocalCluster {
         fs::write(self.layout.node_count_file(), self.nodes.len().to_string())?;
         fs::write(self.layout.overrides_file(), self.overrides.to_record())?;
         // Logs of the previous run stay until now, for debugging.
-        if let Some(problem) = teardown::remove_dir(&self.layout.logs()) {
+        if let Some(problem) = crate::host_cleanup::remove_dir(&self.layout.logs()) {
             bail!("{problem}");
         }
 

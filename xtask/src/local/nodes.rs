@@ -292,7 +292,7 @@ pub fn remove_cgroups() -> Vec<String> {
     for hierarchy in hierarchies() {
         let dir = hierarchy.join(CGROUP_PARENT);
         if dir.is_dir()
-            && let Err(e) = super::teardown::remove_cgroup_tree(&dir)
+            && let Err(e) = crate::host_cleanup::remove_cgroup_tree(&dir)
         {
             problems.push(format!("remove cgroup {}: {e}", dir.display()));
         }

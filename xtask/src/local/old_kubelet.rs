@@ -9,20 +9,21 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use super::{build, layout::Layout};
+use super::{
+    build,
+    layout::{Layout, OLD_KUBELET_DIR},
+};
 use crate::{progress::Step, skew};
 
 /// The kubelet's main package inside `k8s.io/kubernetes`.
 pub const KUBELET_PACKAGE: &str = "k8s.io/kubernetes/cmd/kubelet";
-/// The directory of the old kubelets, under `xtask/local-cluster` (modules) and `<cache>/bin`
-/// (builds; [`build::prune`] leaves it alone).
-pub const DIR: &str = "kubelet";
+/// The directory of the old kubelets (see [`OLD_KUBELET_DIR`]).
+const DIR: &str = OLD_KUBELET_DIR;
 /// The file of known gates next to each binary, one name per line.
 const GATES_FILE: &str = "feature-gates";
 
@@ -127,7 +128,7 @@ pub fn ensure(layout: &Layout, version: skew::Version) -> Result<OldKubelet> {
     let binary = tmp.join("kubelet");
     let out = build::path_str(&binary)?;
     build::go_build(&module, &[], &["-o", &out, "-ldflags", &ldflags, KUBELET_PACKAGE])?;
-    let gates = known_gates(&binary, &[])?;
+    let gates = skew::listed_gates(&binary, &[])?;
     fs::write(tmp.join(GATES_FILE), gates.join("\n") + "\n")?;
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
@@ -148,25 +149,6 @@ fn read_cached(dir: &Path, version: skew::Version) -> Result<Option<OldKubelet>>
     let text = fs::read_to_string(&gates_file).with_context(|| format!("read {}", gates_file.display()))?;
     let gates = text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
     Ok(Some(OldKubelet { version, binary, gates }))
-}
-
-/// The gates a Kubernetes component lists in its `--help` (`binary args… --help`).
-pub(super) fn known_gates(binary: &Path, args: &[&str]) -> Result<Vec<String>> {
-    let out = Command::new(binary)
-        .args(args)
-        .arg("--help")
-        .output()
-        .with_context(|| format!("run {} --help", binary.display()))?;
-    let help = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let gates = skew::gates_from_help(&help);
-    if gates.is_empty() {
-        bail!(
-            "{} --help lists no feature gates ({}); cannot tell which gates it accepts",
-            binary.display(),
-            out.status
-        );
-    }
-    Ok(gates)
 }
 
 /// Removes the other builds of `version` (an earlier cache key) and dead partial builds.
@@ -199,7 +181,7 @@ fn cache_key(module: &Path, go_version: &str, ldflags: &str) -> Result<String> {
         hasher.update(file.as_bytes());
         hasher.update(fs::read(&path).with_context(|| format!("read {}", path.display()))?);
     }
-    Ok(build::hex(&hasher.finalize()[..8]))
+    Ok(hex::encode(&hasher.finalize()[..8]))
 }
 
 #[cfg(test)]

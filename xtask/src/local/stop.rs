@@ -26,11 +26,11 @@ impl LocalCluster {
             }
         }
         for dir in [self.layout.cache.join("bin"), self.layout.state.join("bin")] {
-            for pid in teardown::processes_running_from(&dir) {
+            for pid in crate::host_cleanup::processes_running_from(&dir) {
                 left.push(format!("process {pid} runs a binary from {}", dir.display()));
             }
         }
-        for mount in teardown::mounts_below(&teardown::cluster_mount_roots(&self.layout)) {
+        for mount in crate::host_cleanup::mounts_below(&teardown::cluster_mount_roots(&self.layout)) {
             left.push(format!("mount {}", mount.display()));
         }
         let registry_port = (registry::port(), "the local registry's forwarder");
@@ -103,9 +103,10 @@ impl LocalCluster {
         if let Some(dir) = &bin_dir {
             // Every node's runc root on disk, also of nodes an interrupted run did not record.
             for runc_root in nodes::runc_roots_on_disk(&self.layout) {
-                problems.extend(teardown::delete_leftover_containers(&runc_root, &dir.join("runc")));
+                problems
+                    .extend(crate::host_cleanup::delete_leftover_containers(&runc_root, &dir.join("runc")));
             }
-            for pid in teardown::processes_running_from(dir) {
+            for pid in crate::host_cleanup::processes_running_from(dir) {
                 if let Ok(start_time) = process::read_start_time(pid)
                     && let Err(e) = process::stop_process(
                         process::ProcessRecord { pid, start_time },
@@ -125,7 +126,7 @@ impl LocalCluster {
             problems.push(format!("{e:#}"));
         }
         problems.extend(nodes::remove_created_mountpoints(&self.layout));
-        problems.extend(teardown::remove_dir(&self.layout.run));
+        problems.extend(crate::host_cleanup::remove_dir(&self.layout.run));
         problems.extend(teardown::remove_state_except_logs(&self.layout)?);
         problems.extend(self.leftovers());
         if problems.is_empty() {

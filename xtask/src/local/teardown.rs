@@ -11,44 +11,11 @@ use std::{
 use anyhow::Result;
 
 use super::{components::BRIDGE, layout::Layout};
+use crate::host_cleanup::{mounts_below, remove_cgroup_tree};
 
 /// The kubelet root of the single-node layout of earlier versions (a host directory then); now only
 /// an empty mount point, inside each node's mount namespace a bind mount of the node's own.
 pub const HOST_KUBELET_ROOT: &str = "/var/lib/kubelet";
-
-/// Mount points below any of `roots`, deepest first (parsed from /proc/self/mountinfo).
-pub fn mounts_below(roots: &[PathBuf]) -> Vec<PathBuf> {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .map(unescape_mount_path)
-        .filter(|mount| roots.iter().any(|root| mount.starts_with(root)))
-        .collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    found.dedup();
-    found
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape_mount_path(raw: &str) -> PathBuf {
-    let mut out = String::with_capacity(raw.len());
-    let mut chars = raw.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            let code: String = chars.by_ref().take(3).collect();
-            if let Ok(n) = u8::from_str_radix(&code, 8) {
-                out.push(n as char);
-                continue;
-            }
-            out.push('\\');
-            out.push_str(&code);
-        } else {
-            out.push(c);
-        }
-    }
-    PathBuf::from(out)
-}
 
 /// Unmounts everything below the cluster's paths (lazily, deepest first).
 pub fn unmount_all(layout: &Layout) -> Vec<String> {
@@ -67,38 +34,6 @@ pub fn cluster_mount_roots(layout: &Layout) -> Vec<PathBuf> {
     vec![PathBuf::from(HOST_KUBELET_ROOT), layout.run.clone(), layout.state.clone()]
 }
 
-/// Force-deletes every container left in a runc root (containers whose shim died with
-/// containerd), so none of their processes survive.
-pub fn delete_leftover_containers(runc_root: &Path, runc: &Path) -> Vec<String> {
-    let mut problems = Vec::new();
-    let Ok(namespaces) = fs::read_dir(runc_root) else { return problems };
-    for ns in namespaces.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()) {
-        let Ok(out) = Command::new(runc).arg("--root").arg(&ns).args(["list", "-q"]).output() else {
-            problems.push(format!("cannot run {}; cannot delete leftover containers", runc.display()));
-            return problems;
-        };
-        for id in String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()) {
-            let status =
-                Command::new(runc).arg("--root").arg(&ns).args(["delete", "--force", id.trim()]).status();
-            if !status.is_ok_and(|s| s.success()) {
-                problems.push(format!("runc delete --force {id} failed"));
-            }
-        }
-    }
-    problems
-}
-
-/// Processes still running one of this cluster's own binaries (for example a containerd shim that
-/// outlived containerd): matched by their executable path inside our build directory.
-pub fn processes_running_from(dir: &Path) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe.starts_with(dir)))
-        .collect()
-}
-
 /// The kubelet's cgroups (`kubepods` below every hierarchy), removed leaf first.
 pub fn remove_kubepods_cgroups() -> Vec<String> {
     let mut problems = Vec::new();
@@ -114,17 +49,6 @@ pub fn remove_kubepods_cgroups() -> Vec<String> {
     problems
 }
 
-pub fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            remove_cgroup_tree(&entry.path())?;
-        }
-    }
-    // A cgroup directory is removed with rmdir even though it lists control files.
-    fs::remove_dir(dir)
-}
-
 /// Deletes the CNI bridge in the host's namespace, which earlier single-node versions created.
 pub fn remove_bridge() -> Option<String> {
     if !Path::new("/sys/class/net").join(BRIDGE).exists() {
@@ -133,15 +57,6 @@ pub fn remove_bridge() -> Option<String> {
     match Command::new("ip").args(["link", "delete", BRIDGE]).status() {
         Ok(s) if s.success() => None,
         _ => Some(format!("could not delete the network bridge {BRIDGE} (ip link delete {BRIDGE})")),
-    }
-}
-
-/// Removes a directory tree if it exists.
-pub fn remove_dir(path: &Path) -> Option<String> {
-    match fs::remove_dir_all(path) {
-        Ok(()) => None,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => Some(format!("remove {}: {e}", path.display())),
     }
 }
 
@@ -161,32 +76,4 @@ pub fn remove_state_except_logs(layout: &Layout) -> Result<Vec<String>> {
         }
     }
     Ok(problems)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unescapes_mountinfo_paths() {
-        assert_eq!(unescape_mount_path("/var/lib/kubelet/a\\040b"), PathBuf::from("/var/lib/kubelet/a b"));
-        assert_eq!(unescape_mount_path("/plain"), PathBuf::from("/plain"));
-    }
-
-    #[test]
-    fn finds_mounts_deepest_first() {
-        // /proc and /sys are mounted on every Linux machine.
-        let found = mounts_below(&[PathBuf::from("/proc"), PathBuf::from("/sys")]);
-        assert!(found.contains(&PathBuf::from("/proc")));
-        let depths: Vec<usize> = found.iter().map(|p| p.components().count()).collect();
-        assert!(depths.windows(2).all(|w| w[0] >= w[1]), "{found:?}");
-    }
-
-    #[test]
-    fn finds_processes_by_executable_directory() {
-        let exe = std::env::current_exe().unwrap();
-        let dir = exe.parent().unwrap();
-        assert!(processes_running_from(dir).contains(&(std::process::id() as i32)));
-        assert!(processes_running_from(Path::new("/nonexistent-dir")).is_empty());
-    }
 }

@@ -32,7 +32,7 @@ pub fn kubectl_binary() -> Result<PathBuf> {
 pub async fn load(archives: &[PathBuf]) -> Result<()> {
     let cluster = LocalCluster::new(None)?;
     if !cluster.is_up().await {
-        return Err(crate::cli::UsageError::new(
+        return Err(crate::usage::UsageError::new(
             "no local cluster is up to load images into; start it with `cargo xtask cluster up` first",
         )
         .into());

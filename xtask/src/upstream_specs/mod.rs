@@ -44,7 +44,7 @@ const FOCUS: &str = "DRA";
 pub fn run(args: &UpstreamSpecsArgs) -> anyhow::Result<ExitCode> {
     let version = args.version.trim();
     if !crate::gomod::is_release_tag(version) {
-        return Err(crate::cli::UsageError::new(format!(
+        return Err(crate::usage::UsageError::new(format!(
             "{version:?} is not a Kubernetes release tag such as v1.37.2 or v1.38.0-beta.0"
         ))
         .into());

@@ -15,9 +15,9 @@ use std::{
 };
 
 use super::layout::EngineLayout;
-use crate::local::{
-    process::{ProcessRecord, read_start_time, stop_process},
-    teardown::{delete_leftover_containers, mounts_below, remove_cgroup_tree},
+use crate::{
+    host_cleanup::{delete_leftover_containers, mounts_below, remove_cgroup_tree},
+    local::process::{ProcessRecord, read_start_time, stop_process},
 };
 
 /// The programs of a Docker engine; a process running one of them with an engine directory on its

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::super::host::find_program;
-use crate::cli::UsageError;
+use crate::usage::UsageError;
 
 /// How long `apt-get` may take (update and install together).
 const APT_TIMEOUT: Duration = Duration::from_secs(15 * 60);

@@ -26,9 +26,9 @@ pub use layout::EngineLayout;
 use tracing::{info, warn};
 
 use crate::{
-    cli::UsageError,
     local::process::{ProcessSpec, Supervisor, is_alive},
     progress::Step,
+    usage::UsageError,
     wait::{Probe, poll_until},
 };
 

@@ -347,7 +347,7 @@ fn input_hash(bins_dir: &Path, kind_files: &Path) -> Result<String> {
         hasher.update(file.strip_prefix(kind_files).unwrap_or(&file).to_string_lossy().as_bytes());
         hasher.update(std::fs::read(&file).with_context(|| format!("read {}", file.display()))?);
     }
-    Ok(build::hex(&hasher.finalize()[..6]))
+    Ok(hex::encode(&hasher.finalize()[..6]))
 }
 
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {

@@ -52,7 +52,7 @@ pub const KUBE_LINKS: [&str; 4] = ["kube-apiserver", "kube-controller-manager", 
 pub async fn debootstrap(cache: &Path) -> Result<PathBuf> {
     let mut hasher = Sha256::new();
     hasher.update(format!("{SUITE} {MIRROR} minbase {}", PACKAGES.join(",")));
-    let key = crate::local::build::hex(&hasher.finalize()[..6]);
+    let key = hex::encode(&hasher.finalize()[..6]);
     let dir = cache.join(format!("debootstrap-{SUITE}-{key}"));
     if dir.join("usr/lib/systemd/systemd").is_file() {
         eprintln!("    debootstrap {SUITE}: cached in {}", dir.display());

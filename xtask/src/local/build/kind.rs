@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use super::{GoBuild, KUBE_PROXY_PACKAGE, KUBEADM_PACKAGE, Versions};
+use super::{GoBuild, Versions};
+use crate::local::kube_module::{KUBE_PROXY_PACKAGE, KUBEADM_PACKAGE};
 
 /// The CNI plugins the kind node image carries (`xtask/local-cluster/kind`).
 pub const CNI_PLUGINS: [&str; 5] = ["bridge", "host-local", "loopback", "portmap", "ptp"];
