@@ -1,4 +1,4 @@
-//! How a [`Driver`] is named and set up: the driver name, the deployment id of its RBAC
+//! How a [`Driver`](super::Driver) is named and set up: the driver name, the deployment id of its RBAC
 //! objects, and [`DriverConfig`].
 
 use std::time::Duration;
@@ -41,7 +41,7 @@ pub fn service_account_name(deployment_id: &str) -> String {
     format!("{}-{deployment_id}-service-account", manifests::NAME_PLACEHOLDER)
 }
 
-/// How a [`Driver`] is set up.
+/// How a [`Driver`](super::Driver) is set up.
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
     /// Appended to the namespace in the driver name (several drivers in one spec).

@@ -6,7 +6,7 @@ use crate::{
     wait::WaitError,
 };
 
-/// Errors of setting up or using a [`Driver`].
+/// Errors of setting up or using a [`Driver`](super::Driver).
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     /// An API call failed.

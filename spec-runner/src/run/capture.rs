@@ -289,7 +289,8 @@ mod tests {
         assert_eq!(lines.len(), 3, "{log_a}");
         assert!(lines[0].ends_with("INFO  spec_runner::run::capture::tests: prepared claim=c1"), "{log_a}");
         assert!(
-            lines[1].ends_with("WARN  spec_runner::run::capture::tests: cleanup{what=delete namespace}: slow")
+            lines[1]
+                .ends_with("WARN  spec_runner::run::capture::tests: cleanup{what=delete namespace}: slow")
         );
         assert!(lines[2].ends_with(": async"), "{log_a}");
         assert!(log_b.contains("ERROR spec_runner::run::capture::tests: broken code=3"), "{log_b}");
