@@ -1,6 +1,6 @@
 //! The Go module proxy side of building Kubernetes at a release: downloading k8s.io/kubernetes@V,
 //! the Go toolchain its go.mod needs, its staging modules, and whether the proxy refused a module.
-//! Used by `cluster up --k8s-version` (xtask/src/local/kube_module.rs) and `upstream-specs`.
+//! Used by `cluster up --k8s-version` (xtask/src/common/kube_module.rs) and `upstream-specs`.
 
 use std::{
     path::{Path, PathBuf},

@@ -411,6 +411,32 @@ fn no_crate_of_the_workspace_has_an_import_cycle() {
     assert!(found.is_empty(), "{} import cycle(s):\n{}", found.len(), found.join("\n\n"));
 }
 
+/// The edges from files below `from` into files below `into` (folders of one crate's `src/`).
+fn imports_between(edges: &Edges, from: &str, into: &str) -> Vec<String> {
+    edges
+        .iter()
+        .filter(|(file, _)| file.starts_with(from))
+        .flat_map(|(file, targets)| {
+            targets
+                .iter()
+                .filter(|(to, _)| to.starts_with(into))
+                .map(move |(to, path)| format!("{} imports {} ({path})", file.display(), to.display()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_providers_never_import_each_other() {
+    let edges = crate_edges(&repo_root().join("xtask").join("src"));
+    let mut found = imports_between(&edges, "kind", "local");
+    found.extend(imports_between(&edges, "local", "kind"));
+    assert!(
+        found.is_empty(),
+        "kind/ and local/ build on common/, never on each other:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_workspace_members_are_the_crates_checked() {
     let cargo =
@@ -500,6 +526,18 @@ mod tests {
         assert_eq!(resolve(&modules, &from_b, &path("super::super::Y")), Some(PathBuf::from("lib.rs")));
         assert_eq!(resolve(&modules, &["a".to_string()], &path("self::b::Z")), Some(PathBuf::from("a/b.rs")));
         assert_eq!(resolve(&modules, &from_b, &path("std::fmt")), None);
+    }
+
+    #[test]
+    fn imports_between_folders_are_listed() {
+        let edges = graph(&[
+            ("main.rs", "mod kind; mod local; mod common;"),
+            ("kind/mod.rs", "use crate::local::Layout;\nuse crate::common::x;"),
+            ("local/mod.rs", "use crate::common::x;"),
+            ("common/mod.rs", ""),
+        ]);
+        assert_eq!(imports_between(&edges, "kind", "local").len(), 1);
+        assert!(imports_between(&edges, "local", "kind").is_empty());
     }
 
     #[test]

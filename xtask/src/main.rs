@@ -6,6 +6,7 @@
 mod bench;
 mod cli;
 mod cluster_config;
+mod common;
 #[cfg(test)]
 mod docs_check;
 mod e2e;

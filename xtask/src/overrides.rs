@@ -60,7 +60,7 @@ impl OverrideArgs {
         }
         let mut overrides = Overrides::default();
         if let Some(version) = self.k8s_version.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
-            crate::local::kube_module::check_version(version)?;
+            crate::common::kube_module::check_version(version)?;
             overrides.k8s_version = Some(version.to_string());
         }
         if let Some(dir) = &self.k8s_source {

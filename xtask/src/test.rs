@@ -50,7 +50,7 @@ const SKEW_FOCUS: &str = "kubelet";
 const SKEW_SKIP: &str = "Slow|GenericWorkload";
 
 /// The next release lane: the cluster restarted at the next Kubernetes release (built from its
-/// own module, see xtask/src/local/kube_module.rs), every spec but the workload lane's, with the
+/// own module, see xtask/src/common/kube_module.rs), every spec but the workload lane's, with the
 /// spec texts of that release (dra-e2e reads the cluster's version); then again with the
 /// workload lane's gates for those.
 const NEXT_RELEASE: &str = "v1.38.0-beta.0";

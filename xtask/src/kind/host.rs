@@ -86,7 +86,7 @@ const DOCKER: &str = "Docker Engine (https://docs.docker.com/engine/install/)";
 impl Host {
     pub(super) fn current() -> Host {
         let repo = crate::repo::repo_root();
-        let cache = crate::local::Layout::from_env(repo.clone())
+        let cache = crate::common::layout::Layout::from_env(repo.clone())
             .map(|layout| layout.cache)
             .unwrap_or_else(|_| repo.join("target").join("dra-e2e-cache"));
         let docker_host = match std::env::var_os("DOCKER_HOST") {

@@ -164,7 +164,7 @@ async fn build_in(
     k8s: image::Kubernetes<'_>,
 ) -> anyhow::Result<image::NodeImage> {
     let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
-    let layout = crate::local::Layout::from_env(host.repo.clone())?;
+    let layout = crate::common::layout::Layout::from_env(host.repo.clone())?;
     image::ensure(&tools, &layout, args.kind_version.as_deref().unwrap_or(KIND_VERSION), k8s).await
 }
 
@@ -345,7 +345,7 @@ async fn up_in(
         network::wait_coredns(&kubeconfig, NODES_READY_TIMEOUT).await?;
     }
     if needs.registry {
-        let layout = crate::local::Layout::from_env(host.repo.clone())?;
+        let layout = crate::common::layout::Layout::from_env(host.repo.clone())?;
         registry::ensure(&tools, &layout, &host.repo, &args.name, &nodes).await?;
     }
     info!("kind cluster {:?} is ready", args.name);

@@ -24,10 +24,11 @@ use anyhow::{Context, Result, bail};
 
 use super::{Cmd, host::Tools};
 use crate::{
-    local::{
-        Layout,
+    common::{
         build::{self, Versions, Wanted},
-        images, registry as local_registry,
+        images,
+        layout::Layout,
+        registry as shared_registry,
     },
     wait::{Probe, poll_until},
 };
@@ -56,7 +57,7 @@ pub fn container_name(cluster: &str) -> String {
 
 /// The host port of the registry of kind cluster `cluster` (kubevirtci's rule).
 pub fn port(cluster: &str) -> u16 {
-    local_registry::port_for(cluster)
+    shared_registry::port_for(cluster)
 }
 
 /// The registry's directory (configuration and storage) for kind cluster `cluster`.
@@ -155,7 +156,7 @@ pub async fn ensure(
         let storage = dir.join("storage");
         std::fs::create_dir_all(&storage).with_context(|| format!("create {}", storage.display()))?;
         let config = dir.join("config.yml");
-        std::fs::write(&config, local_registry::config(Path::new(STORAGE_IN_CONTAINER), CONTAINER_PORT))
+        std::fs::write(&config, shared_registry::config(Path::new(STORAGE_IN_CONTAINER), CONTAINER_PORT))
             .with_context(|| format!("write {}", config.display()))?;
         tools.output(&run_cmd(cluster, &image, &dir), QUICK).await.context("start the registry container")?;
     }
@@ -165,7 +166,7 @@ pub async fn ensure(
         Duration::from_secs(60),
         Duration::from_millis(500),
         || async move {
-            Ok(match local_registry::v2_status(addr) {
+            Ok(match shared_registry::v2_status(addr) {
                 Ok(200) => Probe::Done(()),
                 Ok(status) => Probe::Pending(format!("HTTP {status}")),
                 Err(e) => Probe::Pending(format!("{e:#}")),

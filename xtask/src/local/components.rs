@@ -8,15 +8,18 @@ use std::{fs, path::Path};
 use anyhow::{Context, Result};
 
 use super::{
-    build::Binaries,
-    images,
-    layout::{Layout, ports},
     nodes::{self, NodeDirs, NodeSpec},
     old_kubelet::OldKubelet,
     pki::{self, Pki},
+};
+
+use crate::cluster_config::ClusterConfig;
+use crate::common::{
+    build::Binaries,
+    images,
+    layout::{Layout, ports},
     process::ProcessSpec,
 };
-use crate::cluster_config::ClusterConfig;
 
 /// The service CIDR; nothing routes it (no kube-proxy), it only gives Services their IPs.
 pub const SERVICE_CIDR: &str = "10.0.0.0/24";

@@ -6,7 +6,9 @@ use std::{collections::BTreeMap, fs, path::Path, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use super::{components::CNI_BIN_DIR, images::BUSYBOX_BINARY, layout::Layout};
+use super::components::CNI_BIN_DIR;
+
+use crate::common::{images::BUSYBOX_BINARY, layout::Layout};
 
 /// The local cluster starts containerd and the kubelet: it must run as root.
 pub fn require_root() -> Result<()> {

@@ -9,18 +9,13 @@
 //! control-plane node's network namespace; the host reaches the apiserver on 127.0.0.1:6443
 //! through a forwarder. Pods have no default route; there is no kube-proxy and no DNS.
 
-pub(crate) mod build;
 mod components;
 mod host;
-pub(crate) mod images;
-pub(crate) mod kube_module;
-mod layout;
 mod netns;
 mod nodes;
 mod old_kubelet;
 mod pki;
 mod probes;
-pub(crate) mod process;
 pub(crate) mod registry;
 mod status;
 mod stop;
@@ -37,19 +32,19 @@ use kube::{
     api::{Patch, PatchParams},
 };
 
-pub use kube_module::check_version as check_k8s_version;
-pub use layout::Layout;
+pub use crate::common::kube_module::check_version as check_k8s_version;
 pub use netns::forward_command;
 pub use tools::{kubectl_binary, load, running_kubeconfig};
 
-use self::{
-    build::{Binaries, Versions},
-    layout::ports,
-    nodes::{NodeDirs, NodeSpec},
-    process::Supervisor,
-};
+use self::nodes::{NodeDirs, NodeSpec};
 use crate::{
     cluster_config::ClusterConfig,
+    common::{
+        build::{self, Binaries, Versions},
+        images,
+        layout::{Layout, ports},
+        process::Supervisor,
+    },
     kube_api::{client_for, node_is_ready},
     overrides::Overrides,
     progress::Step,

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::layout::Layout;
+use crate::common::layout::Layout;
 
 /// kind's default cluster name, the prefix of its node names.
 pub const CLUSTER_NAME: &str = "kind";

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use super::{
+use crate::common::{
     build,
     layout::{Layout, OLD_KUBELET_DIR},
 };
@@ -199,7 +199,7 @@ mod tests {
         assert_eq!(versions, ["v1.34.4", "v1.35.4", "v1.36.3"]);
         for version in supported(&layout) {
             let go_mod = module_dir(&layout, version).join("go.mod");
-            let pinned = super::super::layout::go_mod_version(&go_mod, "k8s.io/kubernetes").unwrap();
+            let pinned = crate::common::layout::go_mod_version(&go_mod, "k8s.io/kubernetes").unwrap();
             assert_eq!(pinned, version.to_string(), "{}", go_mod.display());
             let text = fs::read_to_string(&go_mod).unwrap();
             let staging = format!("k8s.io/kubelet => k8s.io/kubelet v0.{}.{}", version.minor, version.patch);

@@ -15,10 +15,9 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
-use super::{
-    layout::{Layout, ports},
-    nodes::{self, NodeSpec},
-};
+use super::nodes::{self, NodeSpec};
+
+use crate::common::layout::{Layout, ports};
 
 /// A client identity: the file stem of its certificate and kubeconfig, its user name (CN) and groups (O).
 #[derive(Debug, Clone, Copy)]

@@ -12,7 +12,9 @@ use kube::{
     api::{Patch, PatchParams},
 };
 
-use super::{images, layout::ports, netns};
+use super::netns;
+
+use crate::common::{images, layout::ports};
 use crate::kube_api::client_for;
 
 /// etcd's /health, through a connection made inside the control-plane node's namespace.

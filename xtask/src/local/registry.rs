@@ -19,8 +19,7 @@
 
 use std::{
     fs,
-    io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpStream},
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::Command,
     time::Duration,
@@ -29,14 +28,17 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{
-    LocalCluster,
-    build::Binaries,
-    components,
-    layout::Layout,
+    LocalCluster, components,
     netns::{self, NET_BRIDGE, NET_NS},
     nodes::{self, NODE_PREFIX, NODE_SUBNET, NodeDirs},
-    process::ProcessSpec,
     wait,
+};
+
+use crate::common::{
+    build::Binaries,
+    layout::Layout,
+    process::ProcessSpec,
+    registry::{config, port_for, v2_status},
 };
 
 /// The registry's network namespace.
@@ -50,13 +52,6 @@ pub const FORWARD: &str = "registry-forward";
 /// The registry's address on the cluster network: above every node's (10.89.0.2 up to
 /// 10.89.0.201 for [`nodes::MAX_NODES`] nodes).
 pub const IP: Ipv4Addr = Ipv4Addr::new(NODE_SUBNET[0], NODE_SUBNET[1], NODE_SUBNET[2], 250);
-/// The kind cluster name that gets port 5000 (kind's default).
-pub const DEFAULT_CLUSTER_NAME: &str = "kind";
-
-/// kubevirtci's port rule: 5000 for the default cluster name, 5001 for any other.
-pub fn port_for(cluster_name: &str) -> u16 {
-    if cluster_name == DEFAULT_CLUSTER_NAME { 5000 } else { 5001 }
-}
 
 /// The local cluster's registry port (always 5000: its name is always kind's default).
 pub fn port() -> u16 {
@@ -70,16 +65,6 @@ pub fn state_dir(layout: &Layout) -> PathBuf {
 
 fn netns_path() -> PathBuf {
     Path::new("/run/netns").join(NETNS)
-}
-
-/// The registry's configuration: filesystem storage under the state, deletes allowed (tests
-/// clean up what they push), no background upload purging, listening on every address of its
-/// namespace.
-pub(crate) fn config(storage: &Path, port: u16) -> String {
-    format!(
-        "# Written by `cargo xtask cluster up --registry`.\nversion: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n  maintenance:\n    uploadpurging:\n      enabled: false\nhttp:\n  addr: 0.0.0.0:{port}\n",
-        storage.display()
-    )
 }
 
 /// containerd's hosts.toml for `localhost:PORT`: pull and resolve from the registry's address on
@@ -201,19 +186,6 @@ fn create_netns() -> Result<()> {
     ip(&["-n", NETNS, "addr", "add", &format!("{IP}/{NODE_PREFIX}"), "dev", "eth0"])?;
     ip(&["-n", NETNS, "link", "set", "eth0", "up"])?;
     Ok(())
-}
-
-/// The HTTP status of `GET /v2/` at `addr` (the registry API's version check).
-pub(crate) fn v2_status(addr: SocketAddr) -> Result<u16> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(b"GET /v2/ HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head)?;
-    let line = String::from_utf8_lossy(&head);
-    line.get(9..12)
-        .and_then(|code| code.parse().ok())
-        .with_context(|| format!("not an HTTP answer: {line:?}"))
 }
 
 /// The status line of `cluster status`; None when no registry was started.

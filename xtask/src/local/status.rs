@@ -8,7 +8,9 @@ use anyhow::Result;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, api::ListParams};
 
-use super::{CONTROL_PLANE, LocalCluster, process};
+use super::{CONTROL_PLANE, LocalCluster};
+
+use crate::common::process;
 use crate::kube_api::node_is_ready;
 
 /// Lines of a dead component's log that status prints.

@@ -6,12 +6,12 @@ use std::{fs, path::PathBuf, time::Duration};
 use anyhow::{Result, bail};
 
 use super::{
-    CONTROL_PLANE, LocalCluster, host,
-    layout::ports,
-    netns,
+    CONTROL_PLANE, LocalCluster, host, netns,
     nodes::{self, NodeDirs, NodeSpec},
-    process, registry, teardown,
+    registry, teardown,
 };
+
+use crate::common::{layout::ports, process};
 use crate::progress::Step;
 
 impl LocalCluster {

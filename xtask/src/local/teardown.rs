@@ -10,7 +10,9 @@ use std::{
 
 use anyhow::Result;
 
-use super::{components::BRIDGE, layout::Layout};
+use super::components::BRIDGE;
+
+use crate::common::layout::Layout;
 use crate::host_cleanup::{mounts_below, remove_cgroup_tree};
 
 /// The kubelet root of the single-node layout of earlier versions (a host directory then); now only

@@ -6,11 +6,11 @@ use std::{fs, path::PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::{
-    Layout, LocalCluster,
+use super::{Layout, LocalCluster, host, nodes::NodeDirs};
+
+use crate::common::{
     build::{self, Binaries, Versions},
-    host, images,
-    nodes::NodeDirs,
+    images,
 };
 use crate::{progress::Step, repo::repo_root};
 

@@ -6,7 +6,7 @@ use std::{future::Future, time::Duration};
 
 use anyhow::Result;
 
-use super::process::Supervisor;
+use crate::common::process::Supervisor;
 use crate::wait::{Probe, poll_until};
 
 /// How often a readiness check is repeated.
@@ -83,7 +83,7 @@ mod tests {
     async fn notices_an_exited_component() {
         let dir = tempfile::tempdir().unwrap();
         let sup = Supervisor::new(dir.path().join("pids"), dir.path().join("logs"));
-        let spec = super::super::process::ProcessSpec {
+        let spec = crate::common::process::ProcessSpec {
             name: "quitter".into(),
             program: "sh".into(),
             args: vec!["-c".into(), "echo 'fatal: bad flag'; exit 3".into()],

@@ -207,7 +207,7 @@ fn run_one(
     *running.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     let status = status.map_err(|e| fail(format!("wait: {e}")))?;
     if !status.success() {
-        let tail = crate::local::process::tail(log, 15);
+        let tail = crate::common::process::tail(log, 15);
         return Err(fail(format!("{status}; {}:\n{tail}", log.display())));
     }
     Ok(started.elapsed())

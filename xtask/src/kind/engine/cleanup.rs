@@ -16,8 +16,8 @@ use std::{
 
 use super::layout::EngineLayout;
 use crate::{
+    common::process::{ProcessRecord, read_start_time, stop_process},
     host_cleanup::{delete_leftover_containers, mounts_below, remove_cgroup_tree},
-    local::process::{ProcessRecord, read_start_time, stop_process},
 };
 
 /// The programs of a Docker engine; a process running one of them with an engine directory on its

@@ -26,7 +26,7 @@ pub use layout::EngineLayout;
 use tracing::{info, warn};
 
 use crate::{
-    local::process::{ProcessSpec, Supervisor, is_alive},
+    common::process::{ProcessSpec, Supervisor, is_alive},
     progress::Step,
     usage::UsageError,
     wait::{Probe, poll_until},

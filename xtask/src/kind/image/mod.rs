@@ -3,13 +3,13 @@
 //! node ever pulls.
 //!
 //! 1. The local cluster's binaries plus kubeadm, kube-proxy, CoreDNS, crictl and the CNI plugins
-//!    ([`mod@crate::local::build`], `Wanted::Kind`).
+//!    ([`mod@crate::common::build`], `Wanted::Kind`).
 //! 2. A root filesystem ([`rootfs`]): Debian bookworm from debootstrap, kind's base files from the
 //!    `sigs.k8s.io/kind` module, our binaries; written as one tar.
 //! 3. Image archives: kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and etcd
 //!    share one layer, the node's own root filesystem (the multi-call binary answers to each
 //!    component's name, kube-proxy finds iptables there); CoreDNS alone with its binary; the four
-//!    images of [`crate::local::images::test_archives`].
+//!    images of [`crate::common::images::test_archives`].
 //! 4. `docker import` of the tar, a container from it in which containerd imports every archive
 //!    into its `k8s.io` namespace (content only, pinned, as `kind build node-image` does), then
 //!    `docker commit` with kind's entrypoint, environment and stop signal.
@@ -32,10 +32,10 @@ use tracing::info;
 
 use super::{Cmd, host::Tools};
 use crate::{
-    local::{
-        Layout,
+    common::{
         build::{self, Versions, Wanted},
         images::{self, SharedLayerImage},
+        layout::Layout,
     },
     progress::Step,
 };
@@ -339,7 +339,7 @@ fn input_hash(bins_dir: &Path, kind_files: &Path) -> Result<String> {
     hasher.update(rootfs::PACKAGES.join(","));
     hasher.update(include_str!("mod.rs"));
     hasher.update(include_str!("rootfs.rs"));
-    hasher.update(include_str!("../../local/images.rs"));
+    hasher.update(include_str!("../../common/images.rs"));
     let mut files = Vec::new();
     collect_files(kind_files, &mut files)?;
     files.sort();

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, ensure};
 use sha2::{Digest, Sha256};
 
 use super::run_logged;
-use crate::local::{build::Binaries, images};
+use crate::common::{build::Binaries, images};
 
 /// The Debian release of the node's userland.
 pub const SUITE: &str = "bookworm";

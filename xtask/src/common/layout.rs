@@ -28,7 +28,7 @@ pub mod ports {
 }
 
 /// The directory of the older kubelets of the skew lane, under `xtask/local-cluster` (their Go
-/// modules) and `<cache>/bin` (their builds, which [`super::build::prune`] leaves alone).
+/// modules) and `<cache>/bin` (their builds, which [`crate::common::build::prune`] leaves alone).
 pub const OLD_KUBELET_DIR: &str = "kubelet";
 
 /// The directories and files of one local cluster.

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use super::{build::Binaries, layout::Layout};
+use crate::common::{build::Binaries, layout::Layout};
 
 /// The sandbox image containerd pins (the name and tag Kubernetes v1.37 uses).
 pub const PAUSE: &str = "registry.k8s.io/pause:3.10.2";

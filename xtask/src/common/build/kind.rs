@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::{GoBuild, Versions};
-use crate::local::kube_module::{KUBE_PROXY_PACKAGE, KUBEADM_PACKAGE};
+use crate::common::kube_module::{KUBE_PROXY_PACKAGE, KUBEADM_PACKAGE};
 
 /// The CNI plugins the kind node image carries (`xtask/local-cluster/kind`).
 pub const CNI_PLUGINS: [&str; 5] = ["bridge", "host-local", "loopback", "portmap", "ptp"];

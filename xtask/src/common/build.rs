@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use super::{
+use crate::common::{
     kube_module::{KUBE_PACKAGE, KUBECTL_PACKAGE, KubeModule, SAMPLE_DEVICE_PLUGIN_PACKAGE},
     layout::{Layout, go_mod_version},
 };
@@ -126,7 +126,7 @@ impl Versions {
     }
 
     /// The versions of a cluster of Kubernetes `release` or of the checkout `source` (neither:
-    /// the pinned one), generating its Go module if needed (see [`super::kube_module`]).
+    /// the pinned one), generating its Go module if needed (see [`crate::common::kube_module`]).
     pub fn for_cluster(layout: &Layout, release: Option<&str>, source: Option<&Path>) -> Result<Self> {
         Self::with(layout, KubeModule::for_overrides(layout, release, source)?)
     }
@@ -180,7 +180,7 @@ fn major_minor(version: &str) -> (String, String) {
 
 /// Removes build directories of other cache keys under `bin_dir`, except the newest of them (so
 /// switching between two checkouts does not rebuild each time), and partial builds whose builder
-/// is gone; the older kubelets' builds ([`super::layout::OLD_KUBELET_DIR`]) stay. Best effort: a
+/// is gone; the older kubelets' builds ([`crate::common::layout::OLD_KUBELET_DIR`]) stay. Best effort: a
 /// directory that cannot be removed is only logged.
 pub fn prune(bin_dir: &Path, current: &str) {
     let Ok(entries) = fs::read_dir(bin_dir) else { return };
@@ -188,7 +188,7 @@ pub fn prune(bin_dir: &Path, current: &str) {
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        if name == current || name == super::layout::OLD_KUBELET_DIR || !path.is_dir() {
+        if name == current || name == crate::common::layout::OLD_KUBELET_DIR || !path.is_dir() {
             continue;
         }
         if let Some((_, pid)) = name.rsplit_once(".partial-") {
@@ -440,7 +440,7 @@ pub fn known_gates(bins: &Binaries) -> Result<Vec<String>> {
 }
 
 /// `go version`, or a clear error when Go is missing.
-pub(super) fn go_version() -> Result<String> {
+pub(crate) fn go_version() -> Result<String> {
     go_version_of("go")
 }
 
@@ -460,7 +460,7 @@ fn go_version_of(go: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-pub(super) fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
+pub(crate) fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
     let status = Command::new("go")
         .arg("build")
         .args(args)
@@ -496,7 +496,7 @@ fn go_build_quiet(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()>
     Ok(())
 }
 
-pub(super) fn path_str(p: &Path) -> Result<String> {
+pub(crate) fn path_str(p: &Path) -> Result<String> {
     p.to_str().map(String::from).with_context(|| format!("path is not UTF-8: {}", p.display()))
 }
 

@@ -1,0 +1,10 @@
+//! What both providers build from (the floor under `local/` and `kind/`, which never import each
+//! other): the cache and state layout, process supervision, the Go builds of Kubernetes and their
+//! module, the images built here and the registry's helpers.
+
+pub(crate) mod build;
+pub(crate) mod images;
+pub(crate) mod kube_module;
+pub(crate) mod layout;
+pub(crate) mod process;
+pub(crate) mod registry;
