@@ -1,9 +1,10 @@
 //! Leftovers of runs that are gone: objects labelled [`RUN_LABEL`] whose run's Lease expired or
-//! no longer exists (see [`crate::cluster::run_identity`]). A run looks for them before its specs start
+//! no longer exists, or whose Lease's holder process on this machine is gone (see [`crate::cluster::run_identity`]). A run looks for them before its specs start
 //! and removes them (`--keep-leftovers` only reports); `dra-e2e cleanup` does the same on demand.
 //!
-//! Objects of a live run (its Lease renewed within its duration) are never touched, nor objects
-//! without the label (older builds, other people). The objects are listed before the Leases: a
+//! Objects of a live run (its Lease renewed within its duration, its holder process not known to
+//! be dead: see [`crate::cluster::holder`]) are never touched, nor objects without the label
+//! (older builds, other people). The objects are listed before the Leases: a
 //! run creates its Lease before any object, so a run seen through one of its objects has its
 //! Lease listed too, and a run that starts meanwhile is never taken for gone.
 //!
@@ -38,7 +39,10 @@ use kube::{
     discovery::{Discovery, Scope, verbs},
 };
 
-use crate::cluster::run_identity::{LEASE_NAMESPACE, RUN_INFO_ANNOTATION, RUN_LABEL, expired_for};
+use crate::cluster::{
+    holder::{HOLDER_ANNOTATION, Holder, start_of},
+    run_identity::{LEASE_NAMESPACE, RUN_INFO_ANNOTATION, RUN_LABEL, expired_for},
+};
 
 /// Looking for or removing leftovers failed.
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +200,7 @@ pub async fn find(client: &Client, own_run: Option<&str>) -> Result<Leftovers, L
         .filter_map(|lease| Some((lease.labels().get(RUN_LABEL)?.clone(), lease)))
         .collect();
     let now = Timestamp::now();
+    let here = Holder::current();
     let mut found = Leftovers::default();
     for (run_id, objects) in by_run {
         if Some(run_id.as_str()) == own_run {
@@ -205,8 +210,18 @@ pub async fn find(client: &Client, own_run: Option<&str>) -> Result<Leftovers, L
             None => "no Lease".to_owned(),
             Some(lease) => match expired_for(lease, now) {
                 None => {
-                    found.live_runs.insert(run_id);
-                    continue;
+                    let info = lease.annotations().get(RUN_INFO_ANNOTATION).cloned().unwrap_or_default();
+                    let dead = here.as_ref().and_then(|here| {
+                        let holder = Holder::parse(lease.annotations().get(HOLDER_ANNOTATION)?)?;
+                        holder.dead_reason(here, start_of)
+                    });
+                    match dead {
+                        Some(reason) => format!("{reason}, its Lease not expired yet; {info}"),
+                        None => {
+                            found.live_runs.insert(run_id);
+                            continue;
+                        }
+                    }
                 }
                 Some(ago) => {
                     let info = lease.annotations().get(RUN_INFO_ANNOTATION).cloned().unwrap_or_default();

@@ -12,7 +12,9 @@
 //! The Lease `kube-system/dra-e2e-run-<run id>` lasts [`LEASE_DURATION`] (30 s) and is renewed
 //! every [`RENEW_EVERY`] (10 s), so a run SIGKILLed (or whose machine went away) is taken for
 //! gone 30 s after its last renewal; a run whose API server does not answer for 30 s may be
-//! taken for gone too (it logs each failed renewal). On a clean exit the Lease is deleted.
+//! taken for gone too (it logs each failed renewal). On a clean exit the Lease is deleted. The
+//! Lease also names its holder process ([`crate::cluster::holder`]): a run on the same machine
+//! takes a run whose process is gone for gone at once, without waiting for the Lease.
 //! [`crate::cluster::leftovers`] finds and removes the objects of runs whose Lease expired or is gone.
 
 use std::time::Duration;
@@ -31,6 +33,8 @@ use kube::{
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::cluster::holder::{HOLDER_ANNOTATION, Holder};
 
 /// Label on every namespace the runner creates and on the run's Lease.
 pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "dra-e2e");
@@ -130,7 +134,11 @@ impl RunLease {
                         .map(|(k, v)| (k.to_owned(), v.to_owned()))
                         .collect(),
                 ),
-                annotations: Some([(RUN_INFO_ANNOTATION.to_owned(), info.to_owned())].into()),
+                annotations: Some(
+                    std::iter::once((RUN_INFO_ANNOTATION.to_owned(), info.to_owned()))
+                        .chain(Holder::current().map(|h| (HOLDER_ANNOTATION.to_owned(), h.annotation())))
+                        .collect(),
+                ),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
