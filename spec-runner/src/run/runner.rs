@@ -138,7 +138,7 @@ pub async fn run_with_backend(
         options,
         interrupt,
     });
-    let (serial, parallel): (Vec<_>, Vec<_>) = specs.iter().cloned().partition(|s| s.info.is_serial());
+    let (serial, parallel): (Vec<_>, Vec<_>) = specs.iter().cloned().partition(|s| s.info.runs_alone());
     let mut not_run = 0;
     for attempt in 1..=env.options.repeat {
         if env.interrupt.is_cancelled() || env.stop_new.is_cancelled() {
@@ -218,7 +218,7 @@ async fn run_attempt(
     let mut tasks = SpecTasks::new(attempt);
     for spec in serial.iter().chain(parallel) {
         let reached = Instant::now();
-        let permits = if spec.info.is_serial() {
+        let permits = if spec.info.runs_alone() {
             tasks.settle().await;
             procs
         } else {

@@ -17,6 +17,8 @@ pub struct SpecInfo {
     pub(super) labels: Vec<String>,
     pub(super) full_text: String,
     pub(super) timeout: Option<Duration>,
+    /// Why the spec runs alone although it is not `[Serial]` ([`crate::SpecHandle::runs_alone`]).
+    pub(super) alone: Option<String>,
 }
 
 impl SpecInfo {
@@ -55,10 +57,21 @@ impl SpecInfo {
         self.index
     }
 
-    /// Whether the spec carries the `Serial` label: it then runs alone, after
-    /// the parallel specs, as ginkgo does.
+    /// Whether the spec carries the `Serial` label.
     pub fn is_serial(&self) -> bool {
         self.labels.iter().any(|l| l.eq_ignore_ascii_case("Serial"))
+    }
+
+    /// Whether the spec runs alone: `[Serial]`, or declared so with
+    /// [`SpecHandle::runs_alone`](crate::SpecHandle::runs_alone). Such specs run before the others,
+    /// each on a settled cluster and holding every worker slot.
+    pub fn runs_alone(&self) -> bool {
+        self.is_serial() || self.alone.is_some()
+    }
+
+    /// Why the spec runs alone although it is not `[Serial]`, if it was declared so.
+    pub fn alone_because(&self) -> Option<&str> {
+        self.alone.as_deref()
     }
 
     /// Renders the full text and the label list from the texts and labels.

@@ -274,6 +274,7 @@ impl Registry {
             labels: Vec::new(),
             full_text: String::new(),
             timeout: None,
+            alone: None,
         };
         info.render();
         let body: Body = Arc::new(move |ctx| body(ctx).boxed());
@@ -393,6 +394,14 @@ impl SpecHandle<'_> {
         self.registry.specs[self.index].info.timeout = Some(timeout);
         self
     }
+
+    /// The spec runs alone, as a `[Serial]` spec does, without the label (its name stays
+    /// upstream's): for a spec that needs what other specs' pods would hold (a node's allocatable
+    /// CPU, say), so that it waits for them instead of being refused. `why` says what it needs.
+    pub fn runs_alone(self, why: impl Into<String>) -> Self {
+        self.registry.specs[self.index].info.alone = Some(why.into());
+        self
+    }
 }
 
 #[cfg(test)]
@@ -453,7 +462,19 @@ mod tests {
         assert!(spec.is_serial());
         assert_eq!(spec.name(), "keeps slices");
         assert!(!reg.specs().next().unwrap().is_serial());
+        assert!(spec.runs_alone() && !reg.specs().next().unwrap().runs_alone());
         assert!(reg.validate().is_ok());
+    }
+
+    #[test]
+    fn a_spec_declared_to_run_alone_keeps_its_name_and_labels() {
+        let mut reg = Registry::new();
+        reg.it("needs the whole node", async |_| Ok(())).runs_alone("a node's allocatable CPU");
+        let spec = reg.specs().next().unwrap();
+        assert!(spec.runs_alone() && !spec.is_serial());
+        assert_eq!(spec.full_text(), "needs the whole node");
+        assert!(spec.labels().is_empty());
+        assert_eq!(spec.alone_because(), Some("a node's allocatable CPU"));
     }
 
     #[test]
