@@ -187,8 +187,8 @@ pub async fn run_with_code(raw: Vec<String>) -> Result<i32> {
     code
 }
 
-fn kind_args(args: &E2eArgs) -> kind::KindArgs {
-    kind::KindArgs {
+fn kind_args(args: &E2eArgs) -> kind::KindOptions {
+    kind::KindOptions {
         name: args
             .kind_name
             .clone()

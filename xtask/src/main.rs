@@ -35,7 +35,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     // The engine's runc shim runs before anything else (no logging, no runtime).
-    if let Some(code) = kind::engine::shim::main_if_invoked() {
+    if let Some(code) = cli::shim::main_if_invoked() {
         return code;
     }
     let cli = cli::Cli::kubectl_verbatim(std::env::args().collect()).unwrap_or_else(cli::Cli::parse);

@@ -7,40 +7,26 @@
 use std::{collections::BTreeMap, fmt, path::Path};
 
 use anyhow::{Context, Result, bail, ensure};
-use clap::Args;
 
 use crate::{
     cluster_config::{ClusterConfig, FEATURE_GATES_KEY},
     skew::{self, Version},
 };
 
-/// `--feature-gates`, `--runtime-config` and `--kubelet-version` of `cluster up`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+/// The flags `cluster up` takes on top of kind.yaml (`--feature-gates`, `--runtime-config`,
+/// `--kubelet-version`, `--k8s-version`, `--k8s-source`) as given, before [`OverrideArgs::parse`]
+/// checks them; the command line's help describes each.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OverrideArgs {
-    /// Feature gates in addition to kind.yaml's, for every component: `A=true,B=false`.
-    #[arg(long, value_name = "GATE=BOOL,...")]
+    /// `--feature-gates`: gates in addition to kind.yaml's, `A=true,B=false`.
     pub feature_gates: Option<String>,
-    /// API versions the apiserver serves in addition to kind.yaml's: `scheduling.k8s.io/v1beta1=true`.
-    #[arg(long, value_name = "GROUP/VERSION=VALUE,...")]
+    /// `--runtime-config`: API versions in addition to kind.yaml's, `group/version=true`.
     pub runtime_config: Option<String>,
-    /// Kubelet versions of the workers, in order: `v1.34.4` makes kind-worker's kubelet v1.34.4
-    /// and leaves the other workers at the cluster's version; `v1.37.2,v1.35.4` changes only
-    /// kind-worker2. Wins over kind.yaml's per-node `image: kindest/node:vX.Y.Z`. Supported: the
-    /// versions under xtask/local-cluster/kubelet/ (v1.34.4, v1.35.4, v1.36.3), each built once
-    /// from its k8s.io/kubernetes module and cached. The kind provider sets the workers' images
-    /// to kindest/node:V instead.
-    #[arg(long, value_name = "VERSION,...")]
+    /// `--kubelet-version`: the workers' kubelet versions, in order (`v1.34.4,v1.35.4`).
     pub kubelet_version: Option<String>,
-    /// The Kubernetes release the cluster runs (local provider): `v1.38.0-beta.0` builds its
-    /// control plane and kubelets from k8s.io/kubernetes@v1.38.0-beta.0 with the Go toolchain
-    /// its go.mod asks for (fetched by go); default: the release xtask/local-cluster/go.mod pins.
-    /// Feature gates of kind.yaml that the release does not accept are left out, with a note.
-    #[arg(long, value_name = "VERSION")]
+    /// `--k8s-version`: the Kubernetes release the cluster runs (local provider).
     pub k8s_version: Option<String>,
-    /// Build the cluster from this Kubernetes checkout (local provider; its staging modules
-    /// included), with the version `git describe` gives it (or KUBE_GIT_VERSION). Every `cluster
-    /// up` rebuilds what changed since the last build.
-    #[arg(long, value_name = "DIR", conflicts_with = "k8s_version")]
+    /// `--k8s-source`: the Kubernetes checkout the cluster is built from (local provider).
     pub k8s_source: Option<std::path::PathBuf>,
 }
 

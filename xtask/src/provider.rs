@@ -3,12 +3,10 @@
 
 use std::path::PathBuf;
 
-use clap::ValueEnum;
-
 use crate::{kind, local, overrides::Overrides, usage::UsageError};
 
 /// Which kind of cluster to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Provider {
     /// The embedded cluster built from official Kubernetes Go modules (no Docker): the nodes
     /// kind.yaml lists, each a real kubelet in its own namespaces.
@@ -25,7 +23,7 @@ impl Provider {
     /// kind's commands instead.
     pub async fn up(
         self,
-        kind: &kind::KindArgs,
+        kind: &kind::KindOptions,
         nodes: Option<usize>,
         overrides: Option<Overrides>,
         registry: bool,
@@ -41,7 +39,7 @@ impl Provider {
     /// every node's containerd; `dry_run` prints kind's commands instead (kind provider).
     pub async fn load(
         self,
-        kind: &kind::KindArgs,
+        kind: &kind::KindOptions,
         archives: &[PathBuf],
         dry_run: bool,
     ) -> anyhow::Result<()> {
@@ -55,7 +53,7 @@ impl Provider {
     }
 
     /// Stops the cluster and removes everything it created.
-    pub async fn down(self, kind: &kind::KindArgs, dry_run: bool) -> anyhow::Result<()> {
+    pub async fn down(self, kind: &kind::KindOptions, dry_run: bool) -> anyhow::Result<()> {
         match self {
             Provider::Local => local::down().await,
             Provider::Kind => kind::down(kind, dry_run).await,
@@ -63,7 +61,7 @@ impl Provider {
     }
 
     /// Prints what runs; whether everything does.
-    pub async fn status(self, kind: &kind::KindArgs) -> anyhow::Result<bool> {
+    pub async fn status(self, kind: &kind::KindOptions) -> anyhow::Result<bool> {
         match self {
             Provider::Local => local::status().await,
             Provider::Kind => kind::status(kind).await,

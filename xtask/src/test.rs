@@ -16,7 +16,6 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use clap::Args;
 
 use crate::{e2e, local, overrides::OverrideArgs, progress::human};
 
@@ -138,7 +137,7 @@ fn lanes(repo: &Path) -> Vec<Lane> {
 }
 
 /// Which clusters `cargo xtask test` runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TestLane {
     /// The unit and protocol tests, the local cluster's tests and lanes, then the kind lane
     /// (what CI runs).
@@ -152,16 +151,13 @@ pub enum TestLane {
 }
 
 /// Options of `cargo xtask test`.
-#[derive(Debug, Args)]
-pub struct TestArgs {
-    /// Run only the tests that need no cluster.
-    #[arg(long)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TestOptions {
+    /// Run only the tests that need no cluster (`--no-cluster`).
     pub no_cluster: bool,
-    /// What to run: `all` (CI's run), `local` (no kind) or `kind` (the kind lane alone).
-    #[arg(long, value_enum, default_value_t)]
+    /// What to run (`--lane`).
     pub lane: TestLane,
-    /// Leave the local cluster running afterwards (the kind lane's cluster is always deleted).
-    #[arg(long)]
+    /// Leave the local cluster running afterwards (`--keep-cluster`).
     pub keep_cluster: bool,
 }
 
@@ -173,7 +169,7 @@ struct Outcome {
 }
 
 /// Runs the steps and prints the summary.
-pub async fn run(args: TestArgs) -> Result<ExitCode> {
+pub async fn run(args: TestOptions) -> Result<ExitCode> {
     let repo = crate::repo::repo_root();
     let mut outcomes = Vec::new();
     let mut step = |name: &str, result: Result<()>, started: StepStart| {

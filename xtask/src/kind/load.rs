@@ -5,16 +5,16 @@ use std::{io::Write, path::PathBuf};
 
 use tracing::info;
 
-use super::{KindArgs, LOAD_TIMEOUT, host::Host, load_archive_cmd, validate_name, write_lines};
+use super::{KindOptions, LOAD_TIMEOUT, host::Host, load_archive_cmd, validate_name, write_lines};
 
 /// Loads `archives` into every node of the kind cluster.
-pub async fn load_archives(args: &KindArgs, archives: &[PathBuf], dry_run: bool) -> anyhow::Result<()> {
+pub async fn load_archives(args: &KindOptions, archives: &[PathBuf], dry_run: bool) -> anyhow::Result<()> {
     load_in(&Host::current(), args, archives, dry_run, &mut std::io::stdout()).await
 }
 
 async fn load_in(
     host: &Host,
-    args: &KindArgs,
+    args: &KindOptions,
     archives: &[PathBuf],
     dry_run: bool,
     out: &mut dyn Write,
@@ -39,7 +39,7 @@ mod tests {
     #[tokio::test]
     async fn dry_run_prints_one_kind_load_per_archive() {
         let args =
-            KindArgs { name: "dra-e2e".into(), image: None, kind_version: None, kind_from_path: false };
+            KindOptions { name: "dra-e2e".into(), image: None, kind_version: None, kind_from_path: false };
         let archives = [PathBuf::from("/tmp/a.tar"), PathBuf::from("/tmp/b c.tar")];
         let mut out = Vec::new();
         // A host without docker or kind: the dry run must not need them.

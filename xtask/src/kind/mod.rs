@@ -20,7 +20,6 @@ use std::{
 };
 
 use anyhow::{Context, bail, ensure};
-use clap::Args;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 use tracing::{debug, info, warn};
@@ -74,37 +73,28 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(3 * 60 * 60);
 /// `cluster status` asks the API server once.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Options of the kind provider.
-#[derive(Debug, Clone, Args)]
-pub struct KindArgs {
+/// Options of the kind provider (the command line's `--name`, `--image`, `--kind-version` and
+/// `--kind-from-path`, or what `e2e` and `test` choose).
+#[derive(Debug, Clone)]
+pub struct KindOptions {
     /// Name of the kind cluster.
-    #[arg(long, env = "KIND_CLUSTER_NAME", default_value = "dra-e2e")]
     pub name: String,
-    /// Node image for kind (for example kindest/node:v1.37.2); unset: the image `cluster build
-    /// --provider kind` builds here (built first if missing), with its own pod network.
-    #[arg(long, env = "KIND_NODE_IMAGE")]
+    /// Node image for kind; `None`: the image `cluster build --provider kind` builds here.
     pub image: Option<String>,
-    /// The kind version to use (default v0.33.0): the kind on PATH if it has that version, else
-    /// installed with `go install sigs.k8s.io/kind@VERSION` into dra-e2e's cache.
-    #[arg(long, env = "KIND_VERSION")]
+    /// The kind version to use; `None`: [`KIND_VERSION`].
     pub kind_version: Option<String>,
-    /// Use the kind on PATH and never install one: a missing kind or another version than
-    /// --kind-version is an error.
-    #[arg(long)]
+    /// Use the kind on PATH and never install one.
     pub kind_from_path: bool,
 }
 
 /// Options of `build-node-image`.
-#[derive(Debug, Args)]
-pub struct BuildNodeImageArgs {
+#[derive(Debug)]
+pub struct BuildNodeImageOptions {
     /// A Kubernetes source tree.
-    #[arg(long)]
     pub k8s_source: PathBuf,
     /// The image to build.
-    #[arg(long, default_value = "dra/node:latest")]
     pub image: String,
     /// Print the command instead of running it.
-    #[arg(long)]
     pub dry_run: bool,
 }
 
@@ -113,7 +103,7 @@ pub struct BuildNodeImageArgs {
 /// With `dry_run`, prints the commands that change anything instead (pulls, create, loads; the
 /// read-only checks and the wait for Ready nodes are not printed) and needs neither docker nor kind.
 pub async fn up(
-    args: &KindArgs,
+    args: &KindOptions,
     overrides: Overrides,
     registry: bool,
     dry_run: bool,
@@ -152,7 +142,11 @@ fn kubernetes_of(overrides: &Overrides) -> image::Kubernetes<'_> {
 
 /// `cluster build --provider kind`: builds the node image of the pinned Kubernetes, of another
 /// release or of a checkout unless it exists; prints its tag.
-pub async fn build(args: &KindArgs, release: Option<&str>, source: Option<&Path>) -> anyhow::Result<String> {
+pub async fn build(
+    args: &KindOptions,
+    release: Option<&str>,
+    source: Option<&Path>,
+) -> anyhow::Result<String> {
     let built = build_in(&Host::current(), args, image::Kubernetes { release, source }).await?;
     println!("{}", built.tag);
     Ok(built.tag)
@@ -160,7 +154,7 @@ pub async fn build(args: &KindArgs, release: Option<&str>, source: Option<&Path>
 
 async fn build_in(
     host: &Host,
-    args: &KindArgs,
+    args: &KindOptions,
     k8s: image::Kubernetes<'_>,
 ) -> anyhow::Result<image::NodeImage> {
     let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
@@ -169,13 +163,13 @@ async fn build_in(
 }
 
 /// Deletes the kind cluster and its kubeconfig file; with `dry_run`, prints the commands instead.
-pub async fn down(args: &KindArgs, dry_run: bool) -> anyhow::Result<()> {
+pub async fn down(args: &KindOptions, dry_run: bool) -> anyhow::Result<()> {
     down_in(&Host::current(), args, dry_run, &mut std::io::stdout()).await
 }
 
 /// What is left of kind cluster `args.name`: containers named after it (nodes, registry), kind's
 /// network, its kubeconfig. Empty after a complete `cluster down`.
-pub async fn leftovers(args: &KindArgs) -> anyhow::Result<Vec<String>> {
+pub async fn leftovers(args: &KindOptions) -> anyhow::Result<Vec<String>> {
     let host = Host::current();
     let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     let prefix = format!("{}-", args.name);
@@ -198,7 +192,7 @@ pub async fn leftovers(args: &KindArgs) -> anyhow::Result<Vec<String>> {
 
 /// `kind export logs DIR --name N`: the nodes' journals, containerd's and the kubelet's logs and
 /// every pod's, for a run that failed (the cluster is deleted afterwards).
-pub async fn export_logs(args: &KindArgs, dir: &Path) -> anyhow::Result<()> {
+pub async fn export_logs(args: &KindOptions, dir: &Path) -> anyhow::Result<()> {
     let tools = Host::current().tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     let mut export = Cmd::new("kind", ["export", "logs"]);
     export.args.extend([dir.as_os_str().to_owned(), "--name".into(), args.name.clone().into()]);
@@ -208,12 +202,12 @@ pub async fn export_logs(args: &KindArgs, dir: &Path) -> anyhow::Result<()> {
 
 /// Says whether the kind cluster exists, how its nodes are, and the settings kind.yaml gives it;
 /// returns whether the cluster exists.
-pub async fn status(args: &KindArgs) -> anyhow::Result<bool> {
+pub async fn status(args: &KindOptions) -> anyhow::Result<bool> {
     status_in(&Host::current(), args, &mut std::io::stdout()).await
 }
 
 /// Wraps `kind build node-image --image IMG DIR`; prints the image name when done.
-pub async fn build_node_image(args: &BuildNodeImageArgs) -> anyhow::Result<()> {
+pub async fn build_node_image(args: &BuildNodeImageOptions) -> anyhow::Result<()> {
     build_node_image_in(&Host::current(), args, &mut std::io::stdout()).await
 }
 
@@ -228,7 +222,7 @@ fn write_lines(out: &mut dyn Write, lines: &[String]) -> anyhow::Result<()> {
 /// the one kind.yaml's gates are written for (the others are left out).
 async fn up_in(
     host: &Host,
-    args: &KindArgs,
+    args: &KindOptions,
     overrides: &Overrides,
     known_gates: Option<&[String]>,
     needs: network::HostNeeds,
@@ -353,7 +347,7 @@ async fn up_in(
     Ok(kubeconfig)
 }
 
-async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+async fn down_in(host: &Host, args: &KindOptions, dry_run: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     validate_name(&args.name)?;
     let kubeconfig = kubeconfig_path(&host.repo, &args.name);
     if dry_run {
@@ -377,7 +371,7 @@ async fn down_in(host: &Host, args: &KindArgs, dry_run: bool, out: &mut dyn Writ
     Ok(())
 }
 
-async fn status_in(host: &Host, args: &KindArgs, out: &mut dyn Write) -> anyhow::Result<bool> {
+async fn status_in(host: &Host, args: &KindOptions, out: &mut dyn Write) -> anyhow::Result<bool> {
     validate_name(&args.name)?;
     let tools = host.tools(args.kind_version.as_deref(), args.kind_from_path).await?;
     let kubeconfig = kubeconfig_path(&host.repo, &args.name);
@@ -426,7 +420,7 @@ async fn status_in(host: &Host, args: &KindArgs, out: &mut dyn Write) -> anyhow:
 
 async fn build_node_image_in(
     host: &Host,
-    args: &BuildNodeImageArgs,
+    args: &BuildNodeImageOptions,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let cmd = build_node_image_cmd(&args.image, &args.k8s_source);

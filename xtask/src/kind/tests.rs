@@ -9,8 +9,8 @@ use super::*;
 
 const REPO: &str = "/src/dra-e2e";
 
-fn args(name: &str) -> KindArgs {
-    KindArgs { name: name.to_string(), image: None, kind_version: None, kind_from_path: false }
+fn args(name: &str) -> KindOptions {
+    KindOptions { name: name.to_string(), image: None, kind_version: None, kind_from_path: false }
 }
 
 /// A host with `path` as PATH and a cache no test writes to (tests that install use their own).
@@ -180,7 +180,7 @@ async fn dry_run_prints_the_commands_without_docker_or_kind() {
 
     let mut out = Vec::new();
     let build =
-        BuildNodeImageArgs { k8s_source: "/k8s".into(), image: "dra/node:latest".into(), dry_run: true };
+        BuildNodeImageOptions { k8s_source: "/k8s".into(), image: "dra/node:latest".into(), dry_run: true };
     build_node_image_in(&host, &build, &mut out).await.unwrap();
     assert_eq!(String::from_utf8(out).unwrap(), "kind build node-image --image dra/node:latest /k8s\n");
 }

@@ -43,8 +43,8 @@ const IMAGE_BUILD: &str = "kind-node-image";
 
 /// The kind cluster of the lane: kind.yaml, `KIND_NODE_IMAGE` if set (GitHub's runners pull
 /// kind's own image) else the node image built here, `KIND_VERSION` if set.
-fn kind_args() -> kind::KindArgs {
-    kind::KindArgs {
+fn kind_args() -> kind::KindOptions {
+    kind::KindOptions {
         name: CLUSTER.into(),
         image: std::env::var("KIND_NODE_IMAGE").ok().filter(|s| !s.is_empty()),
         kind_version: std::env::var("KIND_VERSION").ok().filter(|s| !s.is_empty()),

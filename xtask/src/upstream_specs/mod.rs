@@ -26,14 +26,12 @@ use anyhow::{Context as _, bail};
 
 use crate::repo::repo_root;
 
-/// `cargo xtask upstream-specs`.
-#[derive(Debug, clap::Args)]
-pub struct UpstreamSpecsArgs {
+/// Options of `cargo xtask upstream-specs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamSpecsOptions {
     /// The Kubernetes version, as its tag: v1.37.2, v1.38.0-beta.0.
     pub version: String,
-    /// Where to write the list (default: suites/upstream/specs-V.txt in the repository); the
-    /// gates go beside it as gates-V.txt.
-    #[arg(long, value_name = "FILE")]
+    /// Where to write the list; `None`: suites/upstream/specs-V.txt in the repository.
     pub out: Option<PathBuf>,
 }
 
@@ -41,7 +39,7 @@ pub struct UpstreamSpecsArgs {
 const FOCUS: &str = "DRA";
 
 /// Builds upstream's e2e test binary for the version, runs its dry run, writes the list.
-pub fn run(args: &UpstreamSpecsArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: &UpstreamSpecsOptions) -> anyhow::Result<ExitCode> {
     let version = args.version.trim();
     if !crate::gomod::is_release_tag(version) {
         return Err(crate::usage::UsageError::new(format!(

@@ -21,7 +21,6 @@ pub mod shim;
 use std::{fs, io::Write, os::fd::AsFd, path::Path, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Subcommand, ValueEnum};
 pub use layout::EngineLayout;
 use tracing::{info, warn};
 
@@ -45,7 +44,7 @@ const LOCK_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 const QUICK_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Whether containers run through the capability shim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CapShim {
     /// Only where root lacks a capability that privileged containers ask for.
     #[default]
@@ -54,31 +53,21 @@ pub enum CapShim {
     Off,
 }
 
-/// `cargo xtask docker …`.
-#[derive(Debug, Subcommand)]
+/// `cargo xtask docker …`: what to do with the run's own engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DockerAction {
     /// Start the run's own dockerd (idempotent) and print its DOCKER_HOST.
-    Up(UpArgs),
+    Up {
+        /// Whether containers run through the capability shim (`--cap-shim`).
+        cap_shim: CapShim,
+    },
     /// Stop it by its recorded PID and remove every process, mount and socket it left.
-    Down(DownArgs),
+    Down {
+        /// Also remove the data root, logs and shim (`--purge`).
+        purge: bool,
+    },
     /// Say whether it runs, and what an engine that died left behind.
     Status,
-}
-
-/// Options of `docker up`.
-#[derive(Debug, Args)]
-pub struct UpArgs {
-    /// Run containers through the capability shim: `auto` where root lacks a capability, `off` never.
-    #[arg(long, value_enum, default_value_t)]
-    pub cap_shim: CapShim,
-}
-
-/// Options of `docker down`.
-#[derive(Debug, Args)]
-pub struct DownArgs {
-    /// Also remove the data root (images, containers, networks), logs and shim.
-    #[arg(long)]
-    pub purge: bool,
 }
 
 /// An engine that answers.
@@ -380,13 +369,13 @@ fn require_root(command: &str) -> Result<()> {
 pub async fn run(action: DockerAction) -> Result<ExitCode> {
     let engine = Engine::from_env();
     match action {
-        DockerAction::Up(args) => {
-            let running = engine.start(args.cap_shim).await?;
+        DockerAction::Up { cap_shim } => {
+            let running = engine.start(cap_shim).await?;
             println!("{}", running.docker_host);
             Ok(ExitCode::SUCCESS)
         }
-        DockerAction::Down(args) => {
-            engine.stop(args.purge).await?;
+        DockerAction::Down { purge } => {
+            engine.stop(purge).await?;
             Ok(ExitCode::SUCCESS)
         }
         DockerAction::Status => {

@@ -18,7 +18,6 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use serde_json::Value;
 
 use super::super::shell_quote;
@@ -29,18 +28,15 @@ pub const RUNTIME_NAME: &str = "dra-e2e-runc";
 /// The subcommand of `cargo xtask` the shim script runs (hidden: only the script calls it).
 pub const SUBCOMMAND: &str = "runc-shim";
 
-/// The shim's command line: `xtask runc-shim --runc REAL [--drop CAP]… -- RUNC-ARGS…`.
-#[derive(Debug, Parser)]
-#[command(name = "cargo xtask runc-shim", about = "runc with capabilities this machine lacks removed")]
-pub struct ShimArgs {
+/// What the shim was asked to do (`xtask runc-shim --runc REAL [--drop CAP]… -- RUNC-ARGS…`,
+/// parsed by the command line layer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShimOptions {
     /// The real runc.
-    #[arg(long)]
     pub runc: PathBuf,
-    /// A capability to remove from containers (repeatable), for example CAP_SYS_RESOURCE.
-    #[arg(long = "drop", value_name = "CAP")]
+    /// The capabilities to remove from containers, for example CAP_SYS_RESOURCE.
     pub drop: Vec<String>,
     /// runc's own arguments, passed on unchanged.
-    #[arg(last = true, allow_hyphen_values = true, value_parser = clap::value_parser!(OsString))]
     pub args: Vec<OsString>,
 }
 
@@ -202,7 +198,7 @@ fn edit_file(
 
 /// `xtask runc-shim …`: edits the call's JSON file, then execs the real runc; returns only if
 /// that fails (with the reason on stderr, where containerd's shim picks it up).
-pub fn run(args: ShimArgs) -> ExitCode {
+pub fn run(args: ShimOptions) -> ExitCode {
     match prepare(&args) {
         Ok(()) => {
             let err = std::process::Command::new(&args.runc).args(&args.args).exec();
@@ -213,7 +209,7 @@ pub fn run(args: ShimArgs) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn prepare(args: &ShimArgs) -> Result<()> {
+fn prepare(args: &ShimOptions) -> Result<()> {
     if args.drop.is_empty() {
         return Ok(());
     }
@@ -223,18 +219,6 @@ fn prepare(args: &ShimArgs) -> Result<()> {
         Target::Process(path) => edit_file(&path, &args.drop, edit_process),
         Target::None => Ok(()),
     }
-}
-
-/// Runs the shim if this process was started as `xtask runc-shim …` (before anything else in
-/// `main`: no logging, no async runtime, every file descriptor left as runc expects it).
-pub fn main_if_invoked() -> Option<ExitCode> {
-    let mut argv = std::env::args_os();
-    let program = argv.next()?;
-    if argv.next().as_deref() != Some(OsStr::new(SUBCOMMAND)) {
-        return None;
-    }
-    let args = ShimArgs::parse_from(std::iter::once(program).chain(argv));
-    Some(run(args))
 }
 
 #[cfg(test)]
@@ -340,7 +324,7 @@ mod tests {
         let config = dir.path().join("config.json");
         fs::write(&config, r#"{"process":{"capabilities":{"bounding":["CAP_SYS_RESOURCE"]}}}"#).unwrap();
         fs::set_permissions(&config, fs::Permissions::from_mode(0o600)).unwrap();
-        let args = ShimArgs {
+        let args = ShimOptions {
             runc: "/bin/true".into(),
             drop: drop(),
             args: os(&["create", "--bundle", dir.path().to_str().unwrap(), "id"]),
@@ -350,7 +334,7 @@ mod tests {
         assert_eq!(fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary file is left");
         // A missing file is an error that names it.
-        let missing = ShimArgs { args: os(&["exec", "--process", "/nonexistent/p", "id"]), ..args };
+        let missing = ShimOptions { args: os(&["exec", "--process", "/nonexistent/p", "id"]), ..args };
         assert!(format!("{:#}", prepare(&missing).unwrap_err()).contains("/nonexistent/p"));
     }
 
@@ -370,25 +354,6 @@ mod tests {
         );
         let quoted = script(Path::new("/a b/xtask"), Path::new("/usr/sbin/runc"), &[]);
         assert!(quoted.contains("exec '/a b/xtask' runc-shim"), "{quoted}");
-        // What the script runs parses back into the same shim arguments.
-        let parsed = ShimArgs::try_parse_from([
-            "xtask",
-            "--runc",
-            "/usr/sbin/runc",
-            "--drop",
-            "CAP_SYS_RESOURCE",
-            "--",
-            "--root",
-            "/r",
-            "exec",
-            "-p",
-            "/tmp/p",
-            "id",
-        ])
-        .unwrap();
-        assert_eq!(parsed.runc, Path::new("/usr/sbin/runc"));
-        assert_eq!(parsed.drop, drop());
-        assert_eq!(parsed.args, os(&["--root", "/r", "exec", "-p", "/tmp/p", "id"]));
     }
 
     #[cfg(unix)]

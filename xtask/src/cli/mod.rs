@@ -1,12 +1,26 @@
 //! The command line of `cargo xtask` and the dispatch to each subcommand.
+//!
+//! clap lives here (and in `main.rs`) only: the commands below take plain option structs
+//! ([`kind::KindOptions`], [`overrides::OverrideArgs`], [`test::TestOptions`], …), which the clap
+//! structs of [`args`], [`docker`] and [`values`] are converted into where a command is
+//! dispatched. [`shim`] is the command line of the engine's runc shim, parsed before the rest.
+
+pub mod args;
+pub mod docker;
+pub mod shim;
+pub mod values;
 
 use std::{path::PathBuf, process::ExitCode};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
+use self::{
+    args::{BuildArgs, BuildNodeImageArgs, ClusterArgs, LoadArgs, TestArgs, UpArgs, UpstreamSpecsArgs},
+    docker::DockerAction,
+};
 use crate::{
-    bench, e2e, image_archive, kind, kubectl, local, overrides::OverrideArgs, provider::Provider, test,
-    upstream_specs, usage::UsageError,
+    bench, e2e, image_archive, kind, kubectl, local, overrides, provider::Provider, test, upstream_specs,
+    usage::UsageError,
 };
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
@@ -16,6 +30,7 @@ pub struct Cli {
     /// Log at debug level (RUST_LOG overrides).
     #[arg(long, short, global = true)]
     pub verbose: bool,
+    /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -40,10 +55,12 @@ impl Cli {
     }
 }
 
+/// The subcommands of `cargo xtask`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Bring a cluster up or down, or say what runs.
     Cluster {
+        /// What to do with the cluster.
         #[command(subcommand)]
         action: ClusterAction,
     },
@@ -51,11 +68,12 @@ pub enum Command {
     /// data root and socket (installing Debian's docker.io as root if there is no dockerd) and
     /// prints its DOCKER_HOST; `docker down` stops it and removes what it left; `docker status`.
     Docker {
+        /// What to do with the engine.
         #[command(subcommand)]
-        action: kind::engine::DockerAction,
+        action: DockerAction,
     },
     /// Build a kind node image from a Kubernetes source tree (`kind build node-image`).
-    BuildNodeImage(kind::BuildNodeImageArgs),
+    BuildNodeImage(BuildNodeImageArgs),
     /// Run the DRA suites: `cargo xtask e2e [--provider local|kind] [--kubeconfig PATH]
     /// [--keep-cluster] [dra-e2e flags: --focus, --skip, --label-filter, -p, --junit, ...]`.
     #[command(disable_help_flag = true)]
@@ -74,7 +92,7 @@ pub enum Command {
         args: Vec<String>,
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
-    Test(test::TestArgs),
+    Test(TestArgs),
     /// kubectl of the cluster's Kubernetes version (built from the same module, cached with the
     /// cluster's binaries), against the local cluster unless `--kubeconfig` or $KUBECONFIG says
     /// otherwise: `cargo xtask kubectl get nodes -o wide`. Every argument goes to kubectl as is.
@@ -87,7 +105,7 @@ pub enum Command {
     /// Write upstream's spec list for a Kubernetes version (suites/upstream/specs-V.txt): build
     /// its e2e test binary with the test packages that mention DRA, run its ginkgo dry run with
     /// --ginkgo.focus=DRA. Go fetches the toolchain V's go.mod asks for.
-    UpstreamSpecs(upstream_specs::UpstreamSpecsArgs),
+    UpstreamSpecs(UpstreamSpecsArgs),
     /// Internal: forward a host TCP address into a network namespace (the local cluster's
     /// apiserver forwarder, started and stopped by `cluster up`/`down`).
     #[command(hide = true)]
@@ -104,6 +122,7 @@ pub enum Command {
     },
 }
 
+/// `cargo xtask cluster …`.
 #[derive(Debug, Subcommand)]
 pub enum ClusterAction {
     /// Create the cluster (idempotent) and print its kubeconfig path.
@@ -121,128 +140,77 @@ pub enum ClusterAction {
     Status(ClusterArgs),
 }
 
-/// Options shared by `cluster up`, `down` and `status`.
-#[derive(Debug, Args)]
-pub struct ClusterArgs {
-    /// The cluster provider.
-    #[arg(long, value_enum, default_value_t)]
-    pub provider: Provider,
-    #[command(flatten)]
-    pub kind: kind::KindArgs,
-    /// Print the commands instead of running them (kind provider).
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Number of nodes of the local cluster (`up`): one control plane and N-1 workers; default:
-    /// the nodes kind.yaml lists.
-    #[arg(long)]
-    pub nodes: Option<usize>,
-}
-
-/// Options of `cluster up`.
-#[derive(Debug, Args)]
-pub struct UpArgs {
-    #[command(flatten)]
-    pub cluster: ClusterArgs,
-    /// Gates and API versions on top of kind.yaml's, as upstream's CI lanes add them.
-    #[command(flatten)]
-    pub overrides: OverrideArgs,
-    /// Also run a registry: push to localhost:PORT, pods pull `localhost:PORT/…` (PORT 5000; with
-    /// kind 5001 unless the cluster is named kind, as kubevirtci's providers). Local provider:
-    /// added to a running cluster; kind: the cluster must be created with it.
-    #[arg(long)]
-    pub registry: bool,
-}
-
-/// Options of `cluster build`.
-#[derive(Debug, Args)]
-pub struct BuildArgs {
-    /// The cluster provider: its binaries (local) or its node image (kind).
-    #[arg(long, value_enum, default_value_t)]
-    pub provider: Provider,
-    #[command(flatten)]
-    pub kind: kind::KindArgs,
-    /// Also build these older kubelets (as `cluster up --kubelet-version` takes them:
-    /// `v1.34.4,v1.36.3`).
-    #[arg(long, value_name = "V1,V2,...")]
-    pub kubelet_version: Option<String>,
-    /// Build this Kubernetes release instead of the pinned one (as `cluster up --k8s-version`).
-    #[arg(long, value_name = "VERSION")]
-    pub k8s_version: Option<String>,
-    /// Build from this Kubernetes checkout (as `cluster up --k8s-source`).
-    #[arg(long, value_name = "DIR", conflicts_with = "k8s_version")]
-    pub k8s_source: Option<PathBuf>,
-}
-
-/// Options of `cluster load`.
-#[derive(Debug, Args)]
-pub struct LoadArgs {
-    /// Image archives: tars as `docker save` writes them, or OCI image layouts in a tar.
-    #[arg(required = true, value_name = "IMAGE-ARCHIVE")]
-    pub archives: Vec<PathBuf>,
-    /// The cluster provider.
-    #[arg(long, value_enum, default_value_t)]
-    pub provider: Provider,
-    #[command(flatten)]
-    pub kind: kind::KindArgs,
-    /// Print the commands instead of running them (kind provider).
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-/// Runs the parsed command line.
+/// Runs the parsed command line: converts each command's options into the plain ones it takes.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Cluster { action } => match action {
-            ClusterAction::Up(UpArgs { cluster: args, overrides, registry }) => {
-                let overrides = overrides.parse()?;
-                args.provider
-                    .up(&args.kind, args.nodes, overrides, registry, args.dry_run)
-                    .await
-                    .map(|_| ExitCode::SUCCESS)
-            }
-            ClusterAction::Load(args) => {
-                image_archive::check(&args.archives)?;
-                args.provider.load(&args.kind, &args.archives, args.dry_run).await.map(|()| ExitCode::SUCCESS)
-            }
-            ClusterAction::Build(args) if args.provider == Provider::Kind => {
-                if args.kubelet_version.is_some() {
-                    return Err(UsageError::new(
-                        "--kubelet-version builds older kubelets for the local provider; every node of the kind node image runs one Kubernetes (choose it with --k8s-version)",
-                    )
-                    .into());
-                }
-                if let Some(version) = args.k8s_version.as_deref() {
-                    local::check_k8s_version(version)?;
-                }
-                kind::build(&args.kind, args.k8s_version.as_deref(), args.k8s_source.as_deref())
-                    .await
-                    .map(|_| ExitCode::SUCCESS)
-            }
-            ClusterAction::Build(args) => {
-                let versions = match args.kubelet_version.as_deref() {
-                    Some(flag) => crate::skew::parse_flag(flag)?,
-                    None => Vec::new(),
-                };
-                if let Some(version) = args.k8s_version.as_deref() {
-                    local::check_k8s_version(version)?;
-                }
-                local::build(args.k8s_version.as_deref(), args.k8s_source.as_deref(), &versions)
-                    .map(|()| ExitCode::SUCCESS)
-            }
-            ClusterAction::Down(args) => {
-                args.provider.down(&args.kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)
-            }
-            ClusterAction::Status(args) => args.provider.status(&args.kind).await.map(exit_code),
-        },
-        Command::Docker { action } => kind::engine::run(action).await,
-        Command::BuildNodeImage(args) => kind::build_node_image(&args).await.map(|_| ExitCode::SUCCESS),
+        Command::Cluster { action } => run_cluster(action).await,
+        Command::Docker { action } => kind::engine::run(action.into()).await,
+        Command::BuildNodeImage(args) => {
+            kind::build_node_image(&args.into()).await.map(|_| ExitCode::SUCCESS)
+        }
         Command::E2e { args } => e2e::run(args).await,
         Command::Bench { args } => bench::run(args).await,
-        Command::Test(args) => test::run(args).await,
+        Command::Test(args) => test::run(args.into()).await,
         Command::Kubectl { args } => kubectl::run(args).await,
-        Command::UpstreamSpecs(args) => upstream_specs::run(&args),
+        Command::UpstreamSpecs(args) => upstream_specs::run(&args.into()),
         Command::NetnsForward { netns, listen, connect } => {
             local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Runs `cargo xtask cluster …`.
+async fn run_cluster(action: ClusterAction) -> anyhow::Result<ExitCode> {
+    match action {
+        ClusterAction::Up(UpArgs { cluster: args, overrides, registry }) => {
+            let overrides = overrides::OverrideArgs::from(overrides).parse()?;
+            let kind = kind::KindOptions::from(args.kind);
+            Provider::from(args.provider)
+                .up(&kind, args.nodes, overrides, registry, args.dry_run)
+                .await
+                .map(|_| ExitCode::SUCCESS)
+        }
+        ClusterAction::Load(args) => {
+            image_archive::check(&args.archives)?;
+            let kind = kind::KindOptions::from(args.kind);
+            Provider::from(args.provider)
+                .load(&kind, &args.archives, args.dry_run)
+                .await
+                .map(|()| ExitCode::SUCCESS)
+        }
+        ClusterAction::Build(args) if Provider::from(args.provider) == Provider::Kind => {
+            if args.kubelet_version.is_some() {
+                return Err(UsageError::new(
+                    "--kubelet-version builds older kubelets for the local provider; every node of the kind node image runs one Kubernetes (choose it with --k8s-version)",
+                )
+                .into());
+            }
+            if let Some(version) = args.k8s_version.as_deref() {
+                local::check_k8s_version(version)?;
+            }
+            let kind = kind::KindOptions::from(args.kind);
+            kind::build(&kind, args.k8s_version.as_deref(), args.k8s_source.as_deref())
+                .await
+                .map(|_| ExitCode::SUCCESS)
+        }
+        ClusterAction::Build(args) => {
+            let versions = match args.kubelet_version.as_deref() {
+                Some(flag) => crate::skew::parse_flag(flag)?,
+                None => Vec::new(),
+            };
+            if let Some(version) = args.k8s_version.as_deref() {
+                local::check_k8s_version(version)?;
+            }
+            local::build(args.k8s_version.as_deref(), args.k8s_source.as_deref(), &versions)
+                .map(|()| ExitCode::SUCCESS)
+        }
+        ClusterAction::Down(args) => {
+            let kind = kind::KindOptions::from(args.kind);
+            Provider::from(args.provider).down(&kind, args.dry_run).await.map(|()| ExitCode::SUCCESS)
+        }
+        ClusterAction::Status(args) => {
+            let kind = kind::KindOptions::from(args.kind);
+            Provider::from(args.provider).status(&kind).await.map(exit_code)
         }
     }
 }
@@ -289,7 +257,7 @@ mod tests {
         .unwrap();
         let Command::Cluster { action: ClusterAction::Load(args) } = cli.command else { panic!("not load") };
         assert_eq!(args.archives, [PathBuf::from("a.tar"), PathBuf::from("b.tar")]);
-        assert_eq!(args.provider, Provider::Kind);
+        assert_eq!(Provider::from(args.provider), Provider::Kind);
         assert!(args.dry_run);
         let cli = Cli::try_parse_from(["xtask", "cluster", "up", "--registry"]).unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
@@ -323,10 +291,101 @@ mod tests {
         ])
         .unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
-        let overrides = up.overrides.parse().unwrap().unwrap();
+        let overrides = overrides::OverrideArgs::from(up.overrides).parse().unwrap().unwrap();
         assert_eq!(overrides.kubelet_flag(), "v1.34.4,v1.36.3");
         let cli = Cli::try_parse_from(["xtask", "cluster", "up", "--kubelet-version", "1.34"]).unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
-        assert!(up.overrides.parse().is_err());
+        assert!(overrides::OverrideArgs::from(up.overrides).parse().is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
+    fn every_option_reaches_the_plain_options() {
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "cluster",
+            "down",
+            "--provider",
+            "kind",
+            "--name",
+            "n",
+            "--image",
+            "i",
+            "--kind-version",
+            "v0.1.0",
+            "--kind-from-path",
+        ])
+        .unwrap();
+        let Command::Cluster { action: ClusterAction::Down(args) } = cli.command else { panic!("not down") };
+        let kind = kind::KindOptions::from(args.kind);
+        assert_eq!(
+            (kind.name.as_str(), kind.image.as_deref(), kind.kind_version.as_deref(), kind.kind_from_path),
+            ("n", Some("i"), Some("v0.1.0"), true)
+        );
+
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "cluster",
+            "up",
+            "--feature-gates",
+            "A=true",
+            "--runtime-config",
+            "g/v=true",
+            "--kubelet-version",
+            "v1.34.4",
+            "--k8s-source",
+            "/k",
+        ])
+        .unwrap();
+        let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
+        assert_eq!(
+            overrides::OverrideArgs::from(up.overrides),
+            overrides::OverrideArgs {
+                feature_gates: Some("A=true".into()),
+                runtime_config: Some("g/v=true".into()),
+                kubelet_version: Some("v1.34.4".into()),
+                k8s_version: None,
+                k8s_source: Some("/k".into()),
+            }
+        );
+
+        let cli = Cli::try_parse_from(["xtask", "test", "--lane", "local", "--keep-cluster"]).unwrap();
+        let Command::Test(args) = cli.command else { panic!("not test") };
+        assert_eq!(
+            test::TestOptions::from(args),
+            test::TestOptions { no_cluster: false, lane: test::TestLane::Local, keep_cluster: true }
+        );
+
+        let cli = Cli::try_parse_from(["xtask", "docker", "up", "--cap-shim", "off"]).unwrap();
+        let Command::Docker { action } = cli.command else { panic!("not docker") };
+        assert_eq!(
+            kind::engine::DockerAction::from(action),
+            kind::engine::DockerAction::Up { cap_shim: kind::engine::CapShim::Off }
+        );
+        let cli = Cli::try_parse_from(["xtask", "docker", "down", "--purge"]).unwrap();
+        let Command::Docker { action } = cli.command else { panic!("not docker") };
+        assert_eq!(
+            kind::engine::DockerAction::from(action),
+            kind::engine::DockerAction::Down { purge: true }
+        );
+
+        let cli = Cli::try_parse_from(["xtask", "upstream-specs", "v1.37.2", "--out", "/o"]).unwrap();
+        let Command::UpstreamSpecs(args) = cli.command else { panic!("not upstream-specs") };
+        assert_eq!(
+            upstream_specs::UpstreamSpecsOptions::from(args),
+            upstream_specs::UpstreamSpecsOptions { version: "v1.37.2".into(), out: Some("/o".into()) }
+        );
+
+        let cli = Cli::try_parse_from(["xtask", "build-node-image", "--k8s-source", "/k"]).unwrap();
+        let Command::BuildNodeImage(args) = cli.command else { panic!("not build-node-image") };
+        let options = kind::BuildNodeImageOptions::from(args);
+        assert_eq!(
+            (options.k8s_source.as_path(), options.image.as_str(), options.dry_run),
+            (std::path::Path::new("/k"), "dra/node:latest", false)
+        );
     }
 }
