@@ -410,6 +410,9 @@ impl LocalCluster {
             old_kubelet::describe(&names, kubelets, &versions.kubernetes)
         ));
         host::save_sysctls(&self.layout)?;
+        // Whole seconds: the kubelet's heartbeat times carry no fraction.
+        let started =
+            k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())?;
         for (node, old) in self.nodes.iter().zip(kubelets) {
             self.sup.start(&components::kubelet(
                 bins,
@@ -424,13 +427,18 @@ impl LocalCluster {
         let api: Api<Node> = Api::all(client.clone());
         for (node, old) in self.nodes.iter().zip(kubelets) {
             // A restarted cluster keeps its Node objects: the old one reads Ready with the last
-            // run's kubelet version until this kubelet posts its first status.
+            // run's kubelet version until this kubelet posts its first status, and a kubelet
+            // that first posted NotReady leaves the not-ready taint until the node lifecycle
+            // controller's next pass, which a test that picks its nodes right away would meet.
             let version = old.as_ref().map_or_else(|| versions.kubernetes.clone(), |k| k.version.to_string());
             wait::until(
-                &format!("node {} Ready with kubelet {version}", node.name),
+                &format!(
+                    "node {} Ready since its kubelet {version} started, without a not-ready taint",
+                    node.name
+                ),
                 Duration::from_secs(180),
                 Some((&self.sup, &node.kubelet())),
-                || node_ready(api.clone(), node.name.clone(), version.clone()),
+                || node_ready(api.clone(), node.name.clone(), version.clone(), started),
             )
             .await?;
         }
@@ -518,13 +526,38 @@ fn file_digest(path: &std::path::Path) -> Option<Vec<u8>> {
     Some(hasher.finalize().to_vec())
 }
 
-/// True when node `name` is Ready and its kubelet reports `kubelet_version`.
-async fn node_ready(nodes: Api<Node>, name: String, kubelet_version: String) -> Result<bool> {
-    Ok(nodes.get_opt(&name).await?.is_some_and(|node| {
-        let reported =
-            node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.as_str());
-        node_is_ready(&node) && reported == Some(kubelet_version.as_str())
-    }))
+/// True when node `name`'s kubelet reports `kubelet_version`, posted Ready at or after
+/// `since`, and the node carries no not-ready or unreachable taint.
+async fn node_ready(
+    nodes: Api<Node>,
+    name: String,
+    kubelet_version: String,
+    since: k8s_openapi::jiff::Timestamp,
+) -> Result<bool> {
+    Ok(nodes.get_opt(&name).await?.is_some_and(|node| node_up_since(&node, &kubelet_version, since)))
+}
+
+/// Taints the node lifecycle controller sets while a node is not (yet) Ready.
+const NOT_READY_TAINTS: [&str; 2] = ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"];
+
+/// See [`node_ready`].
+fn node_up_since(node: &Node, kubelet_version: &str, since: k8s_openapi::jiff::Timestamp) -> bool {
+    let status = node.status.as_ref();
+    let reported = status.and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.as_str());
+    let heartbeat = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_heartbeat_time.as_ref())
+        .map(|t| t.0);
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| NOT_READY_TAINTS.contains(&t.key.as_str())));
+    node_is_ready(node)
+        && reported == Some(kubelet_version)
+        && heartbeat.is_some_and(|t| t >= since)
+        && !tainted
 }
 
 /// `cluster up --provider local [--nodes N] [--feature-gates …] [--runtime-config …]
@@ -590,5 +623,37 @@ mod tests {
     #[test]
     fn the_default_node_count_is_kind_yaml_s() {
         assert_eq!(default_node_count().unwrap(), 4);
+    }
+
+    #[test]
+    fn a_node_is_up_once_its_kubelet_posted_ready_since_it_started_and_the_taint_is_gone() {
+        let node = |version: &str, heartbeat: i64, taint: Option<&str>| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "kind-worker"},
+                "spec": {"taints": taint.map(|key| vec![serde_json::json!({"key": key, "effect": "NoSchedule"})]).unwrap_or_default()},
+                "status": {
+                    "nodeInfo": {"kubeletVersion": version, "architecture": "", "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "", "osImage": "", "systemUUID": ""},
+                    "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::from_second(heartbeat).unwrap().to_string()}],
+                },
+            }))
+            .unwrap()
+        };
+        let since = k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap();
+        assert!(node_up_since(&node("v1.34.4", 1_000, None), "v1.34.4", since));
+        assert!(!node_up_since(&node("v1.37.2", 1_000, None), "v1.34.4", since), "the last run's kubelet");
+        assert!(
+            !node_up_since(&node("v1.34.4", 999, None), "v1.34.4", since),
+            "a status from before the start"
+        );
+        assert!(!node_up_since(
+            &node("v1.34.4", 1_001, Some("node.kubernetes.io/not-ready")),
+            "v1.34.4",
+            since
+        ));
+        assert!(node_up_since(
+            &node("v1.34.4", 1_001, Some("node-role.kubernetes.io/control-plane")),
+            "v1.34.4",
+            since
+        ));
     }
 }
