@@ -128,6 +128,7 @@ mod tests {
         RunReport {
             seed: 7,
             started: None,
+            round_times: Vec::new(),
             specs: vec![
                 spec(
                     "[sig-node] [DRA] passes",

@@ -1,6 +1,7 @@
-//! What a run reports: outcomes, progress lines and the summary, JUnit and ginkgo's JSON report.
+//! What a run reports: outcomes, progress lines and the summary, the soak table of `--repeat`, JUnit and ginkgo's JSON report.
 
 pub(crate) mod json_report;
 pub(crate) mod junit;
 pub(crate) mod outcome;
 pub(crate) mod progress;
+pub(crate) mod rounds;

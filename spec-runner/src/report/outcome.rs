@@ -155,6 +155,8 @@ pub struct RunReport {
     pub seed: u64,
     /// When the run started.
     pub started: Option<SystemTime>,
+    /// The wall time of each round (`--repeat`), in order, deferred checks included.
+    pub round_times: Vec<Duration>,
 }
 
 impl RunReport {

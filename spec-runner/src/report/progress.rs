@@ -212,6 +212,7 @@ pub(crate) fn summary(report: &RunReport, not_run: usize) -> String {
     } else if not_run > 0 {
         let _ = writeln!(out, "\n--fail-fast: {not_run} spec run(s) did not start after a failure.");
     }
+    out.push_str(&crate::report::rounds::table(report));
     let phases = report.phase_sums();
     if !phases.is_empty() {
         let _ = writeln!(out, "Phases (summed over the spec runs): {}", phases.line());

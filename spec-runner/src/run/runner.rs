@@ -145,7 +145,9 @@ pub async fn run_with_backend(
             break;
         }
         let mut started_specs = HashSet::new();
+        let round = Instant::now();
         report.specs.extend(run_attempt(&env, &serial, &parallel, attempt, &mut started_specs).await);
+        report.round_times.push(round.elapsed());
         let reason = if env.interrupt.is_cancelled() {
             "not run: the run was interrupted"
         } else {
