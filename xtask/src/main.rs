@@ -19,6 +19,7 @@ mod kind;
 mod kube_api;
 mod kubectl;
 mod local;
+mod mutants;
 mod overrides;
 mod progress;
 mod provider;

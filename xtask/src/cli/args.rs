@@ -1,4 +1,4 @@
-//! The options of `cluster …`, `build-node-image`, `test` and `upstream-specs` as clap parses them,
+//! The options of `cluster …`, `build-node-image`, `test`, `upstream-specs` and `mutants` as clap parses them,
 //! and their conversion into the plain option structs the commands take ([`kind::KindOptions`],
 //! [`overrides::OverrideArgs`], [`test::TestOptions`], …). The doc comments of the fields are the
 //! help texts.
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::values::{ProviderArg, TestLaneArg};
-use crate::{kind, overrides, test, upstream_specs};
+use crate::{kind, mutants, overrides, test, upstream_specs};
 
 /// Options of the kind provider.
 #[derive(Debug, Args)]
@@ -203,5 +203,39 @@ impl From<UpstreamSpecsArgs> for upstream_specs::UpstreamSpecsOptions {
     fn from(args: UpstreamSpecsArgs) -> Self {
         let UpstreamSpecsArgs { version, out } = args;
         Self { version, out }
+    }
+}
+
+/// `cargo xtask mutants`.
+#[derive(Debug, Args)]
+pub struct MutantsArgs {
+    /// The Kubernetes checkout to put the bugs into (each is taken out again). Default: a
+    /// checkout of --k8s-version assembled from Go's module cache.
+    #[arg(long, value_name = "DIR", conflicts_with = "k8s_version")]
+    pub k8s_source: Option<PathBuf>,
+    /// The release of the assembled checkout (default: the pinned one, xtask/local-cluster/go.mod).
+    #[arg(long, value_name = "VERSION")]
+    pub k8s_version: Option<String>,
+    /// Only this mutant (repeatable); `--list` names them.
+    #[arg(long, value_name = "NAME")]
+    pub only: Vec<String>,
+    /// Do not run the lanes on the unmutated checkout first.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Print the mutants and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Assemble the checkout and build the cluster's binaries from it; start nothing.
+    #[arg(long)]
+    pub build_only: bool,
+    /// Where to write the Markdown table (default: target/e2e/mutants.md).
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+impl From<MutantsArgs> for mutants::MutantsOptions {
+    fn from(args: MutantsArgs) -> Self {
+        let MutantsArgs { k8s_source, k8s_version, only, no_baseline, list, build_only, output } = args;
+        Self { k8s_source, k8s_version, only, no_baseline, list, build_only, output }
     }
 }

@@ -15,12 +15,15 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 use self::{
-    args::{BuildArgs, BuildNodeImageArgs, ClusterArgs, LoadArgs, TestArgs, UpArgs, UpstreamSpecsArgs},
+    args::{
+        BuildArgs, BuildNodeImageArgs, ClusterArgs, LoadArgs, MutantsArgs, TestArgs, UpArgs,
+        UpstreamSpecsArgs,
+    },
     docker::DockerAction,
 };
 use crate::{
-    bench, e2e, image_archive, kind, kubectl, local, overrides, provider::Provider, test, upstream_specs,
-    usage::UsageError,
+    bench, e2e, image_archive, kind, kubectl, local, mutants, overrides, provider::Provider, test,
+    upstream_specs, usage::UsageError,
 };
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
@@ -106,6 +109,11 @@ pub enum Command {
     /// its e2e test binary with the test packages that mention DRA, run its ginkgo dry run with
     /// --ginkgo.focus=DRA. Go fetches the toolchain V's go.mod asks for.
     UpstreamSpecs(UpstreamSpecsArgs),
+    /// How many bugs the suites catch: put one small bug at a time into the DRA code of a
+    /// Kubernetes checkout (kubelet DRA manager, scheduler plugin, resourceclaim controller),
+    /// bring the local cluster up from it, run the lane that should catch it and report which
+    /// specs failed, as a Markdown table.
+    Mutants(MutantsArgs),
     /// Internal: forward a host TCP address into a network namespace (the local cluster's
     /// apiserver forwarder, started and stopped by `cluster up`/`down`).
     #[command(hide = true)]
@@ -153,6 +161,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Test(args) => test::run(args.into()).await,
         Command::Kubectl { args } => kubectl::run(args).await,
         Command::UpstreamSpecs(args) => upstream_specs::run(&args.into()),
+        Command::Mutants(args) => mutants::run(args.into()).await,
         Command::NetnsForward { netns, listen, connect } => {
             local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
         }
