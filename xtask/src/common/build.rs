@@ -179,9 +179,11 @@ fn major_minor(version: &str) -> (String, String) {
 }
 
 /// Removes build directories of other cache keys under `bin_dir`, except the newest of them (so
-/// switching between two checkouts does not rebuild each time), and partial builds whose builder
-/// is gone; the older kubelets' builds ([`crate::common::layout::OLD_KUBELET_DIR`]) stay. Best effort: a
-/// directory that cannot be removed is only logged.
+/// switching between two checkouts does not rebuild each time), any that a running process
+/// executes from (a cluster still up on that build: removing it would break every container it
+/// starts next), and partial builds whose builder is gone; the older kubelets' builds
+/// ([`crate::common::layout::OLD_KUBELET_DIR`]) stay. Best effort: a directory that cannot be
+/// removed is only logged.
 pub fn prune(bin_dir: &Path, current: &str) {
     let Ok(entries) = fs::read_dir(bin_dir) else { return };
     let mut others: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
@@ -204,7 +206,12 @@ pub fn prune(bin_dir: &Path, current: &str) {
     others.sort();
     others.pop(); // the newest other build stays
     for (_, path) in others {
-        remove_logged(&path);
+        let users = crate::host_cleanup::processes_running_from(&path);
+        if users.is_empty() {
+            remove_logged(&path);
+        } else {
+            eprintln!("    kept the old build {}: processes {users:?} run from it", path.display());
+        }
     }
 }
 
@@ -623,6 +630,40 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["current", "kubelet", "newer", &format!("y.partial-{}", std::process::id())]);
+    }
+
+    #[test]
+    fn prune_keeps_a_build_that_a_process_runs_from() {
+        let dir = tempfile::tempdir().unwrap();
+        // A cluster still up on the oldest build: its processes execute from that directory.
+        fs::create_dir(dir.path().join("in-use")).unwrap();
+        let sleep = dir.path().join("in-use/sleep");
+        fs::copy("/bin/sleep", &sleep).unwrap();
+        for (name, age) in [("in-use", 30), ("newer", 20), ("current", 10)] {
+            let path = dir.path().join(name);
+            fs::create_dir_all(&path).unwrap();
+            let time = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+            fs::File::open(&path).unwrap().set_modified(time).unwrap();
+        }
+        // A test that forks at the moment of the copy can hold the file open for writing a moment.
+        let mut child = (0..50)
+            .find_map(|_| match std::process::Command::new(&sleep).arg("30").spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    None
+                }
+                other => Some(other.unwrap()),
+            })
+            .unwrap();
+        prune(dir.path(), "current");
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["current", "in-use", "newer"]);
     }
 
     #[test]
