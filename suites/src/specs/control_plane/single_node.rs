@@ -211,6 +211,50 @@ async fn sharing_a_claim(ctx: Ctx, kubelet: bool) -> SpecResult {
     }
     // With kubelet, the one claim is prepared once for all of them.
     expect_held(&driver, kubelet, &[&stored_claim])?;
+    if kubelet {
+        expect_shared_claim_lifecycle(&driver, &b, &stored_claim, &scheduled).await?;
+    }
+    Ok(())
+}
+
+/// Beyond upstream, which only runs the pods: the kubelet prepared the shared claim for them (at
+/// most once per pod: pods that start together may each prepare it before the first call
+/// returns, which the contract allows, prepares being idempotent), kept it prepared while any of
+/// them still ran, and unprepared it once after the last.
+async fn expect_shared_claim_lifecycle(
+    driver: &Driver,
+    b: &Builder,
+    claim: &ResourceClaim,
+    pods: &[Pod],
+) -> anyhow::Result<()> {
+    let node = &driver.node_names()[0];
+    let uid = claim.uid().unwrap_or_default();
+    let history = driver.calls(node).claim(&uid);
+    let prepares = history.prepares().count();
+    expect!(
+        (1..=pods.len()).contains(&prepares) && history.prepared() == prepares,
+        "the kubelet sent {prepares} NodePrepareResources calls for the claim that {} pods share, expected between one and one per pod, each succeeding: {history}",
+        pods.len()
+    );
+    let Some((last, others)) = pods.split_last() else { return Ok(()) };
+    // A pod is gone only once the kubelet reclaimed its resources (its claims unprepared or
+    // released), so what the kubelet did for these pods is in the log now.
+    try_join_all(others.iter().map(|pod| b.delete_pod_and_wait(pod))).await?;
+    let history = driver.calls(node).claim(&uid);
+    expect!(
+        history.unprepares().count() == 0,
+        "the kubelet unprepared the shared claim while pod {} still uses it (after the other {} pods were deleted): {history}",
+        last.name_any(),
+        others.len()
+    );
+    b.delete_pod_and_wait(last).await?;
+    driver.calls(node).wait_unprepared(&uid, UNPREPARE_TIMEOUT).await?;
+    let history = driver.calls(node).claim(&uid);
+    expect!(
+        history.unprepares().count() == 1,
+        "the kubelet sent {} NodeUnprepareResources calls for the shared claim after its last pod went, expected one: {history}",
+        history.unprepares().count()
+    );
     Ok(())
 }
 
