@@ -28,6 +28,8 @@ pub struct OverrideArgs {
     pub k8s_version: Option<String>,
     /// `--k8s-source`: the Kubernetes checkout the cluster is built from (local provider).
     pub k8s_source: Option<std::path::PathBuf>,
+    /// `--node-cpus`: the CPUs each node reports (local provider); 0: the machine's own.
+    pub node_cpus: Option<usize>,
 }
 
 impl OverrideArgs {
@@ -38,6 +40,7 @@ impl OverrideArgs {
             && self.kubelet_version.is_none()
             && self.k8s_version.is_none()
             && self.k8s_source.is_none()
+            && self.node_cpus.is_none()
         {
             return Ok(None);
         }
@@ -49,6 +52,7 @@ impl OverrideArgs {
             crate::common::kube_module::check_version(version)?;
             overrides.k8s_version = Some(version.to_string());
         }
+        overrides.node_cpus = self.node_cpus;
         if let Some(dir) = &self.k8s_source {
             // Absolute, so the record means the same from any directory.
             overrides.k8s_source = Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone()));
@@ -102,7 +106,12 @@ pub struct Overrides {
     pub k8s_version: Option<String>,
     /// The Kubernetes checkout the cluster is built from (`--k8s-source`).
     pub k8s_source: Option<std::path::PathBuf>,
+    /// The CPUs each node reports (`--node-cpus`); `None`: [`DEFAULT_NODE_CPUS`].
+    pub node_cpus: Option<usize>,
 }
+
+/// The CPUs each local node reports without `--node-cpus` (see `local/node_cpus.rs`).
+pub const DEFAULT_NODE_CPUS: usize = 8;
 
 impl Overrides {
     /// Whether there is nothing to add.
@@ -112,6 +121,12 @@ impl Overrides {
             && self.kubelet_versions.is_empty()
             && self.k8s_version.is_none()
             && self.k8s_source.is_none()
+            && self.node_cpus.is_none()
+    }
+
+    /// The CPUs each local node reports: `--node-cpus`, or [`DEFAULT_NODE_CPUS`].
+    pub fn node_cpus(&self) -> usize {
+        self.node_cpus.unwrap_or(DEFAULT_NODE_CPUS)
     }
 
     /// `config` with these settings added (an override wins over kind.yaml's value).
@@ -135,6 +150,9 @@ impl Overrides {
         if let Some(dir) = &self.k8s_source {
             record.push_str(&format!("k8s-source {}\n", dir.display()));
         }
+        if let Some(cpus) = self.node_cpus {
+            record.push_str(&format!("node-cpus {cpus}\n"));
+        }
         record
     }
 
@@ -153,6 +171,14 @@ impl Overrides {
                 ("kubelet-version", value) => args.kubelet_version = Some(value.to_string()),
                 ("k8s-version", value) => args.k8s_version = Some(value.to_string()),
                 ("k8s-source", value) => args.k8s_source = Some(value.into()),
+                ("node-cpus", value) => {
+                    args.node_cpus = Some(
+                        value
+                            .trim()
+                            .parse()
+                            .with_context(|| format!("node-cpus {value:?} is not a number"))?,
+                    )
+                }
                 ("", _) => {}
                 (other, _) => bail!("unknown line {other:?} in the recorded overrides"),
             }
@@ -266,6 +292,9 @@ impl fmt::Display for Overrides {
         if let Some(dir) = &self.k8s_source {
             parts.push(format!("--k8s-source {}", dir.display()));
         }
+        if let Some(cpus) = self.node_cpus {
+            parts.push(format!("--node-cpus {cpus}"));
+        }
         write!(f, "{}", parts.join(" "))
     }
 }
@@ -281,7 +310,20 @@ mod tests {
             kubelet_version: None,
             k8s_version: None,
             k8s_source: None,
+            node_cpus: None,
         }
+    }
+
+    #[test]
+    fn node_cpus_print_and_round_trip_through_the_record() {
+        let none = args(None, None).parse().unwrap();
+        assert_eq!(none, None, "no flag, no overrides");
+        assert_eq!(Overrides::default().node_cpus(), DEFAULT_NODE_CPUS);
+        let cpus = OverrideArgs { node_cpus: Some(0), ..args(None, None) }.parse().unwrap().unwrap();
+        assert_eq!(cpus.node_cpus(), 0);
+        assert_eq!(cpus.to_string(), "--node-cpus 0");
+        assert_eq!(Overrides::from_record(&cpus.to_record()).unwrap(), cpus);
+        assert!(Overrides::from_record("node-cpus many\n").is_err());
     }
 
     #[test]

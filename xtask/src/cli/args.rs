@@ -86,12 +86,24 @@ pub struct OverrideArgs {
     /// up` rebuilds what changed since the last build.
     #[arg(long, value_name = "DIR", conflicts_with = "k8s_version")]
     pub k8s_source: Option<PathBuf>,
+    /// The CPUs each node reports as its capacity (local provider), as a VM's kubelet reports its
+    /// vCPUs: its containerd and kubelet see a sysfs with that many; pods still share the
+    /// machine's CPUs. Default 8, as upstream's kind nodes; 0: the machine's own.
+    #[arg(long, value_name = "N")]
+    pub node_cpus: Option<usize>,
 }
 
 impl From<OverrideArgs> for overrides::OverrideArgs {
     fn from(args: OverrideArgs) -> Self {
-        let OverrideArgs { feature_gates, runtime_config, kubelet_version, k8s_version, k8s_source } = args;
-        Self { feature_gates, runtime_config, kubelet_version, k8s_version, k8s_source }
+        let OverrideArgs {
+            feature_gates,
+            runtime_config,
+            kubelet_version,
+            k8s_version,
+            k8s_source,
+            node_cpus,
+        } = args;
+        Self { feature_gates, runtime_config, kubelet_version, k8s_version, k8s_source, node_cpus }
     }
 }
 

@@ -348,6 +348,8 @@ mod tests {
             "v1.34.4",
             "--k8s-source",
             "/k",
+            "--node-cpus",
+            "4",
         ])
         .unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
@@ -359,6 +361,7 @@ mod tests {
                 kubelet_version: Some("v1.34.4".into()),
                 k8s_version: None,
                 k8s_source: Some("/k".into()),
+                node_cpus: Some(4),
             }
         );
 

@@ -108,6 +108,12 @@ pub async fn up(
     registry: bool,
     dry_run: bool,
 ) -> anyhow::Result<PathBuf> {
+    if let Some(cpus) = overrides.node_cpus {
+        return Err(UsageError::new(format!(
+            "--node-cpus {cpus} is for the local provider (its nodes' sysfs); kind's nodes report the CPUs of the machine that runs them: leave it out"
+        ))
+        .into());
+    }
     let host = Host::current();
     let mut args = args.clone();
     let own = args.image.is_none();

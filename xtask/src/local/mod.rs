@@ -12,6 +12,7 @@
 mod components;
 mod host;
 mod netns;
+pub(crate) mod node_cpus;
 mod nodes;
 mod old_kubelet;
 mod pki;
@@ -324,8 +325,9 @@ impl LocalCluster {
         ));
         netns::create(&self.nodes)?;
         nodes::prepare_nodes_dir(&self.layout)?;
+        let machine_cpus = node_cpus::machine_cpus()?;
         for node in &self.nodes {
-            nodes::create_mount_namespace(&self.layout, node)?;
+            nodes::create_mount_namespace(&self.layout, node, self.overrides.node_cpus(), machine_cpus)?;
             nodes::create_cgroup_root(node)?;
         }
         step.done();

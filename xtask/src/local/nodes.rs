@@ -207,8 +207,14 @@ pub fn prepare_nodes_dir(layout: &Layout) -> Result<()> {
 }
 
 /// Creates the node's directories and its persistent mount namespace with every node-local path
-/// bind-mounted from the node's state.
-pub fn create_mount_namespace(layout: &Layout, node: &NodeSpec) -> Result<()> {
+/// bind-mounted from the node's state, and the sysfs that shows `cpus` CPUs when that is more
+/// than the machine's `machine_cpus` (see [`super::node_cpus`]).
+pub fn create_mount_namespace(
+    layout: &Layout,
+    node: &NodeSpec,
+    cpus: usize,
+    machine_cpus: usize,
+) -> Result<()> {
     let dirs = NodeDirs::new(layout, node);
     for dir in [&dirs.state, &dirs.run, &dirs.containerd_root(), &dirs.containerd_state(), &dirs.runc_root()]
     {
@@ -223,13 +229,22 @@ pub fn create_mount_namespace(layout: &Layout, node: &NodeSpec) -> Result<()> {
                 .with_context(|| format!("create mount point {}", target.display()))?;
             created.push_str(&format!("{}\n", target.display()));
         }
-        args.push(source.display().to_string());
-        args.push(target.display().to_string());
+        args.extend(["bind".to_string(), source.display().to_string(), target.display().to_string()]);
     }
     fs::write(created_mountpoints_file(layout), created)?;
+    let sysfs = super::node_cpus::prepare(&dirs.state.join("sysfs"), cpus, machine_cpus)
+        .with_context(|| format!("prepare the {cpus} CPUs of node {}", node.name))?;
+    for mount in sysfs {
+        let kind = if mount.recursive { "rbind" } else { "bind" };
+        args.extend([
+            kind.to_string(),
+            mount.source.display().to_string(),
+            mount.target.display().to_string(),
+        ]);
+    }
     fs::write(dirs.mntns(), b"")?;
     let pin = format!("--mount={}", dirs.mntns().display());
-    let script = "set -e; while [ $# -gt 0 ]; do mount --bind \"$1\" \"$2\"; shift 2; done";
+    let script = "set -e; while [ $# -gt 0 ]; do mount --$1 \"$2\" \"$3\"; shift 3; done";
     let mut cmd = vec![pin.as_str(), "--propagation", "private", "--", "sh", "-c", script, "sh"];
     cmd.extend(args.iter().map(String::as_str));
     run("unshare", &cmd).with_context(|| format!("create the mount namespace of node {}", node.name))

@@ -56,6 +56,9 @@ pub async fn print(cluster: &LocalCluster) -> Result<bool> {
         };
         all &= state == "Ready";
         println!("node {} ({}, cgroup root {}): {state}", node.name, node.ip, node.cgroup_root());
+        if let Some(reported) = nodes.get(&node.name).and_then(reported_capacity) {
+            println!("  reports {reported}");
+        }
         all &= component(cluster, &node.containerd(), "  ");
         all &= component(cluster, &node.kubelet(), "  ");
         match pods.get(&node.name) {
@@ -95,4 +98,18 @@ fn component(cluster: &LocalCluster, name: &str, indent: &str) -> bool {
             false
         }
     }
+}
+
+/// What a node's kubelet reports as its capacity: CPUs (the sysfs its node shows, see
+/// `node_cpus.rs`), memory and hugepages.
+fn reported_capacity(node: &Node) -> Option<String> {
+    let capacity = node.status.as_ref()?.capacity.as_ref()?;
+    let get = |name: &str| capacity.get(name).map(|q| q.0.clone()).unwrap_or_else(|| "0".into());
+    Some(format!(
+        "cpu {}, memory {}, hugepages-2Mi {}, hugepages-1Gi {}",
+        get("cpu"),
+        get("memory"),
+        get("hugepages-2Mi"),
+        get("hugepages-1Gi")
+    ))
 }
