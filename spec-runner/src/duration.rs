@@ -2,43 +2,14 @@
 
 use std::time::Duration;
 
-/// Parses `250ms`, `30s`, `5m`, `1h30m`, or a bare number of seconds.
+/// Parses `250ms`, `30s`, `5m`, `1h30m` (humantime's units), or a bare number of seconds.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    if text.is_empty() {
-        return Err("empty duration; use e.g. 90s, 5m or 1h30m".to_owned());
-    }
     if let Ok(secs) = text.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("invalid duration {text:?}; use e.g. 90s, 5m or 1h30m"));
-        }
-        let number: u64 =
-            rest[..digits].parse().map_err(|_| format!("number too large in duration {text:?}"))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(1),
-            "s" => Duration::from_secs(1),
-            "m" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            other => {
-                return Err(format!("unknown unit {other:?} in duration {text:?}; use ms, s, m or h"));
-            }
-        };
-        rest = &rest[unit_len..];
-        let part =
-            unit.checked_mul(u32::try_from(number).map_err(|_| format!("duration {text:?} is too large"))?);
-        total = part
-            .and_then(|p| total.checked_add(p))
-            .ok_or_else(|| format!("duration {text:?} is too large"))?;
-    }
-    Ok(total)
+    humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration {text:?} ({e}); use e.g. 90s, 5m or 1h30m"))
 }
 
 /// `250ms`, `1.5s`, `5m`, `1h30m`, `2m5s`: short and exact enough for messages.
