@@ -52,7 +52,8 @@ impl OverrideArgs {
             crate::common::kube_module::check_version(version)?;
             overrides.k8s_version = Some(version.to_string());
         }
-        overrides.node_cpus = self.node_cpus;
+        // The default said explicitly is the default: a cluster up with it is the same cluster.
+        overrides.node_cpus = self.node_cpus.filter(|&cpus| cpus != DEFAULT_NODE_CPUS);
         if let Some(dir) = &self.k8s_source {
             // Absolute, so the record means the same from any directory.
             overrides.k8s_source = Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone()));
@@ -150,9 +151,7 @@ impl Overrides {
         if let Some(dir) = &self.k8s_source {
             record.push_str(&format!("k8s-source {}\n", dir.display()));
         }
-        if let Some(cpus) = self.node_cpus {
-            record.push_str(&format!("node-cpus {cpus}\n"));
-        }
+        record.push_str(&format!("node-cpus {}\n", self.node_cpus()));
         record
     }
 
@@ -163,7 +162,8 @@ impl Overrides {
 
     /// Reads what [`Overrides::to_record`] wrote.
     pub fn from_record(text: &str) -> Result<Overrides> {
-        let mut args = OverrideArgs::default();
+        // A record without the line is of a cluster from before `--node-cpus`: the machine's CPUs.
+        let mut args = OverrideArgs { node_cpus: Some(0), ..OverrideArgs::default() };
         for line in text.lines() {
             match line.split_once(' ').unwrap_or((line, "")) {
                 ("feature-gates", value) => args.feature_gates = Some(value.to_string()),
@@ -324,6 +324,11 @@ mod tests {
         assert_eq!(cpus.to_string(), "--node-cpus 0");
         assert_eq!(Overrides::from_record(&cpus.to_record()).unwrap(), cpus);
         assert!(Overrides::from_record("node-cpus many\n").is_err());
+        // The default, given or not, is one cluster; a record from before the flag is not it.
+        let eight = OverrideArgs { node_cpus: Some(DEFAULT_NODE_CPUS), ..args(None, None) }.parse().unwrap();
+        assert_eq!(eight.unwrap_or_default(), Overrides::default());
+        assert_eq!(Overrides::from_record(&Overrides::default().to_record()).unwrap(), Overrides::default());
+        assert_eq!(Overrides::from_record("feature-gates \nruntime-config \n").unwrap().node_cpus(), 0);
     }
 
     #[test]
