@@ -327,7 +327,7 @@ impl LocalCluster {
         nodes::prepare_nodes_dir(&self.layout)?;
         let machine_cpus = node_cpus::machine_cpus()?;
         for node in &self.nodes {
-            nodes::create_mount_namespace(&self.layout, node, self.overrides.node_cpus(), machine_cpus)?;
+            nodes::create_mount_namespace(&self.layout, node, self.overrides.node_cpus(), &machine_cpus)?;
             nodes::create_cgroup_root(node)?;
         }
         step.done();

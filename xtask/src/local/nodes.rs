@@ -213,7 +213,7 @@ pub fn create_mount_namespace(
     layout: &Layout,
     node: &NodeSpec,
     cpus: usize,
-    machine_cpus: usize,
+    machine_cpus: &[usize],
 ) -> Result<()> {
     let dirs = NodeDirs::new(layout, node);
     for dir in [&dirs.state, &dirs.run, &dirs.containerd_root(), &dirs.containerd_state(), &dirs.runc_root()]

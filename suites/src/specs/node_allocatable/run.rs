@@ -354,6 +354,36 @@ pub(super) fn container_expectation(want: &Res, own: Option<Res>) -> Res {
     want
 }
 
+/// The kubelet's `oom_score_adj` for the containers of a Guaranteed pod.
+const GUARANTEED_OOM_SCORE_ADJ: i128 = -997;
+
+/// The `oom_score_adj` of a plain Guaranteed pod (no claims) on the devices' node: whether the
+/// node's container runtime can lower a container's score at all (a runtime without
+/// CAP_SYS_RESOURCE cannot go below its own).
+async fn control_oom_score_adj(ctx: &Ctx, s: &Setup) -> anyhow::Result<i128> {
+    let resources = json!({ "cpu": "10m", "memory": "16Mi" });
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": "oom-score-control", "namespace": s.b.namespace() },
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeName": s.node.name_any(),
+            "containers": [{
+                "name": "control",
+                "image": BUSYBOX_IMAGE,
+                "command": ["/bin/sh"],
+                "args": ["-c", INFINITE_SLEEP],
+                "resources": { "requests": resources, "limits": resources },
+            }],
+        },
+    }))?;
+    s.b.create_pod(&pod).await?;
+    let pod = s.b.wait_running(&pod).await?;
+    let r = Reader { client: ctx.client(), pod: &pod };
+    r.oom_score_adj("control").await.map_err(anyhow::Error::msg)
+}
+
 /// The memory capacity of the node in bytes.
 fn node_memory(node: &Node) -> anyhow::Result<i128> {
     let capacity = node.status.as_ref().and_then(|s| s.capacity.as_ref());
@@ -409,12 +439,24 @@ pub async fn cgroup_spec(ctx: Ctx, case: CgroupCase) -> SpecResult {
     let qos = pod.status.as_ref().and_then(|st| st.qos_class.clone()).unwrap_or_default();
     for (c, request_mi) in case.containers.iter().zip(&case.score_mem_request_mi) {
         let want = match qos.as_str() {
-            "Guaranteed" => -997,
+            "Guaranteed" => GUARANTEED_OOM_SCORE_ADJ,
             "BestEffort" => 1000,
             "Burstable" => burstable_oom_score(*request_mi, node_memory),
             other => fail!("pod {} has QoS class {other:?}", pod.name_any()),
         };
         let got = r.oom_score_adj(c.name).await.map_err(anyhow::Error::msg)?;
+        if got != want && want < 0 {
+            let control = control_oom_score_adj(&ctx, &s).await?;
+            if control != GUARANTEED_OOM_SCORE_ADJ {
+                return Err(ctx.skip(format!(
+                    "node {} cannot give a container a negative oom_score_adj: a Guaranteed pod without claims \
+                     there gets {control}, not {GUARANTEED_OOM_SCORE_ADJ} (its container runtime lacks \
+                     CAP_SYS_RESOURCE), so the kubelet's {want} for container {} (which got {got}) cannot be seen",
+                    s.node.name_any(),
+                    c.name
+                )));
+            }
+        }
         expect!(
             got == want,
             "oom_score_adj of container {} is {got}, expected {want} ({qos} pod, memory request {request_mi}Mi with \
