@@ -32,7 +32,7 @@ use anyhow::{Context, Result, bail};
 const REAL_NODE: &str = "/sys/devices/system/node/node0";
 /// The directory the generated NUMA nodes are mounted over.
 const NODE_DIR: &str = "/sys/devices/system/node";
-/// The list of online CPUs (cadvisor counts only CPUs it lists).
+/// The list of online CPUs, the machine's CPU numbers (left as it is in the nodes).
 const ONLINE_FILE: &str = "/sys/devices/system/cpu/online";
 
 /// One mount done in a node's mount namespace when it is created, in order.
@@ -77,9 +77,10 @@ fn cpu_list(text: &str) -> Result<Vec<usize>> {
 
 /// The directory name of the `index`th generated CPU: the machine's CPUs in turn, each round
 /// with one more leading zero (`cpu0`, `cpu1`, `cpu00`, `cpu01`, … for CPUs 0 and 1).
+/// `machine` is never empty ([`cpu_list`] refuses an empty list).
 fn cpu_dir_name(index: usize, machine: &[usize]) -> String {
-    let zeros = "0".repeat(index / machine.len().max(1));
-    format!("cpu{zeros}{}", machine.get(index % machine.len().max(1)).copied().unwrap_or(0))
+    let round = index / machine.len();
+    format!("cpu{}{}", "0".repeat(round), machine[index % machine.len()])
 }
 
 /// Writes the sysfs that shows `cpus` CPUs into `dir` (a directory of the node's state, made
@@ -89,7 +90,7 @@ pub fn prepare(dir: &Path, cpus: usize, machine: &[usize]) -> Result<Vec<Mount>>
     if dir.exists() {
         fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))?;
     }
-    if cpus <= machine.len() {
+    if cpus <= machine.len() || machine.is_empty() {
         return Ok(Vec::new());
     }
     let machine_count = machine.len();
