@@ -30,6 +30,9 @@ pub struct OverrideArgs {
     pub k8s_source: Option<std::path::PathBuf>,
     /// `--node-cpus`: the CPUs each node reports (local provider); 0: the machine's own.
     pub node_cpus: Option<usize>,
+    /// `--node-hugepages`: the 2 MiB hugepages the nodes report (local provider), `512Mi`; 0: the
+    /// machine's own pool, left as it is.
+    pub node_hugepages: Option<String>,
 }
 
 impl OverrideArgs {
@@ -41,6 +44,7 @@ impl OverrideArgs {
             && self.k8s_version.is_none()
             && self.k8s_source.is_none()
             && self.node_cpus.is_none()
+            && self.node_hugepages.is_none()
         {
             return Ok(None);
         }
@@ -54,6 +58,10 @@ impl OverrideArgs {
         }
         // The default said explicitly is the default: a cluster up with it is the same cluster.
         overrides.node_cpus = self.node_cpus.filter(|&cpus| cpus != DEFAULT_NODE_CPUS);
+        if let Some(size) = &self.node_hugepages {
+            let mib = parse_hugepages_size(size).context("--node-hugepages")?;
+            overrides.node_hugepages_mib = Some(mib).filter(|&mib| mib != DEFAULT_NODE_HUGEPAGES_MIB);
+        }
         if let Some(dir) = &self.k8s_source {
             // Absolute, so the record means the same from any directory.
             overrides.k8s_source = Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone()));
@@ -109,10 +117,37 @@ pub struct Overrides {
     pub k8s_source: Option<std::path::PathBuf>,
     /// The CPUs each node reports (`--node-cpus`); `None`: [`DEFAULT_NODE_CPUS`].
     pub node_cpus: Option<usize>,
+    /// The MiB of 2 MiB hugepages the nodes report (`--node-hugepages`); `None`:
+    /// [`DEFAULT_NODE_HUGEPAGES_MIB`].
+    pub node_hugepages_mib: Option<u64>,
 }
 
 /// The CPUs each local node reports without `--node-cpus` (see `local/node_cpus.rs`).
 pub const DEFAULT_NODE_CPUS: usize = 8;
+
+/// The size of a hugepage the local nodes report, in MiB (`hugepages-2Mi`).
+pub const HUGEPAGE_MIB: u64 = 2;
+/// The hugepages the local nodes report without `--node-hugepages`, in MiB (the Node Allocatable
+/// hugepages specs ask for 202 MiB on one node; see `local/hugepages.rs`).
+pub const DEFAULT_NODE_HUGEPAGES_MIB: u64 = 512;
+
+/// `--node-hugepages`: `512Mi`, `1Gi` or `0` as MiB, a whole number of 2 MiB pages.
+pub fn parse_hugepages_size(text: &str) -> Result<u64> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let number: u64 = number.parse().with_context(|| format!("{text:?} does not start with a number"))?;
+    let mib = match unit {
+        "Mi" => number,
+        "Gi" => number.saturating_mul(1024),
+        "" if number == 0 => 0,
+        _ => bail!("{text:?} is not a size in Mi or Gi (512Mi, 1Gi, or 0 for none)"),
+    };
+    ensure!(mib % HUGEPAGE_MIB == 0, "{text:?} is not a whole number of {HUGEPAGE_MIB} MiB hugepages");
+    Ok(mib)
+}
 
 impl Overrides {
     /// Whether there is nothing to add.
@@ -123,11 +158,18 @@ impl Overrides {
             && self.k8s_version.is_none()
             && self.k8s_source.is_none()
             && self.node_cpus.is_none()
+            && self.node_hugepages_mib.is_none()
     }
 
     /// The CPUs each local node reports: `--node-cpus`, or [`DEFAULT_NODE_CPUS`].
     pub fn node_cpus(&self) -> usize {
         self.node_cpus.unwrap_or(DEFAULT_NODE_CPUS)
+    }
+
+    /// The MiB of hugepages the local nodes report: `--node-hugepages`, or
+    /// [`DEFAULT_NODE_HUGEPAGES_MIB`].
+    pub fn node_hugepages_mib(&self) -> u64 {
+        self.node_hugepages_mib.unwrap_or(DEFAULT_NODE_HUGEPAGES_MIB)
     }
 
     /// `config` with these settings added (an override wins over kind.yaml's value).
@@ -152,6 +194,7 @@ impl Overrides {
             record.push_str(&format!("k8s-source {}\n", dir.display()));
         }
         record.push_str(&format!("node-cpus {}\n", self.node_cpus()));
+        record.push_str(&format!("node-hugepages {}Mi\n", self.node_hugepages_mib()));
         record
     }
 
@@ -162,8 +205,9 @@ impl Overrides {
 
     /// Reads what [`Overrides::to_record`] wrote.
     pub fn from_record(text: &str) -> Result<Overrides> {
-        // A record without the line is of a cluster from before `--node-cpus`: the machine's CPUs.
-        let mut args = OverrideArgs { node_cpus: Some(0), ..OverrideArgs::default() };
+        // A record without a line is of a cluster from before its flag: the machine's own.
+        let mut args =
+            OverrideArgs { node_cpus: Some(0), node_hugepages: Some("0".into()), ..OverrideArgs::default() };
         for line in text.lines() {
             match line.split_once(' ').unwrap_or((line, "")) {
                 ("feature-gates", value) => args.feature_gates = Some(value.to_string()),
@@ -179,6 +223,7 @@ impl Overrides {
                             .with_context(|| format!("node-cpus {value:?} is not a number"))?,
                     )
                 }
+                ("node-hugepages", value) => args.node_hugepages = Some(value.to_string()),
                 ("", _) => {}
                 (other, _) => bail!("unknown line {other:?} in the recorded overrides"),
             }
@@ -295,6 +340,9 @@ impl fmt::Display for Overrides {
         if let Some(cpus) = self.node_cpus {
             parts.push(format!("--node-cpus {cpus}"));
         }
+        if let Some(mib) = self.node_hugepages_mib {
+            parts.push(format!("--node-hugepages {mib}Mi"));
+        }
         write!(f, "{}", parts.join(" "))
     }
 }
@@ -311,6 +359,7 @@ mod tests {
             k8s_version: None,
             k8s_source: None,
             node_cpus: None,
+            node_hugepages: None,
         }
     }
 
@@ -329,6 +378,32 @@ mod tests {
         assert_eq!(eight.unwrap_or_default(), Overrides::default());
         assert_eq!(Overrides::from_record(&Overrides::default().to_record()).unwrap(), Overrides::default());
         assert_eq!(Overrides::from_record("feature-gates \nruntime-config \n").unwrap().node_cpus(), 0);
+    }
+
+    #[test]
+    fn hugepages_sizes_are_whole_pages_in_mi_or_gi() {
+        assert_eq!(parse_hugepages_size("512Mi").unwrap(), 512);
+        assert_eq!(parse_hugepages_size("1Gi").unwrap(), 1024);
+        assert_eq!(parse_hugepages_size("0").unwrap(), 0);
+        assert_eq!(parse_hugepages_size(" 0Mi ").unwrap(), 0);
+        for bad in ["512", "3Mi", "1G", "Mi", "-2Mi", "2MiB", ""] {
+            assert!(parse_hugepages_size(bad).is_err(), "{bad:?} was taken");
+        }
+    }
+
+    #[test]
+    fn node_hugepages_print_and_round_trip_through_the_record() {
+        let some = OverrideArgs { node_hugepages: Some("1Gi".into()), ..args(None, None) };
+        let some = some.parse().unwrap().unwrap();
+        assert_eq!(some.node_hugepages_mib(), 1024);
+        assert_eq!(some.to_string(), "--node-hugepages 1024Mi");
+        assert_eq!(Overrides::from_record(&some.to_record()).unwrap(), some);
+        let default = OverrideArgs { node_hugepages: Some("512Mi".into()), ..args(None, None) };
+        assert_eq!(default.parse().unwrap().unwrap_or_default(), Overrides::default());
+        let bad = OverrideArgs { node_hugepages: Some("3Mi".into()), ..args(None, None) }.parse();
+        assert!(format!("{:#}", bad.unwrap_err()).starts_with("--node-hugepages: "));
+        // A record from before the flag is of a cluster that left the machine's pool alone.
+        assert_eq!(Overrides::from_record("node-cpus 8\n").unwrap().node_hugepages_mib(), 0);
     }
 
     #[test]

@@ -91,6 +91,11 @@ pub struct OverrideArgs {
     /// machine's CPUs. Default 8, as upstream's kind nodes; 0: the machine's own.
     #[arg(long, value_name = "N")]
     pub node_cpus: Option<usize>,
+    /// The 2 MiB hugepages the nodes report (local provider): the machine's pool is grown to this
+    /// size (never shrunk) and, on cgroup v1, the hugetlb controller mounted, until `cluster
+    /// down`. Default 512Mi; 0: the machine's pool, left as it is.
+    #[arg(long, value_name = "SIZE")]
+    pub node_hugepages: Option<String>,
 }
 
 impl From<OverrideArgs> for overrides::OverrideArgs {
@@ -102,8 +107,17 @@ impl From<OverrideArgs> for overrides::OverrideArgs {
             k8s_version,
             k8s_source,
             node_cpus,
+            node_hugepages,
         } = args;
-        Self { feature_gates, runtime_config, kubelet_version, k8s_version, k8s_source, node_cpus }
+        Self {
+            feature_gates,
+            runtime_config,
+            kubelet_version,
+            k8s_version,
+            k8s_source,
+            node_cpus,
+            node_hugepages,
+        }
     }
 }
 

@@ -350,6 +350,8 @@ mod tests {
             "/k",
             "--node-cpus",
             "4",
+            "--node-hugepages",
+            "1Gi",
         ])
         .unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
@@ -362,6 +364,7 @@ mod tests {
                 k8s_version: None,
                 k8s_source: Some("/k".into()),
                 node_cpus: Some(4),
+                node_hugepages: Some("1Gi".into()),
             }
         );
 

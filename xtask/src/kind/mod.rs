@@ -114,6 +114,12 @@ pub async fn up(
         ))
         .into());
     }
+    if let Some(mib) = overrides.node_hugepages_mib {
+        return Err(UsageError::new(format!(
+            "--node-hugepages {mib}Mi is for the local provider (it reserves the machine's hugepages for its nodes); kind's nodes report the hugepages of the machine that runs them: leave it out"
+        ))
+        .into());
+    }
     let host = Host::current();
     let mut args = args.clone();
     let own = args.image.is_none();

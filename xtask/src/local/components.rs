@@ -297,6 +297,9 @@ state = "{state}"
   # Without CAP_SYS_RESOURCE (as on the CI VMs) no process may lower its OOM score below its
   # parent's; the kubelet asks -998 for pod sandboxes. Clamp to containerd's own score instead.
   restrict_oom_score_adj = true
+  # containerd drops the kubelet's hugepages limits by default; the nodes report hugepages
+  # (`cluster up --node-hugepages`), so the containers get their limits as the pods do.
+  disable_hugetlb_controller = false
   # /var/run/cdi is the node's own directory (a bind mount in the node's mount namespace).
   cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
   [plugins.'io.containerd.cri.v1.runtime'.cni]
@@ -488,6 +491,7 @@ mod tests {
         let config = containerd_config(&dirs, Path::new("/cache/bin/runc"));
         assert!(config.contains("enable_cdi = true"));
         assert!(config.contains("restrict_oom_score_adj = true"));
+        assert!(config.contains("disable_hugetlb_controller = false"));
         assert!(config.contains("BinaryName = \"/cache/bin/runc\""));
         assert!(config.contains(&format!("sandbox = \"{}\"", images::PAUSE)));
         for forbidden in ["/var/lib/containerd", "/run/containerd", "/opt/containerd\""] {

@@ -117,8 +117,10 @@ fn elf_has_no_interpreter(b: &[u8]) -> Option<bool> {
     Some(true)
 }
 
-/// The kernel settings the kubelet sets at start (`protectKernelDefaults: false`).
-const KUBELET_SYSCTLS: [&str; 6] = [
+/// The kernel settings the cluster changes: those the kubelet sets at start
+/// (`protectKernelDefaults: false`), and the hugepages pool (see [`super::hugepages`]).
+const KUBELET_SYSCTLS: [&str; 7] = [
+    "vm/nr_hugepages",
     "vm/overcommit_memory",
     "vm/panic_on_oom",
     "kernel/panic",
@@ -127,7 +129,7 @@ const KUBELET_SYSCTLS: [&str; 6] = [
     "kernel/keys/root_maxbytes",
 ];
 
-/// Saves the current values of the settings the kubelet will change, once per cluster.
+/// Saves the current values of the settings the cluster will change, once per cluster.
 pub fn save_sysctls(layout: &Layout) -> Result<()> {
     let path = layout.saved_sysctls();
     if path.exists() {

@@ -11,6 +11,7 @@
 
 mod components;
 mod host;
+pub(crate) mod hugepages;
 mod netns;
 pub(crate) mod node_cpus;
 mod nodes;
@@ -319,6 +320,18 @@ impl LocalCluster {
         let pki = pki::ensure(&self.layout, &self.nodes)?;
         step.done();
 
+        host::save_sysctls(&self.layout)?;
+        let mib = self.overrides.node_hugepages_mib();
+        if mib > 0 {
+            let step = Step::start(format!("reserve {mib} MiB of 2 MiB hugepages for the nodes"));
+            let outcome = match hugepages::reserve(&self.layout, mib)? {
+                hugepages::Reserved::Refused(why) => format!("refused: {why}"),
+                hugepages::Reserved::Pool { mib } => format!("the pool holds {mib} MiB"),
+                hugepages::Reserved::Nothing => "nothing to do".to_owned(),
+            };
+            step.finish(&outcome);
+        }
+
         let step = Step::start(format!(
             "create the cluster network and {} nodes (network and mount namespaces, cgroup roots)",
             self.nodes.len()
@@ -411,7 +424,6 @@ impl LocalCluster {
             "start kubelet {} (cgroup v1 allowed)",
             old_kubelet::describe(&names, kubelets, &versions.kubernetes)
         ));
-        host::save_sysctls(&self.layout)?;
         // Whole seconds: the kubelet's heartbeat times carry no fraction.
         let started =
             k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())?;

@@ -6,7 +6,7 @@ use std::{fs, path::PathBuf, time::Duration};
 use anyhow::{Result, bail};
 
 use super::{
-    CONTROL_PLANE, LocalCluster, host, netns,
+    CONTROL_PLANE, LocalCluster, host, hugepages, netns,
     nodes::{self, NodeDirs, NodeSpec},
     registry, teardown,
 };
@@ -51,6 +51,7 @@ impl LocalCluster {
             }
         }
         left.extend(nodes::leftover_cgroups());
+        left.extend(hugepages::leftover(&self.layout));
         if let Ok(hierarchies) = fs::read_dir("/sys/fs/cgroup") {
             for h in hierarchies.filter_map(|e| e.ok()) {
                 if h.path().join("kubepods").exists() {
@@ -122,6 +123,7 @@ impl LocalCluster {
         problems.extend(remove_cgroups_when_empty().await);
         problems.extend(teardown::remove_kubepods_cgroups());
         problems.extend(teardown::remove_bridge());
+        problems.extend(hugepages::unmount_hugetlb(&self.layout));
         if let Err(e) = host::restore_sysctls(&self.layout) {
             problems.push(format!("{e:#}"));
         }

@@ -18,9 +18,9 @@
 //!
 //! What these machines cannot do is a skip with the reason, never a weaker check, decided before
 //! anything is deployed where the nodes' allocatable CPU and hugepages tell ([`fits`]): pods whose
-//! CPU or memory (with what the claims add) no node can fit (the nodes have 2 CPUs; upstream's
-//! own specs never get their pods scheduled there; a pod is only skipped so when no other pod
-//! on the node requests CPU or memory), resizes the API server refuses because the node cannot
+//! CPU or memory (with what the claims add) no node can fit (nodes with 2 CPUs, as the local
+//! cluster's with `--node-cpus 0`: upstream's own specs never get their pods scheduled there; a
+//! pod is only skipped so when no other pod on the node requests CPU or memory), resizes the API server refuses because the node cannot
 //! fit them, a resize whose CFS quota the node's cgroup v1 hierarchy refuses (the kubelet then
 //! retries forever), and nodes without `hugepages-2Mi` (as upstream skips).
 
