@@ -37,6 +37,7 @@ mod failover;
 pub mod impersonate;
 mod nodes;
 pub mod proxy;
+mod republish;
 pub mod resources;
 mod setup;
 mod shared_claims;
@@ -363,6 +364,9 @@ impl Driver {
             driver.wait_registered().await?;
         }
         driver.publish_node_local(&resources).await?;
+        if driver.inner.config.with_kubelet {
+            driver.republish_on_registration(ctx, &resources);
+        }
         driver.start_pool_controllers(ctx, &resources);
         tracing::info!(driver = %driver.inner.name, "driver is ready");
         // The spec's set-up phase ends here (with its last driver, when it starts several).

@@ -7,9 +7,12 @@
 //! plugins whose "pod" is the local host. Commands are argv vectors; nothing variable is ever
 //! spliced into shell text (scripts take their values as positional parameters).
 //!
-//! Closing an exec stream does not end the remote process (checked on containerd 2.3 / Kubernetes
-//! 1.37: the process keeps running after the client disconnects), so [`ProxyProcess`] records the
-//! PID of what it starts and kills it explicitly.
+//! Closing an exec stream from this side does not end the remote process (checked on containerd
+//! 2.3 / Kubernetes 1.37: the process keeps running after the client disconnects), so
+//! [`ProxyProcess`] finds what it starts by its arguments and kills it explicitly. A stream that
+//! breaks between the kubelet and the runtime does end it: the runtime kills the exec'd process
+//! when the node's kubelet restarts, so [`ProxyProcess`] runs the proxy as a child of the exec'd
+//! script, which outlives it.
 
 mod files;
 mod local;
@@ -130,8 +133,8 @@ pub trait Runner: Send + Sync + fmt::Debug + 'static {
     /// Runs `argv` to completion (within the runner's timeout) and collects its output.
     async fn output(&self, argv: Vec<String>) -> Result<ExecOutput, PodExecError>;
 
-    /// Runs `argv` until it ends, logging each output line at debug level with `name` and
-    /// passing it to `on_line`. Dropping the future disconnects from the process (it may keep
+    /// Runs `argv` until it ends, passing each output line to `on_line` and logging it at debug
+    /// level with `name` (unless `on_line` says not to). Dropping the future disconnects from the process (it may keep
     /// running, see the module docs).
     async fn run_logged(
         &self,
@@ -193,9 +196,10 @@ fn exit_status(status: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status) 
 }
 
 /// Called with every output line of a [`Runner::run_logged`] process.
-pub type OnLine = dyn Fn(&str) + Send + Sync;
+/// Returns whether the line goes to the log (a heartbeat, say, does not).
+pub type OnLine = dyn Fn(&str) -> bool + Send + Sync;
 
-/// Logs every line of `reader` at debug level and passes it to `on_line`.
+/// Passes every line of `reader` to `on_line` and logs it at debug level unless `on_line` says not to.
 async fn log_lines(
     reader: Option<impl AsyncRead + Unpin>,
     name: &str,
@@ -207,8 +211,9 @@ async fn log_lines(
     loop {
         match lines.next_line().await {
             Ok(Some(line)) => {
-                tracing::debug!(process = name, stream, "{line}");
-                on_line(&line);
+                if on_line(&line) {
+                    tracing::debug!(process = name, stream, "{line}");
+                }
             }
             Ok(None) => return,
             Err(e) => {

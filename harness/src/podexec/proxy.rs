@@ -47,16 +47,41 @@ stop_matching() {
 /// first (empty: none), at most 50 × 0.1 s: shorter than [`START_GRACE`], so a stop during the
 /// wait still sees the start marker and kills the proxy. The script's own arguments never contain
 /// `--endpoint=<socket>` as one word, so it cannot match itself.
+///
+/// The proxy runs as the script's child, not in its place: the container runtime kills an exec'd
+/// process when its exec stream breaks, and every exec stream of a node breaks when its kubelet
+/// restarts. The child survives that (with SIGPIPE ignored, so that its next log line to the
+/// broken stream does not kill it either: a Go program then gets EPIPE), so the restarted kubelet
+/// finds the plugin's sockets served. The script watches it and prints
+/// [`ALIVE_MARKER`] every [`HEARTBEAT`]; a stream that stays silent longer than
+/// [`HEARTBEAT_TIMEOUT`] is dead, and the next start adopts the proxy that still runs instead of
+/// starting another (its log lines then no longer reach this process).
 const START_SCRIPT: &str = r#"
-stop_matching "--endpoint=$3" || exit 1
-if [ -n "$5" ]; then
-  i=0
-  while [ ! -S "$5" ] && [ "$i" -lt 50 ]; do i=$((i+1)); sleep 0.1; done
-  [ -S "$5" ] || echo "$5 did not appear within 5s; starting anyway" >&2
+pid=$(matching "--endpoint=$3" | head -n 1)
+if [ -z "$pid" ]; then
+  if [ -n "$5" ]; then
+    i=0
+    while [ ! -S "$5" ] && [ "$i" -lt 50 ]; do i=$((i+1)); sleep 0.1; done
+    [ -S "$5" ] || echo "$5 did not appear within 5s; starting anyway" >&2
+  fi
+  (trap '' PIPE; exec "$1" "--v=$2" "--endpoint=$3" "--proxy-endpoint=$4") &
+  pid=$!
 fi
-echo "dra-e2e-proxy-started $$"
-exec "$1" "--v=$2" "--endpoint=$3" "--proxy-endpoint=$4"
+echo "dra-e2e-proxy-started $pid"
+while kill -0 "$pid" 2>/dev/null; do
+  echo "dra-e2e-proxy-alive"
+  sleep 2
+done
+wait "$pid" 2>/dev/null
+echo "proxy $pid ended"
 "#;
+
+/// Printed by the start script while its proxy runs, every [`HEARTBEAT`].
+const ALIVE_MARKER: &str = "dra-e2e-proxy-alive";
+/// How often the start script says that its proxy runs.
+const HEARTBEAT: Duration = Duration::from_secs(2);
+/// How long a start may stay silent before its exec stream counts as broken.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `$1` socket.
 const STOP_SCRIPT: &str = r#"
@@ -229,12 +254,26 @@ async fn run(
     loop {
         let began = Instant::now();
         let started = Arc::new(AtomicBool::new(false));
+        // When the script last said something: its heartbeat proves that the stream still works.
+        let heard = Arc::new(std::sync::Mutex::new(Instant::now()));
         let on_line = {
             let started = started.clone();
             let starts = starts.clone();
+            let heard = heard.clone();
             move |line: &str| {
+                *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
                 if line.starts_with(STARTED_MARKER) && !started.swap(true, Ordering::AcqRel) {
                     starts.send_modify(|n| *n += 1);
+                }
+                line != ALIVE_MARKER
+            }
+        };
+        let silent = async {
+            loop {
+                tokio::time::sleep(HEARTBEAT).await;
+                let last = *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if started.load(Ordering::Acquire) && last.elapsed() > HEARTBEAT_TIMEOUT {
+                    return last.elapsed();
                 }
             }
         };
@@ -242,6 +281,13 @@ async fn run(
         tokio::pin!(running);
         let ended = tokio::select! {
             ended = &mut running => ended,
+            quiet = silent => {
+                // The stream broke without ending (the node's kubelet restarted, say); the proxy
+                // may still run: the next start adopts it, at once.
+                tracing::info!(process = %name, silent_for = ?quiet, "proxy process's exec stream went silent; attaching again");
+                backoff = config.initial_backoff;
+                continue;
+            }
             _ = cancel.cancelled() => {
                 if !started.load(Ordering::Acquire) {
                     // Let a start in flight get far enough to be killed by the stop command.

@@ -168,11 +168,17 @@ impl Dialer for PortForwardDialer {
                     self.timeout
                 )));
             }
+            // A 404 comes from the API server (no such pod) or from the node's kubelet, which
+            // answers "pod does not exist" for a pod it has not synced yet, e.g. right after it
+            // restarted: the stored pod decides.
             Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
-                return Err(DialError::Gone(format!(
-                    "pod {}/{} not found: {}",
-                    self.pod.namespace, self.pod.name, status.message
-                )));
+                return Err(match check_pod(&self.pods, &self.pod).await {
+                    Err(gone) => DialError::Gone(format!("{gone}: {}", status.message)),
+                    Ok(()) => DialError::Retry(format!(
+                        "port-forward to pod {}/{} answered 404 ({}) while the pod exists: its kubelet does not know it (yet)",
+                        self.pod.namespace, self.pod.name, status.message
+                    )),
+                });
             }
             Ok(Err(e)) => return Err(DialError::Retry(e.to_string())),
             Ok(Ok(forwarder)) => forwarder,

@@ -10,5 +10,6 @@ mod tunnel_support;
 mod driver;
 mod faults;
 mod framework;
+mod restart;
 mod skew;
 mod tunnel;

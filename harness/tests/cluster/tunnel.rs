@@ -385,6 +385,7 @@ async fn exec_stream_close_leaves_the_remote_process_running() {
         {
             let _ = tx.send(());
         }
+        true
     };
     let argv = vec!["sh".into(), "-c".into(), "echo started; exec sleep 3601".into()];
     let run = exec.run_logged(argv, "sleeper", &on_line);

@@ -155,6 +155,16 @@ pub struct UpArgs {
     pub registry: bool,
 }
 
+/// Options of `cluster restart`.
+#[derive(Debug, Args)]
+pub struct RestartArgs {
+    /// The component, as `cluster status` names it: `kubelet-kind-worker`, `kube-apiserver`.
+    pub component: String,
+    /// The cluster provider (only the local one has components to restart).
+    #[arg(long, value_enum, default_value_t)]
+    pub provider: ProviderArg,
+}
+
 /// Options of `cluster build`.
 #[derive(Debug, Args)]
 pub struct BuildArgs {

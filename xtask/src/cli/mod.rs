@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 
 use self::{
     args::{
-        BuildArgs, BuildNodeImageArgs, ClusterArgs, LoadArgs, MutantsArgs, TestArgs, UpArgs,
+        BuildArgs, BuildNodeImageArgs, ClusterArgs, LoadArgs, MutantsArgs, RestartArgs, TestArgs, UpArgs,
         UpstreamSpecsArgs,
     },
     docker::DockerAction,
@@ -146,6 +146,11 @@ pub enum ClusterAction {
     Build(BuildArgs),
     /// Say what runs.
     Status(ClusterArgs),
+    /// Restart one component of the running local cluster (`kubelet-kind-worker`,
+    /// `kube-apiserver`, `containerd-kind-worker`, …; `cluster status` names them) as it was
+    /// started, and wait until it serves again: a kubelet until its node is Ready, the API server
+    /// until /readyz is ok. For trying a run against a restart.
+    Restart(RestartArgs),
 }
 
 /// Runs the parsed command line: converts each command's options into the plain ones it takes.
@@ -178,6 +183,15 @@ async fn run_cluster(action: ClusterAction) -> anyhow::Result<ExitCode> {
                 .up(&kind, args.nodes, overrides, registry, args.dry_run)
                 .await
                 .map(|_| ExitCode::SUCCESS)
+        }
+        ClusterAction::Restart(RestartArgs { component, provider }) => {
+            if Provider::from(provider) == Provider::Kind {
+                return Err(UsageError::new(format!(
+                    "cluster restart is for the local provider, whose components are processes xtask started; on a kind node restart the kubelet with `docker exec NODE systemctl restart kubelet` (not {component})"
+                ))
+                .into());
+            }
+            local::restart(&component).await.map(|()| ExitCode::SUCCESS)
         }
         ClusterAction::Load(args) => {
             image_archive::check(&args.archives)?;

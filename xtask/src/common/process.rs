@@ -14,8 +14,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use rustix::process::{Pid, Signal, WaitOptions, kill_process, waitpid};
 
-/// How to start one component.
-#[derive(Debug, Clone)]
+/// How to start one component (kept beside its PID record, so that it can be restarted).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessSpec {
     /// Short name: the key of its PID record and log file (`etcd`, `kubelet`, ...).
     pub name: String,
@@ -59,6 +59,10 @@ impl Supervisor {
         self.pid_dir.join(format!("{name}.pid"))
     }
 
+    fn spec_path(&self, name: &str) -> PathBuf {
+        self.pid_dir.join(format!("{name}.spec.json"))
+    }
+
     /// Starts a component detached from this process (own process group, stdin closed, output
     /// appended to its log) and records it.
     pub fn start(&self, spec: &ProcessSpec) -> Result<ProcessRecord> {
@@ -85,9 +89,21 @@ impl Supervisor {
         let start_time = read_start_time(pid)
             .with_context(|| format!("{} exited at once; see {}", spec.name, log_path.display()))?;
         let record = ProcessRecord { pid, start_time };
+        fs::write(self.spec_path(&spec.name), serde_json::to_vec_pretty(spec)?)?;
         fs::write(self.record_path(&spec.name), format!("{pid} {start_time}\n"))?;
         tracing::debug!(name = %spec.name, pid, "started");
         Ok(record)
+    }
+
+    /// How a component that runs was started; for one that has no record, says so and what runs.
+    pub fn spec(&self, name: &str) -> Result<ProcessSpec> {
+        let text = fs::read(self.spec_path(name)).map_err(|_| {
+            anyhow::anyhow!(
+                "the cluster started no component {name:?}; it runs: {}",
+                self.recorded().join(", ")
+            )
+        })?;
+        serde_json::from_slice(&text).with_context(|| format!("read how {name} was started"))
     }
 
     /// The record of a component, if it has one.
@@ -123,11 +139,14 @@ impl Supervisor {
             stop_process(record, grace).with_context(|| format!("stop {name} (pid {})", record.pid))?;
             tracing::debug!(name, pid = record.pid, elapsed = ?started.elapsed(), "stopped");
         }
-        match fs::remove_file(self.record_path(name)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
+        for path in [self.record_path(name), self.spec_path(name)] {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(())
     }
 
     /// The last `lines` lines of a component's log, for error messages.
@@ -266,9 +285,19 @@ mod tests {
         }
         assert_eq!(sup.record("sleeper"), Some(record));
         assert_eq!(sup.recorded(), vec!["sleeper".to_string()]);
+
+        // How it was started is kept, so that it can be started again the same way.
+        assert_eq!(sup.spec("sleeper").unwrap(), spec);
+        let unknown = sup.spec("waker").unwrap_err().to_string();
+        assert!(
+            unknown.contains("no component \"waker\"") && unknown.ends_with("it runs: sleeper"),
+            "{unknown}"
+        );
+
         sup.stop("sleeper", Duration::from_secs(5)).unwrap();
         assert!(!is_alive(record));
         assert!(sup.record("sleeper").is_none());
+        assert!(sup.spec("sleeper").is_err(), "a stopped component keeps its start");
     }
 
     #[test]

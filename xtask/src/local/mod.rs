@@ -19,6 +19,7 @@ mod old_kubelet;
 mod pki;
 mod probes;
 pub(crate) mod registry;
+mod restart;
 mod status;
 mod stop;
 pub(crate) mod teardown;
@@ -563,15 +564,17 @@ fn node_up_since(node: &Node, kubelet_version: &str, since: k8s_openapi::jiff::T
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .and_then(|c| c.last_heartbeat_time.as_ref())
         .map(|t| t.0);
+    node_untainted_ready(node) && reported == Some(kubelet_version) && heartbeat.is_some_and(|t| t >= since)
+}
+
+/// Whether the node is Ready and carries no not-ready or unreachable taint.
+fn node_untainted_ready(node: &Node) -> bool {
     let tainted = node
         .spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|ts| ts.iter().any(|t| NOT_READY_TAINTS.contains(&t.key.as_str())));
-    node_is_ready(node)
-        && reported == Some(kubelet_version)
-        && heartbeat.is_some_and(|t| t >= since)
-        && !tainted
+    node_is_ready(node) && !tainted
 }
 
 /// `cluster up --provider local [--nodes N] [--feature-gates …] [--runtime-config …]
@@ -608,6 +611,8 @@ pub fn build(
     }
     Ok(())
 }
+
+pub use restart::restart;
 
 /// `cluster down --provider local`.
 pub async fn down() -> Result<()> {
