@@ -23,6 +23,7 @@ mod background;
 mod budget;
 mod cluster_tests;
 pub(crate) mod kind_lane;
+mod restarts;
 
 pub use budget::StepStart;
 
@@ -239,6 +240,29 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
             for (name, suite_args) in suite_runs(&repo).into_iter().take_while(|_| go_on()) {
                 let t = StepStart::now();
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
+            }
+            if go_on() {
+                let t = StepStart::now();
+                let result = match restarts::cluster_test() {
+                    Ok((cmd, restart)) => cargo(
+                        &repo,
+                        &cmd,
+                        &[
+                            ("DRA_E2E_KUBECONFIG", kubeconfig.as_path()),
+                            ("DRA_E2E_RESTART_KUBELET", Path::new(&restart)),
+                        ],
+                    ),
+                    Err(e) => Err(e),
+                };
+                step(
+                    "restart cluster test: a kubelet restarted under a running pod (harness/tests/cluster/restart.rs)",
+                    result,
+                    t,
+                );
+            }
+            for run in restarts::restart_runs().iter().take_while(|_| go_on()) {
+                let t = StepStart::now();
+                step(run.name, restarts::run_with_restart(&repo, &cluster, run).await, t);
             }
             for lane in lanes.into_iter().take_while(|_| go_on()) {
                 let t = match &lane.build {

@@ -69,6 +69,13 @@ pub trait ClusterBackend: Send + Sync + 'static {
     /// The admin client specs get on their [`Ctx`](crate::Ctx).
     fn client(&self) -> kube::Client;
 
+    /// Whether the run watches this cluster for disruptions (the API server not answering, a
+    /// kubelet starting again) and names those a failed spec overlapped in its message. By
+    /// default not (a backend without a real API server behind its client).
+    fn watches_disruptions(&self) -> bool {
+        false
+    }
+
     /// The admin client for long-lived streams (port-forward tunnels, exec): by default the
     /// same as [`client`](Self::client).
     fn stream_client(&self) -> kube::Client {

@@ -212,6 +212,10 @@ impl ClusterBackend for KubeBackend {
         self.client.clone()
     }
 
+    fn watches_disruptions(&self) -> bool {
+        true
+    }
+
     fn stream_client(&self) -> Client {
         self.stream_client.clone()
     }

@@ -2,6 +2,7 @@
 //! found, the run's identity and Lease, and the sweep of gone runs' leftovers.
 
 pub(crate) mod backend;
+pub(crate) mod disruptions;
 pub(crate) mod holder;
 pub(crate) mod kube_backend;
 pub(crate) mod leftovers;

@@ -13,6 +13,7 @@ use tracing::Instrument as _;
 
 use crate::{
     cluster::backend::{ClusterBackend, NamespaceRequest},
+    cluster::disruptions::Disruptions,
     cluster::preflight::ClusterInfo,
     duration, names,
     report::json_report::{self, JsonConfig},
@@ -28,7 +29,9 @@ use crate::{
     run::options::RunOptions,
     run::order,
     run::phases::{Phases, SetupMark},
-    run::spec_end::{Execution, body_outcome, stop_body, with_failures, write_failure_files},
+    run::spec_end::{
+        Execution, body_outcome, stop_body, with_disruptions, with_failures, write_failure_files,
+    },
     run::spec_tasks::SpecTasks,
     select::selection::Selection,
     spec::ctx::{Ctx, CtxParts},
@@ -50,6 +53,8 @@ struct Env {
     cluster: Arc<ClusterInfo>,
     options: RunOptions,
     interrupt: CancellationToken,
+    /// What happened to the cluster meanwhile, named in failed specs' messages.
+    disruptions: Option<Disruptions>,
 }
 
 /// Runs the selected specs of `registry` against `backend`.
@@ -130,11 +135,15 @@ pub async fn run_with_backend(
         cluster: &cluster,
     }));
 
+    let disruptions = backend
+        .watches_disruptions()
+        .then(|| Disruptions::watch(backend.client(), std::time::SystemTime::now()));
     let env = Arc::new(Env {
         hooks,
         stop_new: CancellationToken::new(),
         backend,
         cluster: Arc::new(cluster),
+        disruptions,
         options,
         interrupt,
     });
@@ -349,6 +358,12 @@ async fn run_spec(
         reports
     };
     run.outcome = with_failures(run.outcome, deferred.iter().filter_map(CheckReport::failure).collect());
+    if run.outcome.is_failed()
+        && let Some(disruptions) = &env.disruptions
+    {
+        run.outcome =
+            with_disruptions(run.outcome, disruptions.during(started_at, std::time::SystemTime::now()));
+    }
     span.in_scope(|| {
         tracing::info!(
             target: OUTCOME_TARGET,

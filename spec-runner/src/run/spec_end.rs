@@ -65,6 +65,22 @@ pub(crate) fn with_failures(outcome: Outcome, list: Vec<String>) -> Outcome {
     }
 }
 
+/// A failed `outcome` with what disrupted the cluster while the spec ran (a restart, say: see
+/// [`Disruptions`](crate::cluster::disruptions::Disruptions)); other outcomes stay.
+pub(crate) fn with_disruptions(outcome: Outcome, during: Vec<String>) -> Outcome {
+    match outcome {
+        Outcome::Failed { kind, message, details } if !during.is_empty() => {
+            let said = format!("while it ran, the cluster was disrupted: {}", during.join("; "));
+            Outcome::Failed {
+                kind,
+                message: format!("{message}; {said}"),
+                details: format!("{details}\n\n{said}"),
+            }
+        }
+        other => other,
+    }
+}
+
 /// What the body's task ended with.
 pub(crate) fn body_outcome(joined: Result<Result<(), SpecError>, tokio::task::JoinError>) -> Outcome {
     match joined {

@@ -1,0 +1,162 @@
+//! The restart steps of `cargo xtask test` on the local cluster: the suites while a component
+//! restarts under them. The restart cluster test (harness/tests/cluster/restart.rs) restarts a
+//! node's kubelet under a running pod; then the kubelet suites run while kind-worker's kubelet
+//! restarts, and the other suites (control plane, CRUD, …) while the API server restarts.
+//!
+//! A restart run passes when every spec passed, or when every spec that failed names the
+//! restart (dra-e2e adds to a failed spec's message what disrupted the cluster while it ran: the
+//! API server not answering, a kubelet starting again); a failure that does not name it fails
+//! the step. And nothing may be left: no namespace of a run once it ended.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{Api, api::ListParams};
+
+use crate::{e2e, local::LocalCluster};
+
+/// What a failed spec's message says when a disruption overlapped it (spec-runner's
+/// `with_disruptions`).
+const NAMES_THE_DISRUPTION: &str = "the cluster was disrupted";
+
+/// The label of every namespace a dra-e2e run creates (spec-runner's `MANAGED_BY_LABEL`; xtask
+/// does not link the harness outside its tests).
+const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "dra-e2e");
+
+/// One run of suites with a restart in the middle.
+pub(crate) struct RestartRun {
+    /// The step's name.
+    pub name: &'static str,
+    /// The component restarted (`cluster restart`'s name).
+    pub component: &'static str,
+    /// How long after the run's start.
+    pub after: Duration,
+    /// dra-e2e's selection.
+    pub selection: &'static [&'static str],
+    /// The JSON report's and JUnit's file stem.
+    pub report: &'static str,
+}
+
+/// The restart runs, in order.
+pub(crate) fn restart_runs() -> Vec<RestartRun> {
+    vec![
+        RestartRun {
+            name: "e2e: kubelet suites, kind-worker's kubelet restarted 50 s in",
+            component: "kubelet-kind-worker",
+            after: Duration::from_secs(50),
+            selection: &["--focus", "kubelet", "--skip", super::WORKLOAD_FOCUS],
+            report: "restart-kubelet",
+        },
+        RestartRun {
+            name: "e2e: control plane and the other non-kubelet suites, the API server restarted 40 s in",
+            component: "kube-apiserver",
+            after: Duration::from_secs(40),
+            selection: &["--skip", "kubelet"],
+            report: "restart-apiserver",
+        },
+    ]
+}
+
+/// The restart cluster test's cargo arguments, and the command it restarts a kubelet with.
+pub(crate) fn cluster_test() -> Result<(Vec<&'static str>, String)> {
+    let xtask = std::env::current_exe().context("find the xtask binary")?;
+    let restart = format!("{} cluster restart kubelet-{{node}}", xtask.display());
+    Ok((vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "restart::"], restart))
+}
+
+/// Runs the suites of `run` against `cluster`, restarting its component `run.after` into the
+/// run, and judges the outcome (see the module docs).
+pub(crate) async fn run_with_restart(repo: &Path, cluster: &LocalCluster, run: &RestartRun) -> Result<()> {
+    let out = e2e::target_dir(repo).join("e2e");
+    let json = out.join(format!("{}.json", run.report));
+    let mut args = super::suite_args(repo, run.selection, run.report);
+    args.extend(["--json-report".to_owned(), json.display().to_string()]);
+    let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
+    let kubeconfig = cluster.kubeconfig();
+    let suites = e2e::run_runner(&runner, &kubeconfig, &args);
+    let restart = async {
+        tokio::time::sleep(run.after).await;
+        cluster.restart(run.component).await
+    };
+    let (code, restarted) = tokio::join!(suites, restart);
+    let code = code?;
+    restarted.with_context(|| format!("restart {} in the middle of the run", run.component))?;
+    let unexplained = if code == 0 { Vec::new() } else { failures_not_naming_a_disruption(&json)? };
+    if !unexplained.is_empty() {
+        bail!(
+            "{} spec(s) failed without naming the restart of {} ({} after the start): {}",
+            unexplained.len(),
+            run.component,
+            crate::progress::human(run.after),
+            unexplained.join("; ")
+        );
+    }
+    if code != 0 {
+        eprintln!("    every spec that failed names the restart of {}", run.component);
+    }
+    no_namespace_left(cluster).await
+}
+
+/// The failed specs of a dra-e2e JSON report whose message does not name a disruption: `name:
+/// message`.
+fn failures_not_naming_a_disruption(json: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(json).with_context(|| format!("read {}", json.display()))?;
+    let reports: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", json.display()))?;
+    Ok(unexplained_failures(&reports))
+}
+
+fn unexplained_failures(reports: &serde_json::Value) -> Vec<String> {
+    let mut left = Vec::new();
+    for report in reports.as_array().into_iter().flatten() {
+        for spec in report["SpecReports"].as_array().into_iter().flatten() {
+            let state = spec["State"].as_str().unwrap_or_default();
+            if matches!(state, "passed" | "skipped" | "pending") {
+                continue;
+            }
+            let message = spec["Failure"]["Message"].as_str().unwrap_or_default();
+            if !message.contains(NAMES_THE_DISRUPTION) {
+                let name = spec["LeafNodeText"].as_str().unwrap_or("(unnamed spec)");
+                left.push(format!("{name} ({state}): {message}"));
+            }
+        }
+    }
+    left
+}
+
+/// Fails when a namespace of a dra-e2e run is left.
+async fn no_namespace_left(cluster: &LocalCluster) -> Result<()> {
+    let (key, value) = MANAGED_BY_LABEL;
+    let api: Api<Namespace> = Api::all(cluster.admin_client().await?);
+    let left = api.list(&ListParams::default().labels(&format!("{key}={value}"))).await?;
+    let names: Vec<String> = left.items.into_iter().filter_map(|n| n.metadata.name).collect();
+    if !names.is_empty() {
+        bail!("the run left namespaces behind: {}", names.join(", "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_label_is_the_runners() {
+        assert_eq!(MANAGED_BY_LABEL, harness::framework::MANAGED_BY_LABEL);
+    }
+
+    #[test]
+    fn only_failures_that_do_not_name_a_disruption_count() {
+        let reports = serde_json::json!([{ "SpecReports": [
+            { "State": "passed", "LeafNodeText": "a" },
+            { "State": "failed", "LeafNodeText": "b", "Failure": { "Message": "timed out; while it ran, the cluster was disrupted: the kubelet of node kind-worker started again at 17:06:47 (3.0 s into the spec)" } },
+            { "State": "failed", "LeafNodeText": "c", "Failure": { "Message": "expected 1 call, saw 2" } },
+            { "State": "skipped", "LeafNodeText": "d" },
+            { "State": "timedout", "LeafNodeText": "e", "Failure": { "Message": "timed out" } },
+        ]}]);
+        let left = unexplained_failures(&reports);
+        assert_eq!(left, ["c (failed): expected 1 call, saw 2", "e (timedout): timed out"]);
+    }
+}
