@@ -271,20 +271,13 @@ impl ClusterBackend for KubeBackend {
         timeout: Duration,
     ) -> Result<(), ClusterError> {
         let api = Api::<Namespace>::all(self.client.clone());
-        let gone = kube::runtime::wait::await_condition(
-            api.clone(),
-            &namespace.name,
-            kube::runtime::conditions::is_deleted(&namespace.uid),
-        );
+        let gone = await_deleted(api.clone(), &namespace.name, &namespace.uid);
         let waiting =
             crate::run::monitor::waiting(format!("namespace {} to be gone", namespace.name), Some(timeout));
         let waited = tokio::time::timeout(timeout, gone).await;
         drop(waiting);
         match waited {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => {
-                Err(ClusterError::Other(format!("wait for namespace {} to be gone: {e}", namespace.name)))
-            }
+            Ok(()) => Ok(()),
             Err(_) => {
                 // Say what holds the namespace up (the namespace controller's conditions).
                 let remaining = match api.get_opt(&namespace.name).await {
@@ -462,6 +455,29 @@ async fn pod_logs(client: &Client, ns: &str, pod: &Pod, logs_dir: &Path) -> Resu
 
 /// Watches the pods of `api`'s namespace until there are none (a watch, not a poll: it ends at
 /// the event that removes the last one).
+/// Waits until the object `name` with `uid` is gone. A failed watch (the API server restarting,
+/// say) is retried each second; the caller bounds the wait.
+pub(crate) async fn await_deleted<K>(api: Api<K>, name: &str, uid: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    loop {
+        match kube::runtime::wait::await_condition(
+            api.clone(),
+            name,
+            kube::runtime::conditions::is_deleted(uid),
+        )
+        .await
+        {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(name, error = %e, "watching for the deletion failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
 async fn until_no_pods(api: Api<Pod>) -> Result<(), kube::runtime::watcher::Error> {
     use futures::StreamExt as _;
     use kube::runtime::{WatchStreamExt as _, reflector, watcher};
@@ -470,7 +486,16 @@ async fn until_no_pods(api: Api<Pod>) -> Result<(), kube::runtime::watcher::Erro
     let mut events = std::pin::pin!(events);
     let mut listed = false;
     while let Some(event) = events.next().await {
-        match event? {
+        // A failed watch (the API server restarting, say) is retried with backoff; only the
+        // caller's timeout ends the wait.
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                tracing::debug!(error = %e, "watching pods failed; retrying");
+                continue;
+            }
+        };
+        match event {
             watcher::Event::InitDone => listed = true,
             watcher::Event::Init | watcher::Event::InitApply(_) => continue,
             watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}

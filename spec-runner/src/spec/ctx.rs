@@ -403,9 +403,7 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let _waiting = crate::run::monitor::waiting(format!("{kind} {name} to be gone"), None);
-    kube::runtime::wait::await_condition(api, name, kube::runtime::conditions::is_deleted(uid))
-        .await
-        .with_context(|| format!("wait for {kind} {name} to be gone"))?;
+    crate::cluster::kube_backend::await_deleted(api, name, uid).await;
     tracing::debug!("{kind} {name} is gone");
     Ok(())
 }
