@@ -243,17 +243,15 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
             }
             if go_on() {
                 let t = StepStart::now();
-                let result = match restarts::cluster_test() {
-                    Ok((cmd, restart)) => cargo(
-                        &repo,
-                        &cmd,
-                        &[
-                            ("DRA_E2E_KUBECONFIG", kubeconfig.as_path()),
-                            ("DRA_E2E_RESTART_KUBELET", Path::new(&restart)),
-                        ],
-                    ),
-                    Err(e) => Err(e),
-                };
+                let (cmd, restart) = restarts::cluster_test();
+                let result = cargo(
+                    &repo,
+                    &cmd,
+                    &[
+                        ("DRA_E2E_KUBECONFIG", kubeconfig.as_path()),
+                        ("DRA_E2E_RESTART_KUBELET", Path::new(&restart)),
+                    ],
+                );
                 step(
                     "restart cluster test: a kubelet restarted under a running pod (harness/tests/cluster/restart.rs)",
                     result,
