@@ -115,8 +115,10 @@ fn event_time(event: &Event) -> Option<SystemTime> {
 }
 
 fn describe(seen: &[Disruption], from: SystemTime, to: SystemTime) -> Vec<String> {
-    // Event times carry whole seconds: a start in the spec's first second counts.
+    // Event times carry whole seconds: a start in the spec's first second counts. A probe sees
+    // an outage up to a round late: one that began just after the spec's end counts too.
     let early = from.checked_sub(Duration::from_secs(1)).unwrap_or(from);
+    let to = to + PROBE_EVERY + Duration::from_secs(1);
     let into = |t: SystemTime| match t.duration_since(from) {
         Ok(d) => format!("{:.1} s into the spec", d.as_secs_f64()),
         Err(e) => format!("{:.1} s before the spec", e.duration().as_secs_f64()),
@@ -175,8 +177,9 @@ mod tests {
             Disruption { from: at(50), to: Some(at(50)), what: "the kubelet of node n started again".into() },
             Disruption { from: at(90), to: None, what: "the API server did not answer (y)".into() },
         ];
-        assert!(describe(&seen, at(0), at(10)).is_empty(), "before the outage");
-        assert!(describe(&seen, at(32), at(49)).is_empty(), "between them");
+        assert!(describe(&seen, at(0), at(8)).is_empty(), "before the outage");
+        assert_eq!(describe(&seen, at(0), at(9)).len(), 1, "a probe may see an outage a round late");
+        assert!(describe(&seen, at(32), at(47)).is_empty(), "between them");
         let during = describe(&seen, at(20), at(60));
         assert_eq!(during.len(), 2, "{during:?}");
         assert!(during[0].starts_with("the API server did not answer (x) from "), "{during:?}");

@@ -239,13 +239,25 @@ impl ClusterBackend for KubeBackend {
             },
             ..Namespace::default()
         };
-        let created = Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .map_err(|source| ClusterError::Kube {
-                what: format!("create namespace with generateName {}", request.generate_name),
-                source,
-            })?;
+        let api = Api::<Namespace>::all(self.client.clone());
+        // A request that never reached the API server (restarting, say) is sent again each
+        // second; the runner bounds the whole. Only those: a create that may have been done is
+        // not repeated (its generated name would leave a second namespace).
+        let created = loop {
+            match api.create(&PostParams::default(), &ns).await {
+                Ok(created) => break created,
+                Err(e) if is_connect_error(&e) => {
+                    tracing::debug!(error = %e, "the API server took no connection; creating the namespace again in 1s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(source) => {
+                    return Err(ClusterError::Kube {
+                        what: format!("create namespace with generateName {}", request.generate_name),
+                        source,
+                    });
+                }
+            }
+        };
         let name = created.metadata.name.unwrap_or_default();
         let uid = created.metadata.uid.unwrap_or_default();
         if name.is_empty() || uid.is_empty() {
@@ -455,6 +467,18 @@ async fn pod_logs(client: &Client, ns: &str, pod: &Pod, logs_dir: &Path) -> Resu
 
 /// Watches the pods of `api`'s namespace until there are none (a watch, not a poll: it ends at
 /// the event that removes the last one).
+/// Whether the request failed before it was sent: no connection to the API server.
+fn is_connect_error(error: &kube::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if e.downcast_ref::<hyper_util::client::legacy::Error>().is_some_and(|e| e.is_connect()) {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// Waits until the object `name` with `uid` is gone. A failed watch (the API server restarting,
 /// say) is retried each second; the caller bounds the wait.
 pub(crate) async fn await_deleted<K>(api: Api<K>, name: &str, uid: &str)

@@ -1,8 +1,8 @@
 //! The restart steps of `cargo xtask test` on the local cluster: the suites while a component
 //! restarts under them. The restart cluster test (harness/tests/cluster/restart.rs) restarts a
 //! node's kubelet under a running pod; then the kubelet suites run while kind-worker's kubelet
-//! restarts, and the control plane suites while the API server restarts 5 s in (SIGTERM; it takes
-//! the 15 s grace and a SIGKILL here, so it is gone for about 18 s).
+//! restarts, 50 s after the run's first spec started (a restart during the run's preflight or its
+//! sweep would only make it refuse to start).
 //!
 //! A restart run passes when every spec passed, or when every spec that failed names the
 //! restart (dra-e2e adds to a failed spec's message what disrupted the cluster while it ran: the
@@ -28,13 +28,16 @@ const NAMES_THE_DISRUPTION: &str = "the cluster was disrupted";
 /// does not link the harness outside its tests).
 const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "dra-e2e");
 
+/// How long a run may take to start its first spec.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// One run of suites with a restart in the middle.
 pub(crate) struct RestartRun {
     /// The step's name.
     pub name: &'static str,
     /// The component restarted (`cluster restart`'s name).
     pub component: &'static str,
-    /// How long after the run's start.
+    /// How long after the run's first spec started.
     pub after: Duration,
     /// dra-e2e's selection.
     pub selection: &'static [&'static str],
@@ -44,24 +47,13 @@ pub(crate) struct RestartRun {
 
 /// The restart runs, in order.
 pub(crate) fn restart_runs() -> Vec<RestartRun> {
-    vec![
-        RestartRun {
-            name: "e2e: kubelet suites, kind-worker's kubelet restarted 50 s in",
-            component: "kubelet-kind-worker",
-            after: Duration::from_secs(50),
-            selection: &["--focus", "kubelet", "--skip", super::WORKLOAD_FOCUS],
-            report: "restart-kubelet",
-        },
-        RestartRun {
-            // The 34 specs take about 16 s on a quiet machine: the restart (SIGTERM at 5 s, gone
-            // until about 23 s) falls on specs in flight.
-            name: "e2e: control plane suites, the API server restarted 5 s in",
-            component: "kube-apiserver",
-            after: Duration::from_secs(5),
-            selection: &["--focus", "control plane", "--skip", "kubelet"],
-            report: "restart-apiserver",
-        },
-    ]
+    vec![RestartRun {
+        name: "e2e: kubelet suites, kind-worker's kubelet restarted 50 s in",
+        component: "kubelet-kind-worker",
+        after: Duration::from_secs(50),
+        selection: &["--focus", "kubelet", "--skip", super::WORKLOAD_FOCUS],
+        report: "restart-kubelet",
+    }]
 }
 
 /// The restart cluster test's cargo arguments, and the command it restarts a kubelet with:
@@ -86,7 +78,14 @@ pub(crate) async fn run_with_restart(repo: &Path, cluster: &LocalCluster, run: &
         let code = e2e::run_runner(&runner, &kubeconfig, &args).await;
         (code, Instant::now())
     };
+    let client = cluster.admin_client().await?;
+    let earlier = run_namespaces(&client).await?;
     let restart = async {
+        // From the moment the first spec started (a restart during the run's preflight or its
+        // sweep of earlier runs' leftovers would only make it refuse to start).
+        if let Err(e) = wait_for_first_spec(&client, &earlier).await {
+            return (Instant::now(), Err(e));
+        }
         tokio::time::sleep(run.after).await;
         (Instant::now(), cluster.restart(run.component).await)
     };
@@ -141,6 +140,30 @@ fn unexplained_failures(reports: &serde_json::Value) -> Vec<String> {
         }
     }
     left
+}
+
+/// The namespaces of dra-e2e runs (labelled [`MANAGED_BY_LABEL`]).
+async fn run_namespaces(client: &kube::Client) -> Result<Vec<String>> {
+    let (key, value) = MANAGED_BY_LABEL;
+    let api: Api<Namespace> = Api::all(client.clone());
+    let list = api.list(&ListParams::default().labels(&format!("{key}={value}"))).await?;
+    Ok(list.items.into_iter().filter_map(|n| n.metadata.name).collect())
+}
+
+/// Waits until a spec's namespace that is not in `earlier` exists: the run's specs started.
+async fn wait_for_first_spec(client: &kube::Client, earlier: &[String]) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Ok(now) = run_namespaces(client).await
+            && now.iter().any(|name| !earlier.contains(name))
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("no spec of the run started within {}", crate::progress::human(START_TIMEOUT));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Fails when a namespace of a dra-e2e run is left.
