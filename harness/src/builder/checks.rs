@@ -172,6 +172,23 @@ impl Builder {
                     reserved.iter().map(|r| format!("{}/{}", r.resource, r.name)).collect::<Vec<_>>()
                 )));
             }
+            // The pod's node must be one the allocation reaches (the scheduler's filter; a claim
+            // allocated before the pod, shared or external, must pull the pod to its node).
+            let selector = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.node_selector.as_ref());
+            if let (Some(selector), Some(node)) = (selector, node_name(pod)) {
+                let nodes: Api<Node> = Api::all(self.inner.ctx.client().clone());
+                let node_obj = nodes.get(node).await.map_err(api_error(format!("get node {node}")))?;
+                if node_selector_admits(selector, &node_obj) == Some(false) {
+                    return Err(problem(format!(
+                        "the pod was scheduled to node {node}, which the claim's allocation does not reach (its nodeSelector: {})",
+                        serde_json::to_string(selector).unwrap_or_default()
+                    )));
+                }
+            }
             let lines = allocation_env(self.driver_name(), claim).map_err(&problem)?;
             check_env(&parse_env(&lines.join("\n")), env).map_err(|e| {
                 problem(format!("the allocation's configuration would not give the expected env: {e}"))

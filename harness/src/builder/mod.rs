@@ -34,7 +34,7 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    core::v1::{Container, Pod},
+    core::v1::{Container, Node, Pod},
     resource::v1::{
         DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate,
         ResourceSlice,
@@ -58,7 +58,7 @@ pub use env::{ExecOutput, allocation_env, check_env, driver_env_lines, exec, par
 pub use objects::Objects;
 pub use pods::{
     allocation_results, condition, env_checking_init_container, extended_resource_claim_name, is_allocated,
-    node_name, phase, pod_claim_names, prepared_results,
+    node_name, node_selector_admits, phase, pod_claim_names, prepared_results,
 };
 pub use workloads::POD_GROUP_TEMPLATE;
 
