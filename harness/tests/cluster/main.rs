@@ -10,6 +10,7 @@ mod tunnel_support;
 mod driver;
 mod faults;
 mod framework;
+mod one_spec;
 mod restart;
 mod skew;
 mod tunnel;

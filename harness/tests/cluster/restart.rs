@@ -13,32 +13,22 @@
 //! ```
 #![allow(clippy::unwrap_used)]
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::time::Duration;
 
 use harness::{
     builder::Builder,
     calls::{ClaimCalls, Method},
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{
-        Ctx, KubeBackend, Output, Registry, RunOptions, Selection, SpecResult, init_tracing, run_with_backend,
-    },
+    framework::{Ctx, SpecResult},
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
+
+use crate::one_spec::run_one_spec;
 
 /// How long the restarted kubelet gets to register the plugin again, and to unprepare a claim.
 const KUBELET_WAIT: Duration = Duration::from_secs(90);
-
-fn kubeconfig() -> PathBuf {
-    match std::env::var_os("DRA_E2E_KUBECONFIG") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "DRA_E2E_KUBECONFIG is not set: run these tests through `cargo xtask test`, or set it to an admin kubeconfig"
-        ),
-    }
-}
 
 /// Runs `DRA_E2E_RESTART_KUBELET` for `node` and waits until it returns.
 async fn restart_kubelet(node: &str) -> Result<(), String> {
@@ -134,22 +124,5 @@ async fn body(ctx: Ctx) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts a node's kubelet: run via cargo xtask test"]
 async fn a_restarted_kubelet_registers_the_plugin_again_and_keeps_its_claims() {
-    init_tracing();
-    let backend = Arc::new(KubeBackend::connect(Some(&kubeconfig())).await.unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let (output, buffer) = Output::capture();
-    let options = RunOptions {
-        artifacts: dir.path().join("artifacts"),
-        default_timeout: Duration::from_secs(400),
-        namespace_timeout: Duration::from_secs(120),
-        output,
-        ..RunOptions::default()
-    };
-    let mut reg = Registry::new();
-    reg.describe("[restart]", |r| {
-        r.it("kubelet restart", body);
-    });
-    let report = run_with_backend(reg, &Selection::all(), options, backend, CancellationToken::new()).await;
-    let output = buffer.contents();
-    assert_eq!((report.passed(), report.failed(), report.skipped()), (1, 0, 0), "{output}");
+    run_one_spec("[restart]", "kubelet restart", body).await;
 }

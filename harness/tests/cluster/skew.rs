@@ -17,30 +17,19 @@
 //! `v1alpha1.DRAResourceHealth`.
 #![allow(clippy::unwrap_used)]
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::time::Duration;
 
 use harness::{
     builder::Builder,
     calls::{DraApi, HealthApi, Method},
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{
-        ClusterBackend as _, Ctx, KubeBackend, KubeVersion, Output, Registry, RunOptions, Selection,
-        SpecResult, init_tracing, run_with_backend,
-    },
+    framework::{Ctx, KubeVersion, SpecResult},
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
-fn kubeconfig() -> PathBuf {
-    match std::env::var_os("DRA_E2E_KUBECONFIG") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "DRA_E2E_KUBECONFIG is not set: run these tests through `cargo xtask test`, or set it to an admin kubeconfig"
-        ),
-    }
-}
+use crate::one_spec::run_one_spec;
 
 /// The `DRAPlugin` versions a kubelet knows, newest first.
 fn kubelet_dra_apis(kubelet: KubeVersion) -> &'static [DraApi] {
@@ -162,23 +151,5 @@ async fn old_kubelet_body(ctx: Ctx) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the skew lane's cluster: run via cargo xtask test"]
 async fn an_old_kubelet_prepares_through_the_proxy_with_the_api_version_it_chooses() {
-    init_tracing();
-    let backend = Arc::new(KubeBackend::connect(Some(&kubeconfig())).await.unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let (output, buffer) = Output::capture();
-    let options = RunOptions {
-        artifacts: dir.path().join("artifacts"),
-        default_timeout: Duration::from_secs(400),
-        namespace_timeout: Duration::from_secs(120),
-        output,
-        ..RunOptions::default()
-    };
-    let mut reg = Registry::new();
-    reg.describe("[skew]", |r| {
-        r.it("old kubelet", old_kubelet_body);
-    });
-    let _client = backend.client();
-    let report = run_with_backend(reg, &Selection::all(), options, backend, CancellationToken::new()).await;
-    let output = buffer.contents();
-    assert_eq!((report.passed(), report.failed(), report.skipped()), (1, 0, 0), "{output}");
+    run_one_spec("[skew]", "old kubelet", old_kubelet_body).await;
 }
