@@ -8,19 +8,12 @@
 //! Every test fails (never passes silently) when `DRA_E2E_KUBECONFIG` is unset.
 #![allow(clippy::unwrap_used)]
 
-use std::{
-    path::PathBuf,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::sync::{Arc, Mutex};
 
 use harness::{
     builder::Builder,
     driver::{Driver, DriverConfig, Nodes, resources},
-    framework::{
-        ClusterBackend as _, Ctx, KubeBackend, Output, Registry, RunOptions, RunReport, Selection,
-        SpecResult, init_tracing, run_with_backend,
-    },
+    framework::{Ctx, Registry, SpecResult},
     manifests::INSTANCE_LABEL,
 };
 use k8s_openapi::api::{
@@ -34,16 +27,8 @@ use kube::{
     api::{ListParams, PostParams},
 };
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
-pub(crate) fn kubeconfig() -> PathBuf {
-    match std::env::var_os("DRA_E2E_KUBECONFIG") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "DRA_E2E_KUBECONFIG is not set: run these tests through `cargo xtask test`, or set it to an admin kubeconfig"
-        ),
-    }
-}
+use crate::run::run;
 
 /// Names of what a spec created, for the checks after the run.
 #[derive(Default, Clone)]
@@ -56,24 +41,6 @@ impl Created {
     fn all(&self) -> Vec<(&'static str, String)> {
         self.0.lock().unwrap().clone()
     }
-}
-
-pub(crate) async fn run(registry: Registry) -> (RunReport, String, Client) {
-    init_tracing();
-    let backend = Arc::new(KubeBackend::connect(Some(&kubeconfig())).await.unwrap());
-    let client = backend.client();
-    let dir = tempfile::tempdir().unwrap();
-    let (output, buffer) = Output::capture();
-    let options = RunOptions {
-        artifacts: dir.path().join("artifacts"),
-        default_timeout: Duration::from_secs(300),
-        namespace_timeout: Duration::from_secs(120),
-        output,
-        ..RunOptions::default()
-    };
-    let report =
-        run_with_backend(registry, &Selection::all(), options, backend, CancellationToken::new()).await;
-    (report, buffer.contents(), client)
 }
 
 /// After the run every recorded object is gone.

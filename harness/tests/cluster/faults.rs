@@ -29,7 +29,10 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::driver::{Created, assert_nothing_left, run};
+use crate::{
+    driver::{Created, assert_nothing_left},
+    run::run,
+};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -243,7 +246,7 @@ async fn dropped_connections_body(ctx: Ctx, created: Created, api: String) -> Sp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
 async fn tunnels_and_proxies_come_back_after_their_connections_are_closed() {
-    let kubeconfig = kube::config::Kubeconfig::read_from(crate::driver::kubeconfig()).unwrap();
+    let kubeconfig = kube::config::Kubeconfig::read_from(crate::run::kubeconfig()).unwrap();
     let server = kubeconfig.clusters[0].cluster.as_ref().unwrap().server.clone().unwrap();
     let api = server.trim_start_matches("https://").trim_end_matches('/').to_owned();
     let created = Created::default();

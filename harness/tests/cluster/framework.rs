@@ -36,19 +36,12 @@ use kube::{
 use tokio::{io::AsyncBufReadExt as _, sync::Barrier, time::timeout};
 use tokio_util::sync::CancellationToken;
 
+use crate::run::kubeconfig;
+
 /// The test pods' image (imported into the local cluster, never pulled).
 const BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
 /// Label the self-test binary puts on its namespaces and DeviceClasses.
 const SELFTEST_LABEL: &str = "dra-e2e.k8s.io/selftest";
-
-fn kubeconfig() -> PathBuf {
-    match std::env::var_os("DRA_E2E_KUBECONFIG") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "DRA_E2E_KUBECONFIG is not set: run these tests through `cargo xtask test`, or set it to an admin kubeconfig"
-        ),
-    }
-}
 
 async fn backend() -> Arc<KubeBackend> {
     init_tracing();

@@ -10,7 +10,7 @@ mod tunnel_support;
 mod driver;
 mod faults;
 mod framework;
-mod one_spec;
 mod restart;
+mod run;
 mod skew;
 mod tunnel;

@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 use serde_json::json;
 
-use crate::one_spec::run_one_spec;
+use crate::run::run_one_spec;
 
 /// How long the restarted kubelet gets to register the plugin again, and to unprepare a claim.
 const KUBELET_WAIT: Duration = Duration::from_secs(90);

@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::ListParams};
 use serde_json::json;
 
-use crate::one_spec::run_one_spec;
+use crate::run::run_one_spec;
 
 /// The `DRAPlugin` versions a kubelet knows, newest first.
 fn kubelet_dra_apis(kubelet: KubeVersion) -> &'static [DraApi] {

@@ -20,6 +20,7 @@ use std::{
 };
 
 use crate::common::*;
+use crate::run::kubeconfig;
 use crate::tunnel_support::wait_tasks;
 use harness::{
     calls::{Calls, Method},
@@ -37,15 +38,6 @@ use kube::{
 
 const IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn kubeconfig() -> PathBuf {
-    match std::env::var_os("DRA_E2E_KUBECONFIG") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "DRA_E2E_KUBECONFIG is not set: run these tests through `cargo xtask test`, or set it to an admin kubeconfig"
-        ),
-    }
-}
 
 /// The admin client and its configuration.
 async fn config_and_client() -> (kube::Config, Client) {

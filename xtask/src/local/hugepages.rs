@@ -30,22 +30,17 @@ const HUGETLB_HIERARCHY: &str = "/sys/fs/cgroup/hugetlb";
 /// What [`reserve`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reserved {
-    /// The machine was left as it is (`--node-hugepages 0`).
-    Nothing,
     /// The pool holds this many MiB (at least what was asked).
     Pool { mib: u64 },
     /// The kernel refused; the sentence says what, and nothing was changed.
     Refused(String),
 }
 
-/// Grows the kernel's pool to `mib` MiB of 2 MiB pages (never shrinks it) and, on a cgroup v1
+/// Grows the kernel's pool to `mib` MiB (more than 0) of 2 MiB pages (never shrinks it) and, on a cgroup v1
 /// host, mounts the `hugetlb` hierarchy if no hierarchy has it. Call after
 /// [`super::host::save_sysctls`] and before the nodes' mount namespaces are made (they copy the
 /// host's mounts).
 pub fn reserve(layout: &Layout, mib: u64) -> Result<Reserved> {
-    if mib == 0 {
-        return Ok(Reserved::Nothing);
-    }
     let cgroup_v1 = !Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     if cgroup_v1 && !Path::new(HUGETLB_HIERARCHY).join("cgroup.procs").is_file() {
         if let Err(e) = mount_hugetlb() {

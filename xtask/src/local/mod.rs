@@ -328,7 +328,6 @@ impl LocalCluster {
             let outcome = match hugepages::reserve(&self.layout, mib)? {
                 hugepages::Reserved::Refused(why) => format!("refused: {why}"),
                 hugepages::Reserved::Pool { mib } => format!("the pool holds {mib} MiB"),
-                hugepages::Reserved::Nothing => "nothing to do".to_owned(),
             };
             step.finish(&outcome);
         }

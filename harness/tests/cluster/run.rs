@@ -1,11 +1,13 @@
-//! What the cluster tests that run one spec of their own share: the admin kubeconfig
-//! (`DRA_E2E_KUBECONFIG`) and a run of that one spec that must pass.
+//! What the cluster tests share to run specs of their own against the cluster: the admin
+//! kubeconfig (`DRA_E2E_KUBECONFIG`), a run of a registry, and a run of one spec that must pass.
 
 use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
 
 use harness::framework::{
-    Ctx, KubeBackend, Output, Registry, RunOptions, Selection, SpecResult, init_tracing, run_with_backend,
+    ClusterBackend as _, Ctx, KubeBackend, Output, Registry, RunOptions, RunReport, Selection, SpecResult,
+    init_tracing, run_with_backend,
 };
+use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 /// The admin kubeconfig `cargo xtask test` gives the cluster tests.
@@ -18,29 +20,37 @@ pub(crate) fn kubeconfig() -> PathBuf {
     }
 }
 
-/// Runs `body` as the one spec `container name` of a run against the cluster and fails the test,
-/// with the run's output, unless it passed.
+/// Runs every spec of `registry` against the cluster; returns the report, the run's output and
+/// the admin client.
+pub(crate) async fn run(registry: Registry) -> (RunReport, String, Client) {
+    init_tracing();
+    let backend = Arc::new(KubeBackend::connect(Some(&kubeconfig())).await.expect("connect to the cluster"));
+    let client = backend.client();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (output, buffer) = Output::capture();
+    let options = RunOptions {
+        artifacts: dir.path().join("artifacts"),
+        default_timeout: Duration::from_secs(300),
+        namespace_timeout: Duration::from_secs(120),
+        output,
+        ..RunOptions::default()
+    };
+    let report =
+        run_with_backend(registry, &Selection::all(), options, backend, CancellationToken::new()).await;
+    (report, buffer.contents(), client)
+}
+
+/// Runs `body` as the one spec `container name` and fails the test, with the run's output,
+/// unless it passed.
 pub(crate) async fn run_one_spec<F, Fut>(container: &str, name: &str, body: F)
 where
     F: Fn(Ctx) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = SpecResult> + Send + 'static,
 {
-    init_tracing();
-    let backend = Arc::new(KubeBackend::connect(Some(&kubeconfig())).await.expect("connect to the cluster"));
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let (output, buffer) = Output::capture();
-    let options = RunOptions {
-        artifacts: dir.path().join("artifacts"),
-        default_timeout: Duration::from_secs(400),
-        namespace_timeout: Duration::from_secs(120),
-        output,
-        ..RunOptions::default()
-    };
     let mut reg = Registry::new();
     reg.describe(container, |r| {
         r.it(name, body);
     });
-    let report = run_with_backend(reg, &Selection::all(), options, backend, CancellationToken::new()).await;
-    let output = buffer.contents();
+    let (report, output, _) = run(reg).await;
     assert_eq!((report.passed(), report.failed(), report.skipped()), (1, 0, 0), "{output}");
 }
