@@ -86,6 +86,39 @@ pub fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
     fs::remove_dir(dir)
 }
 
+/// The cgroup v1 controllers that sit in a hierarchy nothing in this mount namespace mounts
+/// (from `/proc/self/cgroup` and `/proc/self/mountinfo`): a hierarchy unmounted while cgroups
+/// were left in it lives on unseen, and keeps its controllers from the unified hierarchy.
+pub fn unmounted_v1_controllers() -> Vec<String> {
+    let (Ok(cgroup), Ok(mountinfo)) =
+        (fs::read_to_string("/proc/self/cgroup"), fs::read_to_string("/proc/self/mountinfo"))
+    else {
+        return Vec::new();
+    };
+    unmounted_controllers(&cgroup, &mountinfo)
+}
+
+fn unmounted_controllers(cgroup: &str, mountinfo: &str) -> Vec<String> {
+    // The super options (last field) of every cgroup v1 mount: `rw,hugetlb`, `rw,name=systemd`.
+    let mounted: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|line| line.split_once(" - ").map(|(_, fs)| fs))
+        .filter(|fs| fs.split_whitespace().next() == Some("cgroup"))
+        .flat_map(|fs| fs.split_whitespace().nth(2).unwrap_or("").split(','))
+        .collect();
+    cgroup
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (id, controllers) = (fields.next()?, fields.next()?);
+            (id != "0" && !controllers.is_empty()).then_some(controllers)
+        })
+        .flat_map(|controllers| controllers.split(','))
+        .filter(|controller| !mounted.contains(controller))
+        .map(String::from)
+        .collect()
+}
+
 /// Removes a directory tree if it exists.
 pub fn remove_dir(path: &Path) -> Option<String> {
     match fs::remove_dir_all(path) {
@@ -98,6 +131,18 @@ pub fn remove_dir(path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_controllers_whose_v1_hierarchy_is_not_mounted() {
+        let cgroup = "12:hugetlb:/\n4:memory:/user\n1:name=systemd:/\n0::/\n";
+        let mountinfo = "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n\
+                         31 25 0:27 / /sys/fs/cgroup/systemd rw shared:10 - cgroup cgroup rw,name=systemd\n\
+                         32 25 0:28 / /sys/fs/cgroup/unified rw shared:11 - cgroup2 cgroup2 rw\n";
+        assert_eq!(unmounted_controllers(cgroup, mountinfo), ["hugetlb"]);
+        let with_hugetlb =
+            format!("{mountinfo}33 25 0:29 / /sys/fs/cgroup/hugetlb rw - cgroup cgroup rw,hugetlb\n");
+        assert!(unmounted_controllers(cgroup, &with_hugetlb).is_empty());
+    }
 
     #[test]
     fn unescapes_mountinfo_paths() {

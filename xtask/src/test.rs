@@ -162,6 +162,15 @@ pub struct TestOptions {
     pub keep_cluster: bool,
 }
 
+/// `text` cut to at most `max` bytes (on a character boundary), marked where it was cut.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let end = (0..=max).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    format!("{}… ({} bytes more)", &text[..end], text.len() - end)
+}
+
 /// One step's outcome.
 struct Outcome {
     name: String,
@@ -321,6 +330,12 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
     eprint!("\n{}", step_table(&outcomes));
     let failed = outcomes.iter().filter(|o| o.result.is_err()).count();
     eprintln!("{} steps, {failed} failed", outcomes.len());
+    // Again after the table: CI's log keeps the end of the output, where the reason belongs.
+    for outcome in &outcomes {
+        if let Err(e) = &outcome.result {
+            eprintln!("failed: {}: {}", outcome.name, clip(&format!("{e:#}"), 2000));
+        }
+    }
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
@@ -477,6 +492,12 @@ mod tests {
 
     fn lane(prefix: &str) -> Lane {
         lanes(&crate::repo::repo_root()).into_iter().find(|l| l.restart.contains(prefix)).unwrap()
+    }
+
+    #[test]
+    fn long_reasons_are_clipped_on_a_character_boundary() {
+        assert_eq!(clip("short", 10), "short");
+        assert_eq!(clip("ééé", 3), "é… (4 bytes more)");
     }
 
     #[test]

@@ -120,6 +120,14 @@ pub async fn up(
         ))
         .into());
     }
+    let stray = crate::host_cleanup::unmounted_v1_controllers();
+    if !stray.is_empty() && !dry_run {
+        let list = stray.join(",");
+        return Err(UsageError::new(format!(
+            "the cgroup v1 controller(s) {list} sit in a hierarchy that is no longer mounted (unmounted while cgroups were left in it, by a killed local cluster for example), and systemd in kind's nodes cannot start that way: mount it (`mkdir -p /tmp/h && mount -t cgroup -o {list} cgroup /tmp/h`), remove the cgroup directories in it (`rmdir`, deepest first), `umount /tmp/h`, then try again"
+        ))
+        .into());
+    }
     let host = Host::current();
     let mut args = args.clone();
     let own = args.image.is_none();

@@ -71,19 +71,66 @@ pub fn reserve(layout: &Layout, mib: u64) -> Result<Reserved> {
     Ok(Reserved::Pool { mib: after * PAGE_MIB })
 }
 
-/// Unmounts the `hugetlb` hierarchy if the cluster mounted it (once the node cgroups in it are
-/// gone); `Some` says what failed.
+/// Unmounts the `hugetlb` hierarchy if the cluster mounted it; `Some` says what failed.
+///
+/// The hierarchy is emptied first: every cgroup left in it without a process is removed, also
+/// those another program made while it was mounted (the run's own Docker engine makes
+/// `dra-e2e-docker` in every hierarchy it finds; they exist only because the cluster mounted
+/// it). A hierarchy unmounted with cgroups in it lives on unseen and keeps the controller out of
+/// the unified hierarchy, where systemd (kind's nodes) then fails to reload. So if a cgroup in
+/// it still holds a process, it stays mounted and `Some` names that cgroup.
 pub fn unmount_hugetlb(layout: &Layout) -> Option<String> {
     let marker = mounted_marker(layout);
     let target = fs::read_to_string(&marker).ok()?;
     let target = PathBuf::from(target.trim());
-    if target.join("cgroup.procs").is_file()
-        && let Err(e) = rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty())
-    {
-        return Some(format!("unmount the hugetlb cgroup hierarchy {}: {e}", target.display()));
+    if target.join("cgroup.procs").is_file() {
+        if let Some(busy) = empty_hierarchy(&target) {
+            return Some(format!(
+                "left the hugetlb cgroup hierarchy {} mounted: {busy} (unmounted, it would keep the controller away from the unified hierarchy)",
+                target.display()
+            ));
+        }
+        // Removed cgroups are released a moment after rmdir; the kernel destroys the hierarchy
+        // at unmount only if none is left by then.
+        if !wait_for(|| hugetlb_in_proc_cgroups().is_none_or(|(_, cgroups)| cgroups <= 1)) {
+            return Some(format!(
+                "left the hugetlb cgroup hierarchy {} mounted: the kernel had not released its removed cgroups {}s later (/proc/cgroups)",
+                target.display(),
+                RELEASE_TIMEOUT.as_secs()
+            ));
+        }
+        if let Err(e) = rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()) {
+            return Some(format!("unmount the hugetlb cgroup hierarchy {}: {e}", target.display()));
+        }
+        if !wait_for(|| hugetlb_in_proc_cgroups().is_none_or(|(hierarchy, _)| hierarchy == 0)) {
+            return Some(format!(
+                "the hugetlb controller was still in a cgroup v1 hierarchy {}s after {} was unmounted (/proc/cgroups)",
+                RELEASE_TIMEOUT.as_secs(),
+                target.display()
+            ));
+        }
     }
     let _ = fs::remove_dir(&target);
     fs::remove_file(&marker).err().map(|e| format!("remove {}: {e}", marker.display()))
+}
+
+/// Removes every cgroup below the hierarchy's root, leaf first; `Some` names one that could not
+/// be removed (a process still in it).
+fn empty_hierarchy(root: &Path) -> Option<String> {
+    let entries = match fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) => return Some(format!("cannot list {}: {e}", root.display())),
+    };
+    let mut busy = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir())
+            && let Err(e) = crate::host_cleanup::remove_cgroup_tree(&path)
+        {
+            busy.push(format!("cgroup {} ({e})", path.display()));
+        }
+    }
+    (!busy.is_empty()).then(|| busy.join(", "))
 }
 
 /// The hierarchy the cluster mounted and did not unmount yet, for `cluster down`'s check.
@@ -108,6 +155,37 @@ fn mount_hugetlb() -> Result<()> {
     })
 }
 
+/// How long the kernel gets to release removed cgroups and the unmounted hierarchy.
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Polls `done` every 100 ms for at most [`RELEASE_TIMEOUT`]; whether it became true.
+fn wait_for(done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + RELEASE_TIMEOUT;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The hugetlb line of `/proc/cgroups`: its hierarchy (0: the unified one) and its number of
+/// cgroups (those removed but not yet released included).
+fn hugetlb_in_proc_cgroups() -> Option<(u32, u64)> {
+    parse_proc_cgroups(&fs::read_to_string("/proc/cgroups").ok()?, "hugetlb")
+}
+
+fn parse_proc_cgroups(text: &str, controller: &str) -> Option<(u32, u64)> {
+    text.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        (fields.next()? == controller).then_some(())?;
+        Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+    })
+}
+
 fn pool_pages() -> Result<u64> {
     let text = fs::read_to_string(NR_HUGEPAGES).with_context(|| format!("read {NR_HUGEPAGES}"))?;
     text.trim().parse().with_context(|| format!("{NR_HUGEPAGES} holds {:?}, not a number", text.trim()))
@@ -115,4 +193,16 @@ fn pool_pages() -> Result<u64> {
 
 fn mounted_marker(layout: &Layout) -> PathBuf {
     layout.state.join("hugetlb-mounted")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_controller_s_hierarchy_and_cgroups() {
+        let text = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpu\t1\t114\t1\nhugetlb\t12\t2\t1\n";
+        assert_eq!(parse_proc_cgroups(text, "hugetlb"), Some((12, 2)));
+        assert_eq!(parse_proc_cgroups(text, "rdma"), None);
+    }
 }
