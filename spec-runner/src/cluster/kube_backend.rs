@@ -20,6 +20,7 @@ use serde::Serialize;
 use crate::{
     cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
     cluster::preflight::{ClusterInfo, NodeInfo, PreflightError},
+    cluster::reconnect,
     cluster::run_identity::MANAGED_BY_LABEL,
     duration,
 };
@@ -106,7 +107,8 @@ impl KubeBackend {
             reason: root_cause(&e),
         };
         let stream_client = nodelay_client(&config).map_err(bad)?;
-        let client = Client::try_from(config).map_err(bad)?;
+        let client =
+            reconnect::reconnecting(Client::try_from(config).map_err(bad)?, reconnect::RECONNECT_BUDGET);
         Ok(Self { client, stream_client, server })
     }
 
@@ -240,24 +242,12 @@ impl ClusterBackend for KubeBackend {
             ..Namespace::default()
         };
         let api = Api::<Namespace>::all(self.client.clone());
-        // A request that never reached the API server (restarting, say) is sent again each
-        // second; the runner bounds the whole. Only those: a create that may have been done is
-        // not repeated (its generated name would leave a second namespace).
-        let created = loop {
-            match api.create(&PostParams::default(), &ns).await {
-                Ok(created) => break created,
-                Err(e) if is_connect_error(&e) => {
-                    tracing::debug!(error = %e, "the API server took no connection; creating the namespace again in 1s");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(source) => {
-                    return Err(ClusterError::Kube {
-                        what: format!("create namespace with generateName {}", request.generate_name),
-                        source,
-                    });
-                }
-            }
-        };
+        // The run's client sends again a create that never reached the API server (restarting,
+        // say); one that may have been done is not repeated (a second namespace).
+        let created = api.create(&PostParams::default(), &ns).await.map_err(|source| ClusterError::Kube {
+            what: format!("create namespace with generateName {}", request.generate_name),
+            source,
+        })?;
         let name = created.metadata.name.unwrap_or_default();
         let uid = created.metadata.uid.unwrap_or_default();
         if name.is_empty() || uid.is_empty() {
@@ -465,20 +455,6 @@ async fn pod_logs(client: &Client, ns: &str, pod: &Pod, logs_dir: &Path) -> Resu
     Ok(())
 }
 
-/// Watches the pods of `api`'s namespace until there are none (a watch, not a poll: it ends at
-/// the event that removes the last one).
-/// Whether the request failed before it was sent: no connection to the API server.
-fn is_connect_error(error: &kube::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = source {
-        if e.downcast_ref::<hyper_util::client::legacy::Error>().is_some_and(|e| e.is_connect()) {
-            return true;
-        }
-        source = e.source();
-    }
-    false
-}
-
 /// Waits until the object `name` with `uid` is gone. A failed watch (the API server restarting,
 /// say) is retried each second; the caller bounds the wait.
 pub(crate) async fn await_deleted<K>(api: Api<K>, name: &str, uid: &str)
@@ -502,6 +478,8 @@ where
     }
 }
 
+/// Watches the pods of `api`'s namespace until there are none (a watch, not a poll: it ends at
+/// the event that removes the last one).
 async fn until_no_pods(api: Api<Pod>) -> Result<(), kube::runtime::watcher::Error> {
     use futures::StreamExt as _;
     use kube::runtime::{WatchStreamExt as _, reflector, watcher};

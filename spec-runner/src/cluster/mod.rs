@@ -7,5 +7,6 @@ pub(crate) mod holder;
 pub(crate) mod kube_backend;
 pub(crate) mod leftovers;
 pub(crate) mod preflight;
+pub(crate) mod reconnect;
 pub(crate) mod run_guard;
 pub(crate) mod run_identity;

@@ -2,7 +2,8 @@
 //! restarts under them. The restart cluster test (harness/tests/cluster/restart.rs) restarts a
 //! node's kubelet under a running pod; then the kubelet suites run while kind-worker's kubelet
 //! restarts, 50 s after the run's first spec started (a restart during the run's preflight or its
-//! sweep would only make it refuse to start).
+//! sweep would only make it refuse to start), and the control plane suites while the API server
+//! restarts, 5 s in.
 //!
 //! A restart run passes when every spec passed, or when every spec that failed names the
 //! restart (dra-e2e adds to a failed spec's message what disrupted the cluster while it ran: the
@@ -47,13 +48,26 @@ pub(crate) struct RestartRun {
 
 /// The restart runs, in order.
 pub(crate) fn restart_runs() -> Vec<RestartRun> {
-    vec![RestartRun {
-        name: "e2e: kubelet suites, kind-worker's kubelet restarted 50 s in",
-        component: "kubelet-kind-worker",
-        after: Duration::from_secs(50),
-        selection: &["--focus", "kubelet", "--skip", super::WORKLOAD_FOCUS],
-        report: "restart-kubelet",
-    }]
+    vec![
+        RestartRun {
+            name: "e2e: kubelet suites, kind-worker's kubelet restarted 50 s in",
+            component: "kubelet-kind-worker",
+            after: Duration::from_secs(50),
+            selection: &["--focus", "kubelet", "--skip", super::WORKLOAD_FOCUS],
+            report: "restart-kubelet",
+        },
+        RestartRun {
+            // The control plane specs take about 20 s on a quiet machine: the restart (the API
+            // server stopped 5 s in, answering again some 10 s later) falls on specs in flight,
+            // whose requests and clean-ups wait for it (the run's client sends again what did
+            // not reach it).
+            name: "e2e: control plane suites, the API server restarted 5 s in",
+            component: "kube-apiserver",
+            after: Duration::from_secs(5),
+            selection: &["--focus", "control plane", "--skip", "kubelet"],
+            report: "restart-apiserver",
+        },
+    ]
 }
 
 /// The restart cluster test's cargo arguments, and the command it restarts a kubelet with:
