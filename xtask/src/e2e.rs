@@ -154,9 +154,8 @@ pub async fn run_with_code(raw: Vec<String>) -> Result<i32> {
             // it runs another release than --k8s-version asks for.
             let mut cluster = local::LocalCluster::new(None)?;
             if let Some(version) = &args.k8s_version {
-                local::check_k8s_version(version)?;
-                let overrides =
-                    Overrides { k8s_version: Some(version.clone()), ..cluster.overrides().clone() };
+                let version = local::parse_k8s_version(version)?;
+                let overrides = Overrides { k8s_version: Some(version), ..cluster.overrides().clone() };
                 cluster = cluster.with_overrides(Some(overrides));
             }
             let was_running = cluster.is_up().await;
@@ -171,8 +170,8 @@ pub async fn run_with_code(raw: Vec<String>) -> Result<i32> {
             // --k8s-version: the node image is built here from that release.
             let overrides = match &args.k8s_version {
                 Some(version) => {
-                    local::check_k8s_version(version)?;
-                    Some(Overrides { k8s_version: Some(version.clone()), ..Overrides::default() })
+                    let version = local::parse_k8s_version(version)?;
+                    Some(Overrides { k8s_version: Some(version), ..Overrides::default() })
                 }
                 None => None,
             };

@@ -1,6 +1,7 @@
-//! The Go module proxy side of building Kubernetes at a release: downloading k8s.io/kubernetes@V,
-//! the Go toolchain its go.mod needs, its staging modules, and whether the proxy refused a module.
-//! Used by `cluster up --k8s-version` (xtask/src/common/kube_module.rs) and `upstream-specs`.
+//! The Go module side of building Kubernetes: downloading k8s.io/kubernetes@V from the Go module
+//! proxy, the Go toolchain its go.mod needs, its staging modules, whether the proxy refused a
+//! module, and the version a go.mod requires (`go mod edit -json`). Used by `cluster up
+//! --k8s-version` (xtask/src/common/kube_module.rs), the builds and `upstream-specs`.
 
 use std::{
     path::{Path, PathBuf},
@@ -8,6 +9,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+
+use crate::common::kube_version::KubeVersion;
 
 /// What `go mod download -json` says about k8s.io/kubernetes@V.
 pub struct Module {
@@ -17,20 +20,76 @@ pub struct Module {
     pub go_mod: String,
 }
 
-/// Whether `version` is a tag like `v1.37.2` or `v1.38.0-beta.0` (it names paths, so nothing else).
-pub fn is_release_tag(version: &str) -> bool {
-    let Some(rest) = version.strip_prefix("v1.") else { return false };
-    let (core, pre) = rest.split_once('-').unwrap_or((rest, ""));
-    let numbers: Vec<&str> = core.split('.').collect();
-    numbers.len() == 2
-        && numbers.iter().all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
-        && pre.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
+/// The error of a `go` command that did not start: a Go missing from PATH is said so, in one
+/// sentence.
+pub fn cannot_run_go(command: &str, error: &std::io::Error) -> anyhow::Error {
+    if error.kind() == std::io::ErrorKind::NotFound {
+        anyhow::anyhow!(
+            "`go` is not on PATH: the local cluster is built from Kubernetes Go modules; install Go 1.26 or later and retry"
+        )
+    } else {
+        anyhow::anyhow!("cannot run `{command}`: {error}")
+    }
+}
+
+/// The version of `module` that the go.mod at `go_mod` builds with, as `go mod edit -json` reads
+/// the file: its requirement, or the version a `replace` puts in its place (a `replace` by a
+/// directory leaves the required version). An error when the go.mod does not require `module`.
+pub fn go_mod_version(go_mod: &Path, module: &str) -> anyhow::Result<String> {
+    let out = Command::new("go")
+        .args(["mod", "edit", "-json"])
+        .arg(go_mod)
+        // Reading a file needs no other toolchain, whatever its `go` line says.
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .map_err(|e| cannot_run_go("go mod edit -json", &e))?;
+    if !out.status.success() {
+        bail!("cannot read {}: {}", go_mod.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    version_in(&out.stdout, module)
+        .with_context(|| format!("read `go mod edit -json {}`'s output", go_mod.display()))?
+        .with_context(|| format!("{} does not require {module}", go_mod.display()))
+}
+
+/// The version of `module` in `go mod edit -json`'s output; see [`go_mod_version`].
+fn version_in(json: &[u8], module: &str) -> serde_json::Result<Option<String>> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct GoMod {
+        require: Option<Vec<ModuleVersion>>,
+        replace: Option<Vec<Replace>>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct ModuleVersion {
+        path: String,
+        version: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Replace {
+        old: ModuleVersion,
+        new: ModuleVersion,
+    }
+    let go_mod: GoMod = serde_json::from_slice(json)?;
+    let Some(required) =
+        go_mod.require.unwrap_or_default().into_iter().find(|r| r.path == module).and_then(|r| r.version)
+    else {
+        return Ok(None);
+    };
+    let replaced = go_mod
+        .replace
+        .unwrap_or_default()
+        .into_iter()
+        .find(|r| r.old.path == module && r.old.version.as_ref().is_none_or(|v| *v == required))
+        .and_then(|r| r.new.version);
+    Ok(Some(replaced.unwrap_or(required)))
 }
 
 /// Downloads the module through the Go module proxy, from an empty directory so that no go.mod
 /// asks for another toolchain. The installed Go refuses a module whose go.mod needs a newer Go;
 /// then the download runs again with the Go its error names (the go.mod's `go` line).
-pub fn download(version: &str) -> anyhow::Result<Module> {
+pub fn download(version: &KubeVersion) -> anyhow::Result<Module> {
     match download_with(version, "local")? {
         Ok(module) => Ok(module),
         Err(error) => match needed_by_error(&error) {
@@ -41,7 +100,7 @@ pub fn download(version: &str) -> anyhow::Result<Module> {
 }
 
 /// `go mod download -json` with `GOTOOLCHAIN=toolchain`; the inner error is go's own.
-fn download_with(version: &str, toolchain: &str) -> anyhow::Result<Result<Module, String>> {
+fn download_with(version: &KubeVersion, toolchain: &str) -> anyhow::Result<Result<Module, String>> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "PascalCase")]
     struct Download {
@@ -223,13 +282,43 @@ mod tests {
     }
 
     #[test]
-    fn accepts_release_tags_only() {
-        for ok in ["v1.37.2", "v1.38.0-beta.0", "v1.38.0-rc.1"] {
-            assert!(is_release_tag(ok), "{ok}");
-        }
-        for bad in ["1.37.2", "v1.37", "v1.37.2/../x", "v2.0.0", "v1.37.x", "v1.38.0-beta 0"] {
-            assert!(!is_release_tag(bad), "{bad}");
-        }
+    fn reads_the_version_a_go_mod_requires() {
+        let dir = tempfile::tempdir().unwrap();
+        let go_mod = dir.path().join("go.mod");
+        std::fs::write(
+            &go_mod,
+            "module x\n\ngo 1.99.0\n\nrequire (\n\tk8s.io/kubernetes v1.37.2\n\tgo.etcd.io/etcd/server/v3 v3.7.0 // indirect\n\tk8s.io/api v0.0.0\n\tk8s.io/kubelet v0.0.0\n)\nrequire github.com/a/b v0.1.0\nreplace k8s.io/api => k8s.io/api v0.37.2\nreplace k8s.io/kubelet => ./kubelet\nreplace k8s.io/client-go => k8s.io/client-go v0.37.2\n",
+        )
+        .unwrap();
+        let version = |module| go_mod_version(&go_mod, module).map_err(|e| e.to_string());
+        assert_eq!(version("k8s.io/kubernetes").as_deref(), Ok("v1.37.2"));
+        assert_eq!(version("go.etcd.io/etcd/server/v3").as_deref(), Ok("v3.7.0"));
+        assert_eq!(version("github.com/a/b").as_deref(), Ok("v0.1.0"));
+        // A replace by another version is what go builds with; one by a directory is not a version.
+        assert_eq!(version("k8s.io/api").as_deref(), Ok("v0.37.2"));
+        assert_eq!(version("k8s.io/kubelet").as_deref(), Ok("v0.0.0"));
+        let err = version("k8s.io/client-go").unwrap_err();
+        assert_eq!(err, format!("{} does not require k8s.io/client-go", go_mod.display()));
+        let err = go_mod_version(&dir.path().join("missing/go.mod"), "x").unwrap_err().to_string();
+        assert!(err.starts_with("cannot read ") && !err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn a_replace_of_another_version_leaves_the_requirement() {
+        let json = br#"{"Require":[{"Path":"m","Version":"v1.0.0"}],"Replace":[{"Old":{"Path":"m","Version":"v0.9.0"},"New":{"Path":"m","Version":"v0.9.1"}}]}"#;
+        assert_eq!(version_in(json, "m").unwrap().as_deref(), Some("v1.0.0"));
+        let json = br#"{"Require":null,"Replace":null}"#;
+        assert_eq!(version_in(json, "m").unwrap(), None);
+    }
+
+    #[test]
+    fn the_repository_pins_kubernetes_and_containerd() {
+        let go_dir = crate::repo::repo_root().join("xtask/local-cluster");
+        let k8s = go_mod_version(&go_dir.join("go.mod"), "k8s.io/kubernetes").unwrap();
+        KubeVersion::parse_tag(&k8s).unwrap();
+        let containerd =
+            go_mod_version(&go_dir.join("containerd/go.mod"), "github.com/containerd/containerd/v2").unwrap();
+        assert!(containerd.starts_with("v2."), "{containerd}");
     }
 
     #[test]

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::{
     cluster_config::{ClusterConfig, FEATURE_GATES_KEY},
-    skew::{self, Version},
+    common::kube_version::KubeVersion,
+    skew,
 };
 
 /// The flags `cluster up` takes on top of kind.yaml (`--feature-gates`, `--runtime-config`,
@@ -53,8 +54,7 @@ impl OverrideArgs {
         }
         let mut overrides = Overrides::default();
         if let Some(version) = self.k8s_version.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
-            crate::common::kube_module::check_version(version)?;
-            overrides.k8s_version = Some(version.to_string());
+            overrides.k8s_version = Some(crate::common::kube_module::parse_version(version)?);
         }
         // The default said explicitly is the default: a cluster up with it is the same cluster.
         overrides.node_cpus = self.node_cpus.filter(|&cpus| cpus != DEFAULT_NODE_CPUS);
@@ -110,9 +110,9 @@ pub struct Overrides {
     /// API group/version to value.
     pub runtime_config: BTreeMap<String, String>,
     /// The workers' kubelet versions, in worker order (`--kubelet-version`).
-    pub kubelet_versions: Vec<Version>,
+    pub kubelet_versions: Vec<KubeVersion>,
     /// The Kubernetes release of the cluster (`--k8s-version`); `None`: the pinned one.
-    pub k8s_version: Option<String>,
+    pub k8s_version: Option<KubeVersion>,
     /// The Kubernetes checkout the cluster is built from (`--k8s-source`).
     pub k8s_source: Option<std::path::PathBuf>,
     /// The CPUs each node reports (`--node-cpus`); `None`: [`DEFAULT_NODE_CPUS`].
@@ -200,7 +200,7 @@ impl Overrides {
 
     /// The `--kubelet-version` value: `v1.34.4,v1.35.4`.
     pub fn kubelet_flag(&self) -> String {
-        self.kubelet_versions.iter().map(Version::to_string).collect::<Vec<_>>().join(",")
+        self.kubelet_versions.iter().map(KubeVersion::to_string).collect::<Vec<_>>().join(",")
     }
 
     /// Reads what [`Overrides::to_record`] wrote.
@@ -419,6 +419,9 @@ mod tests {
         let err =
             OverrideArgs { k8s_version: Some("latest".into()), ..args(None, None) }.parse().unwrap_err();
         assert!(err.to_string().contains("not a Kubernetes release tag"), "{err}");
+        // Written without the `v`, it is recorded and printed with it.
+        let bare = OverrideArgs { k8s_version: Some("1.38.0-beta.0".into()), ..args(None, None) };
+        assert_eq!(bare.parse().unwrap().unwrap().to_string(), "--k8s-version v1.38.0-beta.0");
         let both = OverrideArgs { k8s_source: Some("/src".into()), ..version };
         assert!(both.parse().unwrap_err().to_string().contains("give one"));
     }

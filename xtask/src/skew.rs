@@ -10,57 +10,22 @@
 //! the gates of kind.yaml that its version knows; the known gates are read from the kubelet's own
 //! `--help` (the `--feature-gates` list), cached with its build.
 
-use std::{collections::BTreeMap, fmt, path::Path, process::Command};
+use std::{collections::BTreeMap, path::Path, process::Command};
 
 use anyhow::{Context, Result, bail};
+
+use crate::common::kube_version::KubeVersion;
 
 /// The repository of kind's node images; its tag is the node's Kubernetes version.
 pub const KIND_NODE_IMAGE: &str = "kindest/node";
 
-/// A Kubernetes release version `vMAJOR.MINOR.PATCH` (no pre-release: old kubelets are built
-/// from published `k8s.io/kubernetes` modules).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Version {
-    /// Major.
-    pub major: u32,
-    /// Minor.
-    pub minor: u32,
-    /// Patch.
-    pub patch: u32,
-}
-
-impl Version {
-    /// Parses `v1.34.4` (the `v` is optional).
-    /// A cluster's version: as [`Version::parse`], but a pre-release (`v1.38.0-beta.0`) counts
-    /// as its release, as skew is about minor versions.
-    pub fn of_cluster(text: &str) -> Result<Self> {
-        let text = text.trim();
-        Self::parse(text.split_once('-').map_or(text, |(release, _)| release))
-    }
-
-    pub fn parse(text: &str) -> Result<Self> {
-        let core = text.trim().strip_prefix('v').unwrap_or(text.trim());
-        let parts: Vec<&str> = core.split('.').collect();
-        let numbers: Option<Vec<u32>> = parts.iter().map(|p| p.parse().ok()).collect();
-        match numbers.as_deref() {
-            Some(&[major, minor, patch]) => Ok(Self { major, minor, patch }),
-            _ => bail!("{text:?} is not a Kubernetes release version like v1.34.4"),
-        }
-    }
-}
-
-impl fmt::Display for Version {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
-    }
-}
-
-/// `--kubelet-version`: one version per worker, in order (empty entries are not allowed).
-pub fn parse_flag(text: &str) -> Result<Vec<Version>> {
-    let versions: Vec<Version> = text
+/// `--kubelet-version`: one release per worker, in order (empty entries are not allowed; old
+/// kubelets are built from published `k8s.io/kubernetes` modules, so no pre-release).
+pub fn parse_flag(text: &str) -> Result<Vec<KubeVersion>> {
+    let versions: Vec<KubeVersion> = text
         .split(',')
         .map(|entry| {
-            Version::parse(entry)
+            KubeVersion::parse_release(entry)
                 .map_err(|e| anyhow::anyhow!("--kubelet-version: {e} (write e.g. v1.34.4,v1.35.4)"))
         })
         .collect::<Result<_>>()?;
@@ -70,27 +35,27 @@ pub fn parse_flag(text: &str) -> Result<Vec<Version>> {
     Ok(versions)
 }
 
-/// The version of a kind node image `kindest/node:vX.Y.Z[@sha256:…]`; `None` for another image.
-pub fn image_version(image: &str) -> Option<Version> {
+/// The release of a kind node image `kindest/node:vX.Y.Z[@sha256:…]`; `None` for another image.
+pub fn image_version(image: &str) -> Option<KubeVersion> {
     let without_digest = image.split('@').next()?;
     let (repo, tag) = without_digest.rsplit_once(':')?;
     let repo = repo.strip_prefix("docker.io/").unwrap_or(repo);
     if repo != KIND_NODE_IMAGE {
         return None;
     }
-    Version::parse(tag).ok()
+    KubeVersion::parse_release(tag).ok()
 }
 
 /// Each node's kubelet version, control plane first: the flag's entries for the workers, else the
 /// node's kind.yaml image, else `cluster`. Fails when the control plane would differ from
 /// `cluster` (its components are the cluster's version) or the flag names more workers than
-/// there are.
+/// there are. `cluster` is a release (see [`KubeVersion::release`]).
 pub fn node_versions(
-    cluster: Version,
+    cluster: &KubeVersion,
     node_count: usize,
     images: &[Option<String>],
-    flag: &[Version],
-) -> Result<Vec<Version>> {
+    flag: &[KubeVersion],
+) -> Result<Vec<KubeVersion>> {
     let workers = node_count.saturating_sub(1);
     if flag.len() > workers {
         bail!(
@@ -102,10 +67,10 @@ pub fn node_versions(
     for index in 0..node_count {
         let from_image = images.get(index).and_then(Option::as_deref).and_then(image_version);
         let version = match index.checked_sub(1).and_then(|worker| flag.get(worker)) {
-            Some(v) => *v,
-            None => from_image.unwrap_or(cluster),
+            Some(v) => v.clone(),
+            None => from_image.unwrap_or_else(|| cluster.clone()),
         };
-        if index == 0 && version != cluster {
+        if index == 0 && version != *cluster {
             bail!(
                 "the control-plane node runs the cluster's components at {cluster}; kind.yaml's image for it says {version} (give old versions to workers only)"
             );
@@ -172,29 +137,24 @@ pub fn listed_gates(binary: &Path, args: &[&str]) -> Result<Vec<String>> {
 mod tests {
     use super::*;
 
-    fn v(text: &str) -> Version {
-        Version::parse(text).unwrap()
+    fn v(text: &str) -> KubeVersion {
+        KubeVersion::parse(text).unwrap()
     }
 
     #[test]
-    fn versions_parse_compare_and_print() {
-        assert_eq!(v("v1.34.4"), Version { major: 1, minor: 34, patch: 4 });
-        assert_eq!(v("1.36.3").to_string(), "v1.36.3");
-        assert!(v("v1.34.10") > v("v1.34.9"));
-        assert!(v("v1.37.0") > v("v1.36.3"));
-        for bad in ["v1.34", "latest", "v1.34.x", "", "v1.34.4-rc.0"] {
-            assert!(Version::parse(bad).is_err(), "{bad}");
-        }
-        assert_eq!(Version::of_cluster("v1.38.0-beta.0").unwrap(), v("v1.38.0"));
-        assert!(Version::of_cluster("v1.38-beta.0").is_err());
-    }
-
-    #[test]
-    fn the_flag_is_a_list_of_versions() {
+    fn the_flag_is_a_list_of_releases() {
         assert_eq!(parse_flag("v1.34.4").unwrap(), [v("v1.34.4")]);
-        assert_eq!(parse_flag("v1.34.4, v1.35.4").unwrap(), [v("v1.34.4"), v("v1.35.4")]);
+        assert_eq!(parse_flag("v1.34.4, 1.35.4").unwrap(), [v("v1.34.4"), v("v1.35.4")]);
         let err = parse_flag("v1.34.4,,v1.35.4").unwrap_err().to_string();
-        assert!(err.contains("--kubelet-version") && err.contains("v1.34.4"), "{err}");
+        assert_eq!(
+            err,
+            "--kubelet-version: \"\" is not a Kubernetes release such as v1.34.4 (write e.g. v1.34.4,v1.35.4)"
+        );
+        for bad in ["v1.34", "latest", "v1.34.x", "v1.34.4-rc.0"] {
+            let err = parse_flag(bad).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("--kubelet-version: {bad:?} is ")), "{err}");
+            assert!(!err.contains('\n'), "one sentence: {err}");
+        }
     }
 
     #[test]
@@ -203,28 +163,24 @@ mod tests {
         assert_eq!(image_version("docker.io/kindest/node:v1.35.4@sha256:abc"), Some(v("v1.35.4")));
         assert_eq!(image_version("example.com/node:v1.34.4"), None);
         assert_eq!(image_version("kindest/node:latest"), None);
+        assert_eq!(image_version("kindest/node:v1.35.0-alpha.1"), None);
     }
 
     #[test]
     fn the_flag_maps_to_workers_in_order_and_wins_over_images() {
-        let cluster = v("v1.37.2");
+        let cluster = &v("v1.37.2");
+        let c = || cluster.clone();
         let none = [None, None, None, None];
+        assert_eq!(node_versions(cluster, 4, &none, &[v("v1.34.4")]).unwrap(), [c(), v("v1.34.4"), c(), c()]);
         assert_eq!(
-            node_versions(cluster, 4, &none, &[v("v1.34.4")]).unwrap(),
-            [cluster, v("v1.34.4"), cluster, cluster]
-        );
-        assert_eq!(
-            node_versions(cluster, 4, &none, &[cluster, v("v1.35.4")]).unwrap(),
-            [cluster, cluster, v("v1.35.4"), cluster]
+            node_versions(cluster, 4, &none, &[c(), v("v1.35.4")]).unwrap(),
+            [c(), c(), v("v1.35.4"), c()]
         );
         let images = [None, Some("kindest/node:v1.36.3".into()), None, Some("kindest/node:v1.34.4".into())];
-        assert_eq!(
-            node_versions(cluster, 4, &images, &[]).unwrap(),
-            [cluster, v("v1.36.3"), cluster, v("v1.34.4")]
-        );
+        assert_eq!(node_versions(cluster, 4, &images, &[]).unwrap(), [c(), v("v1.36.3"), c(), v("v1.34.4")]);
         assert_eq!(
             node_versions(cluster, 4, &images, &[v("v1.35.4")]).unwrap(),
-            [cluster, v("v1.35.4"), cluster, v("v1.34.4")]
+            [c(), v("v1.35.4"), c(), v("v1.34.4")]
         );
         let err = node_versions(cluster, 2, &none, &[v("v1.34.4"), v("v1.34.4")]).unwrap_err().to_string();
         assert!(err.contains("1 workers"), "{err}");

@@ -554,9 +554,9 @@ mod tests {
         assert_eq!(overrides.kubelet_flag(), "v1.34.4");
         assert!(overrides.feature_gates.is_empty() && overrides.runtime_config.is_empty());
         // An older minor than the cluster's, and the cluster keeps other workers at its version.
-        let cluster = crate::skew::Version::parse("v1.37.2").unwrap();
-        let versions = crate::skew::node_versions(cluster, 4, &[], &overrides.kubelet_versions).unwrap();
-        assert!(versions[1].minor < cluster.minor && versions[2] == cluster && versions[3] == cluster);
+        let cluster = crate::common::kube_version::KubeVersion::new(1, 37, 2);
+        let versions = crate::skew::node_versions(&cluster, 4, &[], &overrides.kubelet_versions).unwrap();
+        assert!(versions[1].minor() < cluster.minor() && versions[2] == cluster && versions[3] == cluster);
         assert!(lane.cluster_tests.iter().any(|(_, cmd)| cmd.contains(&"skew::")));
         let args = &lane.suite.1;
         assert!(args.windows(2).any(|w| w == ["--focus", SKEW_FOCUS]), "{args:?}");
@@ -567,14 +567,17 @@ mod tests {
     fn the_next_release_lanes_run_every_spec_at_that_release() {
         let all = lane("v1.38.0-beta.0 (the next release)");
         let overrides = lane_overrides(&all).unwrap();
-        assert_eq!(overrides.k8s_version.as_deref(), Some(NEXT_RELEASE));
+        assert_eq!(overrides.k8s_version.map(|v| v.to_string()).as_deref(), Some(NEXT_RELEASE));
         assert!(overrides.feature_gates.is_empty() && overrides.kubelet_versions.is_empty());
         assert_eq!(all.suite.1[..2], ["--skip", WORKLOAD_FOCUS]);
         let workload = lane_overrides(&lane("v1.38.0-beta.0 for its workload lane")).unwrap();
         let default_workload = lane_overrides(&lane("for the workload lane")).unwrap();
         assert_eq!(
             workload,
-            crate::overrides::Overrides { k8s_version: Some(NEXT_RELEASE.into()), ..default_workload }
+            crate::overrides::Overrides {
+                k8s_version: Some(crate::common::kube_version::KubeVersion::parse(NEXT_RELEASE).unwrap()),
+                ..default_workload
+            }
         );
         // The release has committed upstream spec texts (the parity test checks them).
         let list = crate::repo::repo_root().join(format!("suites/upstream/specs-{NEXT_RELEASE}.txt"));

@@ -208,24 +208,17 @@ async fn run_cluster(action: ClusterAction) -> anyhow::Result<ExitCode> {
                 )
                 .into());
             }
-            if let Some(version) = args.k8s_version.as_deref() {
-                local::check_k8s_version(version)?;
-            }
+            let release = args.k8s_version.as_deref().map(local::parse_k8s_version).transpose()?;
             let kind = kind::KindOptions::from(args.kind);
-            kind::build(&kind, args.k8s_version.as_deref(), args.k8s_source.as_deref())
-                .await
-                .map(|_| ExitCode::SUCCESS)
+            kind::build(&kind, release.as_ref(), args.k8s_source.as_deref()).await.map(|_| ExitCode::SUCCESS)
         }
         ClusterAction::Build(args) => {
             let versions = match args.kubelet_version.as_deref() {
                 Some(flag) => crate::skew::parse_flag(flag)?,
                 None => Vec::new(),
             };
-            if let Some(version) = args.k8s_version.as_deref() {
-                local::check_k8s_version(version)?;
-            }
-            local::build(args.k8s_version.as_deref(), args.k8s_source.as_deref(), &versions)
-                .map(|()| ExitCode::SUCCESS)
+            let release = args.k8s_version.as_deref().map(local::parse_k8s_version).transpose()?;
+            local::build(release.as_ref(), args.k8s_source.as_deref(), &versions).map(|()| ExitCode::SUCCESS)
         }
         ClusterAction::Down(args) => {
             let kind = kind::KindOptions::from(args.kind);

@@ -18,9 +18,10 @@ use sha2::{Digest, Sha256};
 
 use crate::common::{
     kube_module::{KUBE_PACKAGE, KUBECTL_PACKAGE, KubeModule, SAMPLE_DEVICE_PLUGIN_PACKAGE},
-    layout::{Layout, go_mod_version},
+    kube_version::KubeVersion,
+    layout::Layout,
 };
-use crate::progress::Step;
+use crate::{gomod::go_mod_version, progress::Step};
 
 /// The binaries of one build.
 #[derive(Debug, Clone)]
@@ -108,7 +109,7 @@ impl Binaries {
 #[derive(Debug, Clone)]
 pub struct Versions {
     /// Kubernetes, e.g. `v1.37.2`.
-    pub kubernetes: String,
+    pub kubernetes: KubeVersion,
     /// etcd, e.g. `v3.7.0` (what the Kubernetes module resolves).
     pub etcd: String,
     /// containerd, e.g. `v2.3.7`.
@@ -127,7 +128,11 @@ impl Versions {
 
     /// The versions of a cluster of Kubernetes `release` or of the checkout `source` (neither:
     /// the pinned one), generating its Go module if needed (see [`crate::common::kube_module`]).
-    pub fn for_cluster(layout: &Layout, release: Option<&str>, source: Option<&Path>) -> Result<Self> {
+    pub fn for_cluster(
+        layout: &Layout,
+        release: Option<&KubeVersion>,
+        source: Option<&Path>,
+    ) -> Result<Self> {
         Self::with(layout, KubeModule::for_overrides(layout, release, source)?)
     }
 
@@ -163,19 +168,12 @@ impl Versions {
 
 /// The `-ldflags` that stamp `version` into k8s.io/component-base/version (also of the older
 /// kubelets of version skew).
-pub fn kube_ldflags(version: &str) -> String {
+pub fn kube_ldflags(version: &KubeVersion) -> String {
     let v = "k8s.io/component-base/version";
-    let (major, minor) = major_minor(version);
+    let (major, minor) = (version.major(), version.minor());
     format!(
         "-s -w -X {v}.gitVersion={version} -X {v}.gitMajor={major} -X {v}.gitMinor={minor} -X {v}.gitTreeState=archive -X {v}.buildDate=1970-01-01T00:00:00Z"
     )
-}
-
-fn major_minor(version: &str) -> (String, String) {
-    let mut parts = version.trim_start_matches('v').split('.');
-    let major = parts.next().unwrap_or("0").to_string();
-    let minor = parts.next().unwrap_or("0").to_string();
-    (major, minor)
 }
 
 /// Removes build directories of other cache keys under `bin_dir`, except the newest of them (so
@@ -452,15 +450,10 @@ pub(crate) fn go_version() -> Result<String> {
 }
 
 fn go_version_of(go: &str) -> Result<String> {
-    let out = Command::new(go).arg("version").output().map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            anyhow::anyhow!(
-                "`go` is not on PATH: the local cluster is built from Kubernetes Go modules; install Go 1.26 or later and retry"
-            )
-        } else {
-            anyhow::anyhow!("cannot run `go version`: {e}")
-        }
-    })?;
+    let out = Command::new(go)
+        .arg("version")
+        .output()
+        .map_err(|e| crate::gomod::cannot_run_go("go version", &e))?;
     if !out.status.success() {
         bail!("`go version` failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
@@ -590,11 +583,16 @@ mod tests {
     #[test]
     fn ldflags_stamp_the_kubernetes_version() {
         let v = Versions {
-            kubernetes: "v1.37.2".into(),
+            kubernetes: KubeVersion::new(1, 37, 2),
             etcd: "v3.7.0".into(),
             containerd: "v2.3.7".into(),
             runc: "v1.4.3".into(),
-            kube: KubeModule { dir: "/x".into(), version: "v1.37.2".into(), toolchain: None, checkout: None },
+            kube: KubeModule {
+                dir: "/x".into(),
+                version: KubeVersion::new(1, 37, 2),
+                toolchain: None,
+                checkout: None,
+            },
         };
         let flags = v.kube_ldflags();
         assert!(flags.contains("version.gitVersion=v1.37.2"), "{flags}");
@@ -703,7 +701,7 @@ mod tests {
         let layout = Layout::from_env(crate::repo::repo_root()).unwrap();
         let mut v = Versions::read(&layout).unwrap();
         let pinned_key = cache_key(&layout, &v, "go1.26.8").unwrap();
-        v.kubernetes = "v1.38.0-beta.0".into();
+        v.kubernetes = KubeVersion::parse("v1.38.0-beta.0").unwrap();
         v.kube = KubeModule {
             dir: "/cache/k8s/v1.38.0-beta.0".into(),
             version: v.kubernetes.clone(),
@@ -752,7 +750,7 @@ mod tests {
         let a = cache_key(&layout, &v, "go version go1.26.8 linux/amd64").unwrap();
         let b = cache_key(&layout, &v, "go version go1.26.9 linux/amd64").unwrap();
         assert_ne!(a, b);
-        assert!(a.starts_with(&v.kubernetes));
+        assert!(a.starts_with(&v.kubernetes.to_string()));
         assert_eq!(a, cache_key(&layout, &v, "go version go1.26.8 linux/amd64").unwrap());
     }
 }

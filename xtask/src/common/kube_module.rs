@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
-use crate::common::layout::Layout;
+use crate::common::{kube_version::KubeVersion, layout::Layout};
 use crate::{gomod, usage::UsageError};
 
 /// The import path of our multi-call binary (`xtask/local-cluster/cmd/kube`).
@@ -47,7 +47,7 @@ pub struct KubeModule {
     /// Its directory.
     pub dir: PathBuf,
     /// The Kubernetes version it builds (`v1.38.0-beta.0`).
-    pub version: String,
+    pub version: KubeVersion,
     /// `GOTOOLCHAIN` for its builds; `None` leaves the environment's.
     pub toolchain: Option<String>,
     /// The checkout it builds (`--k8s-source`): its sources change without its version, so its
@@ -59,12 +59,19 @@ impl KubeModule {
     /// The pinned release: `xtask/local-cluster` itself.
     pub fn pinned(layout: &Layout) -> Result<Self> {
         let dir = layout.go_dir();
-        let version = crate::common::layout::go_mod_version(&dir.join("go.mod"), "k8s.io/kubernetes")?;
+        let go_mod = dir.join("go.mod");
+        let required = gomod::go_mod_version(&go_mod, "k8s.io/kubernetes")?;
+        let version = KubeVersion::parse_tag(&required)
+            .with_context(|| format!("{} requires k8s.io/kubernetes {required}", go_mod.display()))?;
         Ok(Self { dir, version, toolchain: None, checkout: None })
     }
 
     /// The module of `--k8s-source` if given, else of `--k8s-version` (see [`Self::for_version`]).
-    pub fn for_overrides(layout: &Layout, version: Option<&str>, source: Option<&Path>) -> Result<Self> {
+    pub fn for_overrides(
+        layout: &Layout,
+        version: Option<&KubeVersion>,
+        source: Option<&Path>,
+    ) -> Result<Self> {
         match source {
             Some(dir) => checkout(layout, dir),
             None => Self::for_version(layout, version),
@@ -73,11 +80,11 @@ impl KubeModule {
 
     /// The module for `version`: the pinned one when `version` is `None` or the pinned release,
     /// else the generated module of that release (generated unless the cache has it).
-    pub fn for_version(layout: &Layout, version: Option<&str>) -> Result<Self> {
+    pub fn for_version(layout: &Layout, version: Option<&KubeVersion>) -> Result<Self> {
         let pinned = Self::pinned(layout)?;
         match version {
             None => Ok(pinned),
-            Some(v) if v == pinned.version => Ok(pinned),
+            Some(v) if *v == pinned.version => Ok(pinned),
             Some(v) => release(layout, v),
         }
     }
@@ -88,34 +95,23 @@ impl KubeModule {
     }
 }
 
-/// Checks `--k8s-version`'s value: a release tag such as v1.38.0-beta.0.
-pub fn check_version(version: &str) -> std::result::Result<(), UsageError> {
-    if gomod::is_release_tag(version) {
-        Ok(())
-    } else {
-        Err(UsageError::new(format!(
-            "--k8s-version {version:?} is not a Kubernetes release tag: write e.g. v1.38.0-beta.0 or v1.37.2"
-        )))
-    }
+/// Parses `--k8s-version`'s value: a release tag such as v1.38.0-beta.0 (see
+/// [`KubeVersion::parse_tag`]); bad input is one sentence naming the flag.
+pub fn parse_version(version: &str) -> std::result::Result<KubeVersion, UsageError> {
+    KubeVersion::parse_tag(version).map_err(|e| UsageError::new(format!("--k8s-version {e}")))
 }
 
 /// The generated module of `version` in the cache, generated when missing or made from other
 /// inputs (another checkout of this repository, another `xtask/local-cluster/go.mod`).
-fn release(layout: &Layout, version: &str) -> Result<KubeModule> {
-    check_version(version)?;
-    let dir = layout.cache.join("k8s").join(version);
+fn release(layout: &Layout, version: &KubeVersion) -> Result<KubeModule> {
+    let dir = layout.cache.join("k8s").join(version.to_string());
     let inputs = inputs_of(layout)?;
     let stamp = dir.join("inputs");
     let toolchain_file = dir.join("toolchain");
     if fs::read_to_string(&stamp).is_ok_and(|s| s == inputs)
         && let Ok(toolchain) = fs::read_to_string(&toolchain_file)
     {
-        return Ok(KubeModule {
-            dir,
-            version: version.to_string(),
-            toolchain: Some(toolchain),
-            checkout: None,
-        });
+        return Ok(KubeModule { dir, version: version.clone(), toolchain: Some(toolchain), checkout: None });
     }
     let step = crate::progress::Step::start(format!(
         "generate the Go module of Kubernetes {version} (k8s.io/kubernetes from the Go module proxy)"
@@ -139,7 +135,7 @@ fn release(layout: &Layout, version: &str) -> Result<KubeModule> {
         toolchain.needed,
         if replaced.is_empty() { String::new() } else { format!("; ours for {}", replaced.join(", ")) }
     ));
-    Ok(KubeModule { dir, version: version.to_string(), toolchain: Some(toolchain.env), checkout: None })
+    Ok(KubeModule { dir, version: version.clone(), toolchain: Some(toolchain.env), checkout: None })
 }
 
 /// The generated module of the checkout `source` (`--k8s-source`): regenerated when its go.mod
@@ -161,7 +157,7 @@ fn checkout(layout: &Layout, source: &Path) -> Result<KubeModule> {
         ))
         .into());
     }
-    let version = checkout_version(&source)?;
+    let version = checkout_version(&source, std::env::var("KUBE_GIT_VERSION").ok().as_deref())?;
     let mut hasher = Sha256::new();
     hasher.update(source.to_string_lossy().as_bytes());
     let dir = layout.cache.join("k8s").join(format!("checkout-{}", &hex::encode(hasher.finalize())[..12]));
@@ -180,7 +176,8 @@ fn checkout(layout: &Layout, source: &Path) -> Result<KubeModule> {
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let _ = fs::remove_file(&stamp);
     // The required version of a replaced module is only a placeholder.
-    fs::write(dir.join("go.mod"), go_mod("v0.0.0", &k8s_go_mod, &layout.go_dir(), Some(&source))?)
+    let placeholder = KubeVersion::new(0, 0, 0);
+    fs::write(dir.join("go.mod"), go_mod(&placeholder, &k8s_go_mod, &layout.go_dir(), Some(&source))?)
         .with_context(|| format!("write {}/go.mod", dir.display()))?;
     let _ = fs::remove_file(dir.join("go.sum"));
     gomod::tidy(&dir, &toolchain.env, &gomod::replacements(&layout.repo))?;
@@ -190,25 +187,36 @@ fn checkout(layout: &Layout, source: &Path) -> Result<KubeModule> {
 }
 
 /// The version a checkout says it is, as upstream's hack/lib/version.sh finds it:
-/// `KUBE_GIT_VERSION` if set, else `git describe --tags --match 'v*' --abbrev=14 --dirty`.
-fn checkout_version(source: &Path) -> Result<String> {
-    if let Ok(version) = std::env::var("KUBE_GIT_VERSION")
+/// `KUBE_GIT_VERSION` (`kube_git_version`) if set, else `git describe --tags --match 'v*'
+/// --abbrev=14 --dirty` (`v1.38.0-alpha.0-12-gabcdef01234567-dirty`, a pre-release of v1.38.0).
+fn checkout_version(source: &Path, kube_git_version: Option<&str>) -> Result<KubeVersion> {
+    if let Some(version) = kube_git_version
         && !version.trim().is_empty()
     {
-        return Ok(version.trim().to_string());
+        return KubeVersion::parse(version)
+            .map_err(|e| UsageError::new(format!("KUBE_GIT_VERSION {e}")).into());
     }
     let out = std::process::Command::new("git")
         .args(["describe", "--tags", "--match", "v*", "--abbrev=14", "--dirty"])
         .current_dir(source)
         .output();
-    match out {
-        Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
-        _ => Err(UsageError::new(format!(
-            "cannot tell the version of the checkout {}: it has no git tag v* (`git describe` failed); set KUBE_GIT_VERSION=v1.x.y as upstream's build takes it",
+    let described = match out {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        _ => {
+            return Err(UsageError::new(format!(
+                "cannot tell the version of the checkout {}: it has no git tag v* (`git describe` failed); set KUBE_GIT_VERSION=v1.x.y as upstream's build takes it",
+                source.display()
+            ))
+            .into());
+        }
+    };
+    KubeVersion::parse(&described).map_err(|e| {
+        UsageError::new(format!(
+            "cannot tell the version of the checkout {}: `git describe` says {e}; set KUBE_GIT_VERSION=v1.x.y as upstream's build takes it",
             source.display()
         ))
-        .into()),
-    }
+        .into()
+    })
 }
 
 /// What the generated module depends on: this generator, the path and go.mod of
@@ -230,13 +238,18 @@ fn inputs_of(layout: &Layout) -> Result<String> {
 
 /// The generated go.mod: k8s.io/kubernetes@`version`, its staging modules at v0.X.Y of the
 /// same release, our module by a local replace, and the packages the cluster builds as tools.
-fn go_mod(version: &str, k8s_go_mod: &str, local_cluster: &Path, checkout: Option<&Path>) -> Result<String> {
+fn go_mod(
+    version: &KubeVersion,
+    k8s_go_mod: &str,
+    local_cluster: &Path,
+    checkout: Option<&Path>,
+) -> Result<String> {
     let go_line = k8s_go_mod
         .lines()
         .find_map(|l| l.strip_prefix("go "))
         .context("k8s.io/kubernetes's go.mod has no go line")?
         .trim();
-    let staging = format!("v0.{}", version.trim_start_matches("v1."));
+    let staging = version.staging();
     let mut out = format!(
         "// Generated by `cargo xtask cluster up` for Kubernetes {version} (xtask/src/common/kube_module.rs).\n\
          module dra-e2e.local/kubernetes\n\ngo {go_line}\n\n\
@@ -266,10 +279,14 @@ fn go_mod(version: &str, k8s_go_mod: &str, local_cluster: &Path, checkout: Optio
 mod tests {
     use super::*;
 
+    fn v(text: &str) -> KubeVersion {
+        KubeVersion::parse(text).unwrap()
+    }
+
     #[test]
     fn the_generated_go_mod_pins_the_release_and_its_staging_modules() {
         let k8s = "module k8s.io/kubernetes\n\ngo 1.27.0\n\nrequire (\n\tk8s.io/api v0.0.0\n\tk8s.io/cri-client v0.0.0\n\tk8s.io/klog/v2 v2.130.1\n)\n";
-        let text = go_mod("v1.38.0-beta.0", k8s, Path::new("/repo/xtask/local-cluster"), None).unwrap();
+        let text = go_mod(&v("v1.38.0-beta.0"), k8s, Path::new("/repo/xtask/local-cluster"), None).unwrap();
         assert!(text.contains("\ngo 1.27.0\n"), "{text}");
         assert!(text.contains("\tk8s.io/kubernetes v1.38.0-beta.0\n"), "{text}");
         assert!(text.contains("replace k8s.io/api => k8s.io/api v0.38.0-beta.0\n"), "{text}");
@@ -277,19 +294,58 @@ mod tests {
         assert!(!text.contains("klog/v2 =>"), "{text}");
         assert!(text.contains(&format!("replace {LOCAL_CLUSTER_MODULE} => /repo/xtask/local-cluster\n")));
         assert!(text.contains(&format!("tool {KUBE_PACKAGE}\n")), "{text}");
-        assert!(go_mod("v1.38.0", "module k8s.io/kubernetes\n", Path::new("/x"), None).is_err());
-        let text = go_mod("v1.38.0", k8s, Path::new("/x"), Some(Path::new("/src/k8s"))).unwrap();
+        assert!(go_mod(&v("v1.38.0"), "module k8s.io/kubernetes\n", Path::new("/x"), None).is_err());
+        let text = go_mod(&v("v1.38.0"), k8s, Path::new("/x"), Some(Path::new("/src/k8s"))).unwrap();
         assert!(text.contains("replace k8s.io/kubernetes => /src/k8s\n"), "{text}");
         assert!(text.contains("replace k8s.io/api => /src/k8s/staging/src/k8s.io/api\n"), "{text}");
     }
 
     #[test]
     fn a_version_that_is_no_release_tag_is_bad_input() {
-        assert!(check_version("v1.38.0-beta.0").is_ok());
-        for bad in ["1.38", "v1.38", "latest", "v1.38.0/../x"] {
-            let err = check_version(bad).unwrap_err();
-            assert!(err.to_string().contains("--k8s-version"), "{err}");
+        assert_eq!(parse_version("v1.38.0-beta.0").unwrap(), v("v1.38.0-beta.0"));
+        assert_eq!(parse_version("1.38.0").unwrap().to_string(), "v1.38.0");
+        for bad in ["1.38", "v1.38", "latest", "v1.38.0/../x", "v2.0.0", "v1.38.0+abc"] {
+            let err = parse_version(bad).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "--k8s-version {bad:?} is not a Kubernetes release tag such as v1.37.2 or v1.38.0-beta.0"
+                )
+            );
         }
+    }
+
+    #[test]
+    fn a_checkout_is_at_the_version_git_describe_or_kube_git_version_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = checkout_version(dir.path(), None).unwrap_err().to_string();
+        assert!(err.contains("it has no git tag v*") && !err.contains('\n'), "{err}");
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"])
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        git(&["init", "-q"]);
+        git(&["commit", "-q", "--allow-empty", "-m", "a"]);
+        git(&["tag", "v1.38.0-alpha.0"]);
+        git(&["commit", "-q", "--allow-empty", "-m", "b"]);
+        let version = checkout_version(dir.path(), None).unwrap();
+        assert!(version.to_string().starts_with("v1.38.0-alpha.0-1-g"), "{version}");
+        assert_eq!(version.release(), KubeVersion::new(1, 38, 0));
+        git(&["tag", "vnext"]);
+        let err = checkout_version(dir.path(), None).unwrap_err().to_string();
+        assert!(err.contains("`git describe` says \"vnext\" is not a Kubernetes version"), "{err}");
+        let version = checkout_version(dir.path(), Some("v1.38.0-alpha.0.5+abc")).unwrap();
+        assert_eq!(version.to_string(), "v1.38.0-alpha.0.5+abc");
+        let err = checkout_version(dir.path(), Some("main")).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "KUBE_GIT_VERSION \"main\" is not a Kubernetes version such as v1.37.2 or v1.38.0-beta.0"
+        );
     }
 
     #[test]

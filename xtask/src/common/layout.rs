@@ -2,7 +2,7 @@
 //! kubelet and DRA use. Everything the cluster creates lives under these paths, so `cluster down`
 //! knows exactly what to remove.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
@@ -106,45 +106,5 @@ impl Layout {
     /// The gates and API versions the cluster runs with on top of kind.yaml's.
     pub fn overrides_file(&self) -> PathBuf {
         self.state.join("overrides")
-    }
-}
-
-/// Reads the version a go.mod requires (or replaces to) for a module path.
-pub fn go_mod_version(go_mod: &Path, module: &str) -> Result<String> {
-    let text = std::fs::read_to_string(go_mod).with_context(|| format!("read {}", go_mod.display()))?;
-    required_version(&text, module).with_context(|| format!("{} does not require {module}", go_mod.display()))
-}
-
-fn required_version(go_mod: &str, module: &str) -> Option<String> {
-    go_mod.lines().find_map(|line| {
-        let mut words = line.split_whitespace();
-        let first = words.next()?;
-        let (path, version) =
-            if first == "require" { (words.next()?, words.next()?) } else { (first, words.next()?) };
-        (path == module && version.starts_with('v')).then(|| version.to_string())
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_required_versions() {
-        let go_mod = "module x\n\ngo 1.26.0\n\nrequire (\n\tk8s.io/kubernetes v1.37.2\n\tgo.etcd.io/etcd/server/v3 v3.7.0 // indirect\n)\nrequire github.com/a/b v0.1.0\nreplace k8s.io/api => k8s.io/api v0.37.2\n";
-        assert_eq!(required_version(go_mod, "k8s.io/kubernetes").as_deref(), Some("v1.37.2"));
-        assert_eq!(required_version(go_mod, "go.etcd.io/etcd/server/v3").as_deref(), Some("v3.7.0"));
-        assert_eq!(required_version(go_mod, "github.com/a/b").as_deref(), Some("v0.1.0"));
-        assert_eq!(required_version(go_mod, "k8s.io/api"), None);
-    }
-
-    #[test]
-    fn the_repository_pins_kubernetes_and_containerd() {
-        let go_dir = crate::repo::repo_root().join("xtask/local-cluster");
-        let k8s = go_mod_version(&go_dir.join("go.mod"), "k8s.io/kubernetes").unwrap();
-        assert!(k8s.starts_with("v1."), "{k8s}");
-        let containerd =
-            go_mod_version(&go_dir.join("containerd/go.mod"), "github.com/containerd/containerd/v2").unwrap();
-        assert!(containerd.starts_with("v2."), "{containerd}");
     }
 }

@@ -5,6 +5,7 @@
 pub(crate) mod build;
 pub(crate) mod images;
 pub(crate) mod kube_module;
+pub(crate) mod kube_version;
 pub(crate) mod layout;
 pub(crate) mod process;
 pub(crate) mod registry;

@@ -40,6 +40,7 @@ pub use load::load_archives;
 
 use crate::{
     cluster_config::{self, ClusterConfig},
+    common::kube_version::KubeVersion,
     kube_api::{client_for, node_is_ready},
     overrides::Overrides,
     usage::UsageError,
@@ -157,14 +158,14 @@ pub async fn up(
 
 /// The Kubernetes a node image is built from, as the overrides name it.
 fn kubernetes_of(overrides: &Overrides) -> image::Kubernetes<'_> {
-    image::Kubernetes { release: overrides.k8s_version.as_deref(), source: overrides.k8s_source.as_deref() }
+    image::Kubernetes { release: overrides.k8s_version.as_ref(), source: overrides.k8s_source.as_deref() }
 }
 
 /// `cluster build --provider kind`: builds the node image of the pinned Kubernetes, of another
 /// release or of a checkout unless it exists; prints its tag.
 pub async fn build(
     args: &KindOptions,
-    release: Option<&str>,
+    release: Option<&KubeVersion>,
     source: Option<&Path>,
 ) -> anyhow::Result<String> {
     let built = build_in(&Host::current(), args, image::Kubernetes { release, source }).await?;

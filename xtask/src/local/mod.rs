@@ -35,7 +35,7 @@ use kube::{
     api::{Patch, PatchParams},
 };
 
-pub use crate::common::kube_module::check_version as check_k8s_version;
+pub use crate::common::kube_module::parse_version as parse_k8s_version;
 pub use netns::forward_command;
 pub use tools::{kubectl_binary, load, running_kubeconfig};
 
@@ -45,6 +45,7 @@ use crate::{
     common::{
         build::{self, Binaries, Versions},
         images,
+        kube_version::KubeVersion,
         layout::{Layout, ports},
         process::Supervisor,
     },
@@ -115,7 +116,7 @@ impl LocalCluster {
     fn versions(&self) -> Result<Versions> {
         Versions::for_cluster(
             &self.layout,
-            self.overrides.k8s_version.as_deref(),
+            self.overrides.k8s_version.as_ref(),
             self.overrides.k8s_source.as_deref(),
         )
     }
@@ -444,7 +445,7 @@ impl LocalCluster {
             // run's kubelet version until this kubelet posts its first status, and a kubelet
             // that first posted NotReady leaves the not-ready taint until the node lifecycle
             // controller's next pass, which a test that picks its nodes right away would meet.
-            let version = old.as_ref().map_or_else(|| versions.kubernetes.clone(), |k| k.version.to_string());
+            let version = old.as_ref().map_or(&versions.kubernetes, |k| &k.version).to_string();
             wait::until(
                 &format!(
                     "node {} Ready since its kubelet {version} started, without a not-ready taint",
@@ -592,9 +593,9 @@ pub async fn up(nodes: Option<usize>, overrides: Option<Overrides>, with_registr
 /// `cluster build`: the cluster's binaries and the older kubelets `kubelet_versions` names,
 /// built unless cached; starts nothing.
 pub fn build(
-    k8s_version: Option<&str>,
+    k8s_version: Option<&KubeVersion>,
     k8s_source: Option<&std::path::Path>,
-    kubelet_versions: &[crate::skew::Version],
+    kubelet_versions: &[KubeVersion],
 ) -> Result<()> {
     let layout = Layout::from_env(repo_root())?;
     let versions = Versions::for_cluster(&layout, k8s_version, k8s_source)?;
@@ -604,7 +605,7 @@ pub fn build(
         versions.kubernetes,
         bins.dir.display()
     );
-    for &version in kubelet_versions {
+    for version in kubelet_versions {
         let kubelet = old_kubelet::ensure(&layout, version)?;
         eprintln!("==> kubelet {version} is {}", kubelet.binary.display());
     }

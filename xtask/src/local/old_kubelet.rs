@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::common::{
     build,
+    kube_version::KubeVersion,
     layout::{Layout, OLD_KUBELET_DIR},
 };
 use crate::{progress::Step, skew};
@@ -31,7 +32,7 @@ const GATES_FILE: &str = "feature-gates";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OldKubelet {
     /// Its version (stamped into the binary: the node reports it).
-    pub version: skew::Version,
+    pub version: KubeVersion,
     /// The binary.
     pub binary: PathBuf,
     /// The feature gates it knows (GA and deprecated gates are not listed by the kubelet).
@@ -39,17 +40,17 @@ pub struct OldKubelet {
 }
 
 /// The Go module of the kubelet at `version`.
-pub fn module_dir(layout: &Layout, version: skew::Version) -> PathBuf {
+pub fn module_dir(layout: &Layout, version: &KubeVersion) -> PathBuf {
     layout.go_dir().join(DIR).join(version.to_string())
 }
 
 /// The versions that have a module, oldest first.
-pub fn supported(layout: &Layout) -> Vec<skew::Version> {
+pub fn supported(layout: &Layout) -> Vec<KubeVersion> {
     let Ok(entries) = fs::read_dir(layout.go_dir().join(DIR)) else { return Vec::new() };
-    let mut versions: Vec<skew::Version> = entries
+    let mut versions: Vec<KubeVersion> = entries
         .filter_map(|e| e.ok())
         .filter(|e| e.path().join("go.mod").is_file())
-        .filter_map(|e| skew::Version::parse(&e.file_name().to_string_lossy()).ok())
+        .filter_map(|e| KubeVersion::parse_release(&e.file_name().to_string_lossy()).ok())
         .collect();
     versions.sort();
     versions
@@ -57,16 +58,16 @@ pub fn supported(layout: &Layout) -> Vec<skew::Version> {
 
 /// The older kubelet of each node (`None`: the node runs the cluster's own kubelet), from
 /// `--kubelet-version` and kind.yaml's node images (see [`skew::node_versions`]); builds those
-/// the cache lacks.
+/// the cache lacks. A pre-release cluster counts as its release.
 pub fn for_nodes(
     layout: &Layout,
-    cluster_version: &str,
+    cluster_version: &KubeVersion,
     config: &crate::cluster_config::ClusterConfig,
     node_count: usize,
-    flag: &[skew::Version],
+    flag: &[KubeVersion],
 ) -> Result<Vec<Option<OldKubelet>>> {
-    let cluster = skew::Version::of_cluster(cluster_version)?;
-    let versions = skew::node_versions(cluster, node_count, &config.node_images, flag)?;
+    let cluster = cluster_version.release();
+    let versions = skew::node_versions(&cluster, node_count, &config.node_images, flag)?;
     let mut built: Vec<OldKubelet> = Vec::new();
     versions
         .into_iter()
@@ -77,7 +78,7 @@ pub fn for_nodes(
             if let Some(kubelet) = built.iter().find(|k| k.version == version) {
                 return Ok(Some(kubelet.clone()));
             }
-            let kubelet = ensure(layout, version)?;
+            let kubelet = ensure(layout, &version)?;
             built.push(kubelet.clone());
             Ok(Some(kubelet))
         })
@@ -85,7 +86,7 @@ pub fn for_nodes(
 }
 
 /// What the nodes run, for the progress line: `kind-worker v1.34.4, the others v1.37.2`.
-pub fn describe(names: &[&str], kubelets: &[Option<OldKubelet>], cluster_version: &str) -> String {
+pub fn describe(names: &[&str], kubelets: &[Option<OldKubelet>], cluster_version: &KubeVersion) -> String {
     let old: Vec<String> = names
         .iter()
         .zip(kubelets)
@@ -99,7 +100,7 @@ pub fn describe(names: &[&str], kubelets: &[Option<OldKubelet>], cluster_version
 }
 
 /// Builds the kubelet at `version` unless the cache has it, and returns it.
-pub fn ensure(layout: &Layout, version: skew::Version) -> Result<OldKubelet> {
+pub fn ensure(layout: &Layout, version: &KubeVersion) -> Result<OldKubelet> {
     let module = module_dir(layout, version);
     if !module.join("go.mod").is_file() {
         let known: Vec<String> = supported(layout).iter().map(ToString::to_string).collect();
@@ -109,7 +110,7 @@ pub fn ensure(layout: &Layout, version: skew::Version) -> Result<OldKubelet> {
             if known.is_empty() { "none".to_string() } else { known.join(", ") }
         );
     }
-    let ldflags = build::kube_ldflags(&version.to_string());
+    let ldflags = build::kube_ldflags(version);
     let key = cache_key(&module, &build::go_version()?, &ldflags)?;
     let builds = layout.cache.join("bin").join(DIR);
     let dir = builds.join(format!("{version}-{key}"));
@@ -140,7 +141,7 @@ pub fn ensure(layout: &Layout, version: skew::Version) -> Result<OldKubelet> {
 }
 
 /// The cached build in `dir`, if complete.
-fn read_cached(dir: &Path, version: skew::Version) -> Result<Option<OldKubelet>> {
+fn read_cached(dir: &Path, version: &KubeVersion) -> Result<Option<OldKubelet>> {
     let binary = dir.join("kubelet");
     let gates_file = dir.join(GATES_FILE);
     if !binary.is_file() || !gates_file.is_file() {
@@ -148,11 +149,11 @@ fn read_cached(dir: &Path, version: skew::Version) -> Result<Option<OldKubelet>>
     }
     let text = fs::read_to_string(&gates_file).with_context(|| format!("read {}", gates_file.display()))?;
     let gates = text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
-    Ok(Some(OldKubelet { version, binary, gates }))
+    Ok(Some(OldKubelet { version: version.clone(), binary, gates }))
 }
 
 /// Removes the other builds of `version` (an earlier cache key) and dead partial builds.
-fn prune_other_builds(builds: &Path, version: skew::Version, current: &Path) {
+fn prune_other_builds(builds: &Path, version: &KubeVersion, current: &Path) {
     let Ok(entries) = fs::read_dir(builds) else { return };
     let prefix = format!("{version}-");
     for path in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
@@ -198,11 +199,11 @@ mod tests {
         let versions: Vec<String> = supported(&layout).iter().map(ToString::to_string).collect();
         assert_eq!(versions, ["v1.34.4", "v1.35.4", "v1.36.3"]);
         for version in supported(&layout) {
-            let go_mod = module_dir(&layout, version).join("go.mod");
-            let pinned = crate::common::layout::go_mod_version(&go_mod, "k8s.io/kubernetes").unwrap();
+            let go_mod = module_dir(&layout, &version).join("go.mod");
+            let pinned = crate::gomod::go_mod_version(&go_mod, "k8s.io/kubernetes").unwrap();
             assert_eq!(pinned, version.to_string(), "{}", go_mod.display());
             let text = fs::read_to_string(&go_mod).unwrap();
-            let staging = format!("k8s.io/kubelet => k8s.io/kubelet v0.{}.{}", version.minor, version.patch);
+            let staging = format!("k8s.io/kubelet => k8s.io/kubelet {}", version.staging());
             assert!(text.contains(&staging), "{} lacks {staging:?}", go_mod.display());
             assert!(text.contains(&format!("tool {KUBELET_PACKAGE}")), "{}", go_mod.display());
         }
@@ -210,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_version_without_module_names_the_supported_ones() {
-        let err = ensure(&layout(), skew::Version::parse("v1.20.0").unwrap()).unwrap_err().to_string();
+        let err = ensure(&layout(), &KubeVersion::new(1, 20, 0)).unwrap_err().to_string();
         assert!(err.contains("v1.34.4, v1.35.4, v1.36.3"), "{err}");
         assert!(err.contains("update-replace.sh v1.20.0 kubelet/v1.20.0"), "{err}");
     }
@@ -218,11 +219,11 @@ mod tests {
     #[test]
     fn the_cache_key_follows_the_module_and_the_go_version() {
         let layout = layout();
-        let module = module_dir(&layout, skew::Version::parse("v1.34.4").unwrap());
+        let module = module_dir(&layout, &KubeVersion::new(1, 34, 4));
         let a = cache_key(&module, "go1.26.8", "-s").unwrap();
         assert_eq!(a, cache_key(&module, "go1.26.8", "-s").unwrap());
         assert_ne!(a, cache_key(&module, "go1.26.9", "-s").unwrap());
-        let other = module_dir(&layout, skew::Version::parse("v1.35.4").unwrap());
+        let other = module_dir(&layout, &KubeVersion::new(1, 35, 4));
         assert_ne!(a, cache_key(&other, "go1.26.8", "-s").unwrap());
     }
 }

@@ -13,14 +13,18 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{common::layout::Layout, gomod, mutants::catalogue::Mutant};
+use crate::{
+    common::{kube_version::KubeVersion, layout::Layout},
+    gomod,
+    mutants::catalogue::Mutant,
+};
 
 /// The suffix of the copy of a file's original text while a mutant is in it.
 const ORIGINAL_SUFFIX: &str = ".dra-e2e-original";
 
 /// The checkout of release `version` assembled from Go's module cache under the cache directory
 /// (once; later runs find it).
-pub fn assemble(layout: &Layout, version: &str) -> Result<PathBuf> {
+pub fn assemble(layout: &Layout, version: &KubeVersion) -> Result<PathBuf> {
     let dir = layout.cache.join("mutants").join(format!("kubernetes-{version}"));
     let complete = dir.join(".dra-e2e-complete");
     if complete.exists() {
@@ -39,7 +43,7 @@ pub fn assemble(layout: &Layout, version: &str) -> Result<PathBuf> {
     }
     run(Command::new("cp").arg("-a").arg(&module.dir).arg(&dir))?;
     run(Command::new("chmod").args(["-R", "u+w"]).arg(&dir))?;
-    let staging_version = format!("v0.{}", version.trim_start_matches("v1."));
+    let staging_version = version.staging().to_string();
     let toolchain = gomod::toolchain_for(&module.go_mod)?;
     let staging = gomod::staging_modules(&module.go_mod);
     for (path, module_dir) in download_modules(&staging, &staging_version, &toolchain.env)? {

@@ -57,13 +57,10 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
         Some(dir) => (dir.clone(), None),
         None => {
             let version = match &options.k8s_version {
-                Some(v) => {
-                    crate::local::check_k8s_version(v)?;
-                    v.clone()
-                }
+                Some(v) => crate::local::parse_k8s_version(v)?,
                 None => crate::common::kube_module::KubeModule::pinned(&layout)?.version,
             };
-            (checkout::assemble(&layout, &version)?, Some(version))
+            (checkout::assemble(&layout, &version)?, Some(version.to_string()))
         }
     };
     checkout::restore_leftovers(&checkout, catalogue::MUTANTS)?;

@@ -24,7 +24,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::repo::repo_root;
+use crate::{common::kube_version::KubeVersion, repo::repo_root};
 
 /// Options of `cargo xtask upstream-specs`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,25 +40,22 @@ const FOCUS: &str = "DRA";
 
 /// Builds upstream's e2e test binary for the version, runs its dry run, writes the list.
 pub fn run(args: &UpstreamSpecsOptions) -> anyhow::Result<ExitCode> {
-    let version = args.version.trim();
-    if !crate::gomod::is_release_tag(version) {
-        return Err(crate::usage::UsageError::new(format!(
-            "{version:?} is not a Kubernetes release tag such as v1.37.2 or v1.38.0-beta.0"
-        ))
-        .into());
-    }
+    let release =
+        KubeVersion::parse_tag(&args.version).map_err(|e| crate::usage::UsageError::new(e.to_string()))?;
+    let tag = release.to_string();
+    let version = tag.as_str();
     let repo = repo_root();
     let work = repo.join("target").join("upstream-specs").join(version);
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
 
     eprintln!("upstream-specs: downloading k8s.io/kubernetes@{version} from the Go module proxy");
-    let module = crate::gomod::download(version)?;
+    let module = crate::gomod::download(&release)?;
     let toolchain = crate::gomod::toolchain_for(&module.go_mod)?;
     eprintln!("upstream-specs: its go.mod needs {}; using GOTOOLCHAIN={}", toolchain.needed, toolchain.env);
     let packages = gomod::dra_packages(&module.dir)?;
     eprintln!("upstream-specs: test packages that mention DRA: {}", packages.join(" "));
 
-    gomod::write_module(&work, version, &module.go_mod, &packages)?;
+    gomod::write_module(&work, &release, &module.go_mod, &packages)?;
     let replaced = crate::gomod::tidy(&work, &toolchain.env, &crate::gomod::replacements(&repo))?;
 
     eprintln!("upstream-specs: building the e2e test binary (go test -c; minutes on 2 cores)");

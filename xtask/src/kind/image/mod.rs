@@ -35,6 +35,7 @@ use crate::{
     common::{
         build::{self, Versions, Wanted},
         images::{self, SharedLayerImage},
+        kube_version::KubeVersion,
         layout::Layout,
     },
     progress::Step,
@@ -89,7 +90,7 @@ pub struct NodeImage {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Kubernetes<'a> {
     /// A release tag (`v1.38.0-beta.0`).
-    pub release: Option<&'a str>,
+    pub release: Option<&'a KubeVersion>,
     /// A Kubernetes checkout.
     pub source: Option<&'a Path>,
 }
@@ -102,10 +103,9 @@ pub async fn ensure(
     k8s: Kubernetes<'_>,
 ) -> Result<NodeImage> {
     let versions = {
-        let (layout, release, source) =
-            (layout.clone(), k8s.release.map(String::from), k8s.source.map(PathBuf::from));
+        let (layout, release, source) = (layout.clone(), k8s.release.cloned(), k8s.source.map(PathBuf::from));
         tokio::task::spawn_blocking(move || {
-            Versions::for_cluster(&layout, release.as_deref(), source.as_deref())
+            Versions::for_cluster(&layout, release.as_ref(), source.as_deref())
         })
         .await
         .context("the module thread panicked")??
@@ -136,7 +136,8 @@ pub async fn ensure(
     step.done();
     let step = Step::start("assemble the node's root filesystem");
     let staging = work.path().join("rootfs");
-    rootfs::assemble(&base, &staging, &kind_files, &bins, &versions.kubernetes).await?;
+    let kubernetes = versions.kubernetes.to_string();
+    rootfs::assemble(&base, &staging, &kind_files, &bins, &kubernetes).await?;
     let rootfs_tar = work.path().join("rootfs.tar");
     let mut tar = tokio::process::Command::new("tar");
     tar.arg("-C").arg(&staging).args(["--numeric-owner", "-cf"]).arg(&rootfs_tar).arg(".");
@@ -146,7 +147,7 @@ pub async fn ensure(
 
     let step = Step::start("write the images kubeadm and the suites need");
     let archives_dir = work.path().join("images");
-    let archives = write_archives(&bins, &versions.kubernetes, &rootfs_tar, &archives_dir).await?;
+    let archives = write_archives(&bins, &kubernetes, &rootfs_tar, &archives_dir).await?;
     step.done();
 
     let step = Step::start(format!("docker import, preload the images, docker commit {tag}"));
