@@ -16,24 +16,21 @@ use tracing::{debug, info};
 use super::{
     KIND_VERSION, QUICK_TIMEOUT,
     host::{Host, find_program},
-    kind_version_cmd, parse_kind_version, same_version,
+    kind_semver, kind_version_cmd, parse_kind_version, same_version,
 };
 use crate::{progress::Step, usage::UsageError};
 
 /// How long `go install sigs.k8s.io/kind@V` may take (a cold module cache downloads and builds).
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
-/// `v0.33.0` for `0.33.0` or `v0.33.0`; anything but a plain version is a [`UsageError`].
+/// `v0.33.0` for `0.33.0` or `v0.33.0`; anything but a semantic version is a [`UsageError`].
 pub fn normalize_version(version: &str) -> Result<String, UsageError> {
-    let bare = version.trim().trim_start_matches('v');
-    let ok = bare.starts_with(|c: char| c.is_ascii_digit())
-        && bare.chars().all(|c| c.is_ascii_alphanumeric() || ".+-".contains(c));
-    if !ok {
-        return Err(UsageError::new(format!(
+    match kind_semver(version) {
+        Some(semver) => Ok(format!("v{semver}")),
+        None => Err(UsageError::new(format!(
             "{version:?} is not a kind version: give one like {KIND_VERSION} to --kind-version (KIND_VERSION)"
-        )));
+        ))),
     }
-    Ok(format!("v{bare}"))
 }
 
 /// Where the cache keeps kind `version`.
@@ -155,7 +152,7 @@ mod tests {
     fn versions_are_normalized_or_refused() {
         assert_eq!(normalize_version("0.33.0").unwrap(), "v0.33.0");
         assert_eq!(normalize_version("v0.34.0-alpha.1").unwrap(), "v0.34.0-alpha.1");
-        for bad in ["", "latest", "v0.33.0; rm -rf /", "main"] {
+        for bad in ["", "latest", "v0.33.0; rm -rf /", "main", "0.33", "vv0.33.0"] {
             let err = normalize_version(bad).unwrap_err().to_string();
             assert!(err.contains("is not a kind version"), "{err}");
         }

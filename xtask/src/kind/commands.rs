@@ -261,9 +261,18 @@ pub fn parse_kind_version(output: &str) -> Option<&str> {
     words.next().filter(|v| v.starts_with('v'))
 }
 
-/// Whether two kind versions are the same, with or without the leading `v`.
+/// A kind version (`v0.33.0`, `0.34.0-alpha.12+abc`) as the semantic version it is; `None` for
+/// anything else. kind's versions are not Kubernetes versions, so not a
+/// [`crate::common::kube_version::KubeVersion`]; they are read the same way.
+pub fn kind_semver(version: &str) -> Option<semver::Version> {
+    let version = version.trim();
+    semver::Version::parse(version.strip_prefix('v').unwrap_or(version)).ok()
+}
+
+/// Whether two kind versions are the same, with or without the leading `v`; text that is no
+/// version is the same as nothing.
 pub fn same_version(a: &str, b: &str) -> bool {
-    a.trim().trim_start_matches('v') == b.trim().trim_start_matches('v')
+    kind_semver(a).is_some_and(|a| kind_semver(b) == Some(a))
 }
 
 /// The Docker platform of this machine's architecture (`linux/amd64`, `linux/arm64`).

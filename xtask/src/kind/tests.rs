@@ -550,6 +550,9 @@ fn versions_and_names() {
     assert_eq!(parse_kind_version("something else"), None);
     assert!(same_version("v0.33.0", "0.33.0") && same_version("0.33.0\n", "v0.33.0"));
     assert!(!same_version("v0.33.0", "v0.33.1"));
+    assert!(same_version("v0.34.0-alpha.12+abc", "0.34.0-alpha.12+abc"));
+    assert!(!same_version("v0.34.0-alpha.12", "v0.34.0"));
+    assert!(!same_version("latest", "latest"));
     validate_name("dra-e2e").unwrap();
     validate_name("a.b-1").unwrap();
     for bad in ["", "Dra", "dra_e2e", "a b"] {
