@@ -5,7 +5,13 @@
 //! name) and the driver set-up time's p50 and p99 (`phase:setup`). It measures; nothing in it
 //! asserts a duration.
 
-use std::{collections::BTreeMap, fmt::Write as _, path::Path, process::ExitCode, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
@@ -57,44 +63,32 @@ impl Spec {
     }
 }
 
-/// What `cargo xtask bench --help` prints.
-const USAGE: &str =
-    "usage: cargo xtask bench suites [--kubeconfig PATH] [dra-e2e flags: --focus R, --skip R, -p N, ...]
-Runs the selection against the cluster, then prints the wall time, the phase sums (set-up, body,
-cleanup, deferred checks), the slowest specs with their longest waits, the driver set-up p50/p99
-and how long the skipped specs took.
-";
+/// What `cargo xtask bench suites` runs (its command line, checked by clap in `cli::runner`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SuitesOptions {
+    /// The cluster (`--kubeconfig`; else `KUBECONFIG`).
+    pub kubeconfig: Option<PathBuf>,
+    /// `dra-e2e`'s flags as given, without `--kubeconfig` and without `--json-report` (the bench
+    /// adds its own).
+    pub runner_args: Vec<String>,
+}
 
-/// `cargo xtask bench ...`.
-pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
-    if raw.iter().any(|a| a == "-h" || a == "--help") {
-        print!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    let Some((what, rest)) = raw.split_first() else { return Err(UsageError::new(USAGE.trim_end()).into()) };
-    if what != "suites" {
-        let message = format!("unknown benchmark {what:?}: the one there is is `cargo xtask bench suites`");
-        return Err(UsageError::new(message).into());
-    }
-    let args = e2e::parse(rest.to_vec())?;
-    let Some(kubeconfig) = args.kubeconfig.clone().or_else(|| std::env::var_os("KUBECONFIG").map(Into::into))
+/// `cargo xtask bench suites ...`: runs the selection, prints the summary, exits with dra-e2e's
+/// exit code.
+pub async fn run(options: SuitesOptions) -> Result<ExitCode> {
+    let Some(kubeconfig) = options.kubeconfig.or_else(|| std::env::var_os("KUBECONFIG").map(Into::into))
     else {
         let message =
             "cargo xtask bench suites needs a running cluster: pass --kubeconfig PATH (or set KUBECONFIG)";
         return Err(UsageError::new(message).into());
     };
-    if args.passthrough.iter().any(|a| a == "--json-report" || a.starts_with("--json-report=")) {
-        return Err(
-            UsageError::new("cargo xtask bench suites writes its own --json-report; leave it out").into()
-        );
-    }
     let repo = crate::repo::repo_root();
     let runner = e2e::build_runner(&repo, e2e::Build::Binary)?;
     let dir = tempfile::tempdir().context("create a folder for the report")?;
     let report_path = dir.path().join("bench.json");
-    let mut passthrough = args.passthrough.clone();
-    passthrough.extend(["--json-report".to_owned(), report_path.display().to_string()]);
-    let code = e2e::run_runner(&runner, &kubeconfig, &passthrough).await?;
+    let mut runner_args = options.runner_args;
+    runner_args.extend(["--json-report".to_owned(), report_path.display().to_string()]);
+    let code = e2e::run_runner(&runner, &kubeconfig, &runner_args).await?;
     let report = read(&report_path)?;
     print!("{}", summary(&report));
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))

@@ -1,7 +1,8 @@
-//! `cargo xtask e2e`: builds the `dra-e2e` binary and runs the suites against a cluster, passing
-//! every flag it does not know itself to the binary. Without `--kubeconfig` it brings a cluster up
-//! first (the embedded local one by default) and takes it down afterwards unless `--keep-cluster`
-//! (or unless the cluster was already running).
+//! `cargo xtask e2e`: builds the `dra-e2e` binary and runs the suites against a cluster with the
+//! runner's flags as they were given (the command line, checked by clap in `cli::runner`, arrives
+//! here as [`E2eOptions`]). Without `--kubeconfig` it brings a cluster up first (the embedded local
+//! one by default) and takes it down afterwards unless `--keep-cluster` (or unless the cluster was
+//! already running).
 
 use std::{
     path::{Path, PathBuf},
@@ -12,9 +13,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::{kind, local, overrides::Overrides, provider::Provider};
 
-/// What `cargo xtask e2e` itself understands; everything else goes to `dra-e2e`.
+/// What `cargo xtask e2e` runs: the cluster to use or bring up, and `dra-e2e`'s flags.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct E2eArgs {
+pub struct E2eOptions {
     /// The cluster provider when no kubeconfig is given.
     pub provider: Provider,
     /// An existing cluster.
@@ -25,49 +26,12 @@ pub struct E2eArgs {
     pub kind_name: Option<String>,
     /// The kind node image (`--image`).
     pub kind_image: Option<String>,
-    /// The Kubernetes release of the local cluster (`--k8s-version`; also passed to `dra-e2e`,
-    /// whose spec texts follow it).
+    /// The Kubernetes release of the cluster brought up (`--k8s-version`; it is in
+    /// [`runner_args`](Self::runner_args) too: `dra-e2e`'s spec texts follow it).
     pub k8s_version: Option<String>,
-    /// Flags for `dra-e2e`.
-    pub passthrough: Vec<String>,
-}
-
-/// Splits the command line of `cargo xtask e2e` into its own options and the runner's flags.
-pub fn parse(args: Vec<String>) -> Result<E2eArgs> {
-    let mut out = E2eArgs::default();
-    let mut iter = args.into_iter();
-    while let Some(arg) = iter.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |flag: &str| -> Result<String> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => iter.next().with_context(|| format!("{flag} needs a value")),
-            }
-        };
-        match name.as_str() {
-            "--provider" => {
-                out.provider = match value("--provider")?.as_str() {
-                    "local" => Provider::Local,
-                    "kind" => Provider::Kind,
-                    other => bail!("unknown provider {other:?}: use local or kind"),
-                }
-            }
-            "--kubeconfig" => out.kubeconfig = Some(PathBuf::from(value("--kubeconfig")?)),
-            "--keep-cluster" => out.keep_cluster = true,
-            "--name" => out.kind_name = Some(value("--name")?),
-            "--image" => out.kind_image = Some(value("--image")?),
-            "--k8s-version" => {
-                let version = value("--k8s-version")?;
-                out.passthrough.extend(["--k8s-version".to_string(), version.clone()]);
-                out.k8s_version = Some(version);
-            }
-            _ => out.passthrough.push(arg),
-        }
-    }
-    Ok(out)
+    /// `dra-e2e`'s command line as given, without `--kubeconfig` (passed by [`run_runner`]); a
+    /// leading `cleanup` is its subcommand.
+    pub runner_args: Vec<String>,
 }
 
 /// How to build `dra-e2e`.
@@ -136,15 +100,18 @@ fn split_subcommand(args: &[String]) -> (&[String], &[String]) {
     }
 }
 
-/// `cargo xtask e2e ...`.
-pub async fn run(raw: Vec<String>) -> Result<ExitCode> {
-    let code = run_with_code(raw).await?;
+/// `cargo xtask e2e ...`: exits with dra-e2e's exit code.
+pub async fn run(args: E2eOptions) -> Result<ExitCode> {
+    let code = run_with_code(&args).await?;
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
 /// `cargo xtask e2e ...`, returning dra-e2e's exit code.
-pub async fn run_with_code(raw: Vec<String>) -> Result<i32> {
-    let args = parse(raw)?;
+async fn run_with_code(args: &E2eOptions) -> Result<i32> {
+    // The release of a cluster to bring up, checked before anything is built.
+    if let (None, Some(version)) = (&args.kubeconfig, &args.k8s_version) {
+        local::parse_k8s_version(version)?;
+    }
     let repo = crate::repo::repo_root();
     let runner = build_runner(&repo, Build::Binary)?;
     let (kubeconfig, teardown) = match (&args.kubeconfig, args.provider) {
@@ -175,18 +142,19 @@ pub async fn run_with_code(raw: Vec<String>) -> Result<i32> {
                 }
                 None => None,
             };
-            let path = Provider::Kind.up(&kind_args(&args), None, overrides, false, false).await?;
+            let path = Provider::Kind.up(&kind_args(args), None, overrides, false, false).await?;
             (path, (!args.keep_cluster).then_some(Provider::Kind))
         }
     };
-    let code = run_runner(&runner, &kubeconfig, &args.passthrough).await;
+    let code = run_runner(&runner, &kubeconfig, &args.runner_args).await;
     if let Some(provider) = teardown {
-        provider.down(&kind_args(&args), false).await?;
+        provider.down(&kind_args(args), false).await?;
     }
     code
 }
 
-fn kind_args(args: &E2eArgs) -> kind::KindOptions {
+/// The kind cluster of the run: `--name` and `--image`, else the `KIND_*` variables'.
+fn kind_args(args: &E2eOptions) -> kind::KindOptions {
     kind::KindOptions {
         name: args
             .kind_name
@@ -208,34 +176,10 @@ mod tests {
     }
 
     #[test]
-    fn own_flags_are_taken_the_rest_passes_through() {
-        let args = parse(strings(&[
-            "--focus",
-            "DRA",
-            "--provider=kind",
-            "--keep-cluster",
-            "-p",
-            "4",
-            "--kubeconfig",
-            "/k",
-            "--skip",
-            "Slow",
-        ]))
-        .unwrap();
-        assert_eq!(args.provider, Provider::Kind);
-        assert!(args.keep_cluster);
-        assert_eq!(args.kubeconfig, Some(PathBuf::from("/k")));
-        assert_eq!(args.passthrough, strings(&["--focus", "DRA", "-p", "4", "--skip", "Slow"]));
-        assert_eq!(split_subcommand(&args.passthrough), (&[][..], &args.passthrough[..]));
+    fn a_leading_cleanup_is_the_runners_subcommand() {
+        let run = strings(&["--focus", "DRA", "-p", "4"]);
+        assert_eq!(split_subcommand(&run), (&[][..], &run[..]));
         let cleanup = strings(&["cleanup", "--keep-leftovers"]);
         assert_eq!(split_subcommand(&cleanup), (&cleanup[..1], &cleanup[1..]));
-    }
-
-    #[test]
-    fn bad_provider_and_missing_values_are_errors() {
-        assert!(
-            parse(strings(&["--provider", "docker"])).unwrap_err().to_string().contains("unknown provider")
-        );
-        assert!(parse(strings(&["--kubeconfig"])).unwrap_err().to_string().contains("needs a value"));
     }
 }

@@ -32,14 +32,12 @@ mod wait;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
     // The engine's runc shim runs before anything else (no logging, no runtime).
     if let Some(code) = cli::shim::main_if_invoked() {
         return code;
     }
-    let cli = cli::Cli::kubectl_verbatim(std::env::args().collect()).unwrap_or_else(cli::Cli::parse);
+    let cli = cli::parse::from_env();
     init_tracing(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

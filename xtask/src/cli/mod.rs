@@ -1,12 +1,15 @@
 //! The command line of `cargo xtask` and the dispatch to each subcommand.
 //!
-//! clap lives here (and in `main.rs`) only: the commands below take plain option structs
-//! ([`kind::KindOptions`], [`overrides::OverrideArgs`], [`test::TestOptions`], …), which the clap
-//! structs of [`args`], [`docker`] and [`values`] are converted into where a command is
-//! dispatched. [`shim`] is the command line of the engine's runc shim, parsed before the rest.
+//! clap lives here only: the commands below take plain option structs
+//! ([`kind::KindOptions`], [`overrides::OverrideArgs`], [`test::TestOptions`],
+//! [`e2e::E2eOptions`], …), which the clap structs of [`args`], [`docker`], [`runner`] and
+//! [`values`] are converted into where a command is dispatched. [`parse`] reads the command
+//! line; [`shim`] is the command line of the engine's runc shim, parsed before the rest.
 
 pub mod args;
 pub mod docker;
+pub mod parse;
+pub mod runner;
 pub mod shim;
 pub mod values;
 
@@ -20,6 +23,7 @@ use self::{
         UpstreamSpecsArgs,
     },
     docker::DockerAction,
+    runner::{BenchAction, E2eArgs},
 };
 use crate::{
     bench, e2e, image_archive, kind, kubectl, local, mutants, overrides, provider::Provider, test,
@@ -28,7 +32,7 @@ use crate::{
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
 #[derive(Debug, Parser)]
-#[command(name = "cargo xtask", version, about)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version, about)]
 pub struct Cli {
     /// Log at debug level (RUST_LOG overrides).
     #[arg(long, short, global = true)]
@@ -77,22 +81,18 @@ pub enum Command {
     },
     /// Build a kind node image from a Kubernetes source tree (`kind build node-image`).
     BuildNodeImage(BuildNodeImageArgs),
-    /// Run the DRA suites: `cargo xtask e2e [--provider local|kind] [--kubeconfig PATH]
-    /// [--keep-cluster] [dra-e2e flags: --focus, --skip, --label-filter, -p, --junit, ...]`.
-    #[command(disable_help_flag = true)]
-    E2e {
-        /// Own flags (--provider, --kubeconfig, --keep-cluster, --name, --image) and dra-e2e's flags.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
-    },
-    /// Measure the suites: `cargo xtask bench suites [--kubeconfig PATH] [dra-e2e flags: --focus,
-    /// --skip, -p, ...]` runs the selection, then prints the wall time, the phase sums, the
-    /// slowest specs with what they waited for and the driver set-up time's p50 and p99.
-    #[command(disable_help_flag = true)]
+    /// Run the DRA suites: build dra-e2e, bring a cluster up unless --kubeconfig names one, run the
+    /// selected specs with the runner's flags as given, take the cluster down again (unless
+    /// --keep-cluster, or it was running already). Every flag is checked before anything is built
+    /// or started.
+    #[command(mut_arg("kubeconfig", runner::e2e_kubeconfig), mut_arg("k8s_version", runner::e2e_k8s_version))]
+    E2e(E2eArgs),
+    /// Measure the suites: `cargo xtask bench suites [--kubeconfig PATH] [dra-e2e flags]` runs a
+    /// selection, then prints where its time went.
     Bench {
-        /// `suites`, then the flags of `cargo xtask e2e`.
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        /// The benchmark.
+        #[command(subcommand)]
+        action: BenchAction,
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
     Test(TestArgs),
@@ -161,8 +161,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::BuildNodeImage(args) => {
             kind::build_node_image(&args.into()).await.map(|_| ExitCode::SUCCESS)
         }
-        Command::E2e { args } => e2e::run(args).await,
-        Command::Bench { args } => bench::run(args).await,
+        Command::E2e(args) => e2e::run(args.into()).await,
+        Command::Bench { action: BenchAction::Suites(args) } => bench::run(args.into()).await,
         Command::Test(args) => test::run(args.into()).await,
         Command::Kubectl { args } => kubectl::run(args).await,
         Command::UpstreamSpecs(args) => upstream_specs::run(&args.into()),
