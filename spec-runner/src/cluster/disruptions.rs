@@ -1,7 +1,8 @@
 //! What happened to the cluster during a run that a failing spec's message should name, so that a
-//! failure caused by a restart says so: the API server not answering (probed every second, as a
-//! restart or an outage shows), and a node's kubelet starting again (the `Starting` event the
-//! kubelet records on its Node each time it starts). Watched from the run's start to its end;
+//! failure caused by a restart says so: the API server not answering or not ready (its `/readyz`
+//! probed every second: a restarted API server answers some requests before it is ready, and
+//! refuses others then, its authorizer's caches still empty), and a node's kubelet starting
+//! again (the `Starting` event the kubelet records on its Node each time it starts). Watched from the run's start to its end;
 //! a failed spec's message gets the disruptions that overlapped it
 //! ([`Disruptions::during`]).
 
@@ -33,39 +34,65 @@ struct Disruption {
 #[derive(Debug)]
 pub(crate) struct Disruptions {
     seen: Arc<Mutex<Vec<Disruption>>>,
+    /// When the last probe that got its answer (or gave up) was sent.
+    probed: tokio::sync::watch::Receiver<SystemTime>,
     _task: AbortOnDropHandle<()>,
 }
 
 impl Disruptions {
-    /// Starts watching the cluster behind `client`; kubelet starts before `since` do not count.
+    /// Starts watching the cluster behind `client` (one that does not send a request again: an
+    /// outage must show); kubelet starts before `since` do not count.
     pub(crate) fn watch(client: kube::Client, since: SystemTime) -> Self {
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(watch(client, since, seen.clone()));
-        Disruptions { seen, _task: AbortOnDropHandle::new(task) }
+        let (probed_tx, probed) = tokio::sync::watch::channel(SystemTime::UNIX_EPOCH);
+        let task = tokio::spawn(watch(client, since, seen.clone(), probed_tx));
+        Disruptions { seen, probed, _task: AbortOnDropHandle::new(task) }
     }
 
     /// One sentence per disruption that overlapped `from..=to` (a spec's run), with the times
-    /// relative to `from`.
-    pub(crate) fn during(&self, from: SystemTime, to: SystemTime) -> Vec<String> {
+    /// relative to `from`. Waits first (a few seconds at most) for a probe sent after `to`, so an
+    /// outage that began just before the spec ended is seen.
+    pub(crate) async fn during(&self, from: SystemTime, to: SystemTime) -> Vec<String> {
+        let mut probed = self.probed.clone();
+        let _ = tokio::time::timeout(
+            PROBE_EVERY + PROBE_TIMEOUT + Duration::from_secs(1),
+            probed.wait_for(|at| *at >= to),
+        )
+        .await;
         let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         describe(&seen, from, to)
     }
 }
 
-async fn watch(client: kube::Client, since: SystemTime, seen: Arc<Mutex<Vec<Disruption>>>) {
+/// Asks the API server whether it is ready: `None` if it is, else what it said.
+async fn probe(client: &kube::Client) -> Option<String> {
+    let request = match http::Request::get("/readyz").body(Vec::new()) {
+        Ok(request) => request,
+        Err(e) => return Some(e.to_string()),
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, client.request_text(request)).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(kube::Error::Api(status))) => Some(format!("not ready: /readyz answered {}", status.code)),
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("no answer within {PROBE_TIMEOUT:?}")),
+    }
+}
+
+async fn watch(
+    client: kube::Client,
+    since: SystemTime,
+    seen: Arc<Mutex<Vec<Disruption>>>,
+    probed: tokio::sync::watch::Sender<SystemTime>,
+) {
     let events: Api<Event> = Api::all(client.clone());
     let starting = ListParams::default().fields("involvedObject.kind=Node,reason=Starting");
     let mut round = 0u32;
     let mut counted: Vec<(String, SystemTime)> = Vec::new();
     loop {
         let asked = SystemTime::now();
-        let answer = tokio::time::timeout(PROBE_TIMEOUT, client.apiserver_version()).await;
-        let failure = match answer {
-            Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!("no answer within {PROBE_TIMEOUT:?}")),
-        };
+        let failure = probe(&client).await;
         record_probe(&mut seen.lock().unwrap_or_else(PoisonError::into_inner), asked, failure);
+        probed.send_replace(asked);
         if round.is_multiple_of(EVENTS_EVERY)
             && let Ok(Ok(list)) = tokio::time::timeout(PROBE_TIMEOUT, events.list(&starting)).await
         {
@@ -97,7 +124,7 @@ fn record_probe(seen: &mut Vec<Disruption>, at: SystemTime, failure: Option<Stri
         (None, Some(error)) => seen.push(Disruption {
             from: at,
             to: None,
-            what: format!("the API server did not answer ({error})"),
+            what: format!("the API server did not answer or was not ready ({error})"),
         }),
         _ => {}
     }

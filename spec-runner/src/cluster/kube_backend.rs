@@ -8,7 +8,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use kube::{
     Api, Client, Config,
     api::{DeleteParams, ListParams, LogParams, PostParams},
@@ -31,6 +31,10 @@ pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Container logs are cut after this many bytes (the API server's `limitBytes`).
 const LOG_LIMIT_BYTES: i64 = 10 << 20;
+
+/// How long a new namespace may wait for its `default` ServiceAccount (upstream's
+/// `ServiceAccountProvisionTimeout`).
+const DEFAULT_SERVICE_ACCOUNT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Annotation with the spec's full text on its namespace.
 pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
@@ -252,6 +256,29 @@ impl ClusterBackend for KubeBackend {
         let uid = created.metadata.uid.unwrap_or_default();
         if name.is_empty() || uid.is_empty() {
             return Err(ClusterError::Other("the created namespace has no name or uid".to_owned()));
+        }
+        // As upstream's framework does: a pod created before the serviceaccount controller made
+        // the namespace's `default` ServiceAccount is refused ("serviceaccount \"default\" not
+        // found"), which happens when the controller manager is slow (after an API server
+        // restart, say).
+        let accounts = Api::<ServiceAccount>::namespaced(self.client.clone(), &name);
+        let made =
+            kube::runtime::wait::await_condition(accounts, "default", |sa: Option<&ServiceAccount>| {
+                sa.is_some()
+            });
+        match tokio::time::timeout(DEFAULT_SERVICE_ACCOUNT_TIMEOUT, made).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(ClusterError::Other(format!(
+                    "could not watch for the default ServiceAccount of namespace {name}: {e}"
+                )));
+            }
+            Err(_) => {
+                return Err(ClusterError::Other(format!(
+                    "namespace {name} got no default ServiceAccount within {}s (the controller manager's serviceaccount controller makes it)",
+                    DEFAULT_SERVICE_ACCOUNT_TIMEOUT.as_secs()
+                )));
+            }
         }
         Ok(SpecNamespace { name, uid })
     }

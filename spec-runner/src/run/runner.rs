@@ -137,7 +137,9 @@ pub async fn run_with_backend(
 
     let disruptions = backend
         .watches_disruptions()
-        .then(|| Disruptions::watch(backend.client(), std::time::SystemTime::now()));
+        // The stream client sends no request again (the run's client waits out an outage,
+        // which the probe must see).
+        .then(|| Disruptions::watch(backend.stream_client(), std::time::SystemTime::now()));
     let env = Arc::new(Env {
         hooks,
         stop_new: CancellationToken::new(),
@@ -362,7 +364,7 @@ async fn run_spec(
         && let Some(disruptions) = &env.disruptions
     {
         run.outcome =
-            with_disruptions(run.outcome, disruptions.during(started_at, std::time::SystemTime::now()));
+            with_disruptions(run.outcome, disruptions.during(started_at, std::time::SystemTime::now()).await);
     }
     span.in_scope(|| {
         tracing::info!(

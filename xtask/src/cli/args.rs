@@ -160,6 +160,9 @@ pub struct UpArgs {
 pub struct RestartArgs {
     /// The component, as `cluster status` names it: `kubelet-kind-worker`, `kube-apiserver`.
     pub component: String,
+    /// Kill it (SIGKILL at once, as a crash does) instead of SIGTERM and its grace period.
+    #[arg(long)]
+    pub kill: bool,
     /// The cluster provider (only the local one has components to restart).
     #[arg(long, value_enum, default_value_t)]
     pub provider: ProviderArg,

@@ -184,14 +184,15 @@ async fn run_cluster(action: ClusterAction) -> anyhow::Result<ExitCode> {
                 .await
                 .map(|_| ExitCode::SUCCESS)
         }
-        ClusterAction::Restart(RestartArgs { component, provider }) => {
+        ClusterAction::Restart(RestartArgs { component, kill, provider }) => {
             if Provider::from(provider) == Provider::Kind {
                 return Err(UsageError::new(format!(
                     "cluster restart is for the local provider, whose components are processes xtask started; on a kind node restart the kubelet with `docker exec NODE systemctl restart kubelet` (not {component})"
                 ))
                 .into());
             }
-            local::restart(&component).await.map(|()| ExitCode::SUCCESS)
+            let stop = if kill { local::Stop::Kill } else { local::Stop::Graceful };
+            local::restart(&component, stop).await.map(|()| ExitCode::SUCCESS)
         }
         ClusterAction::Load(args) => {
             image_archive::check(&args.archives)?;

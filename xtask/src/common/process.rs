@@ -166,18 +166,21 @@ impl Supervisor {
     }
 }
 
-/// Stops one process by its record: SIGTERM, wait up to `grace`, SIGKILL, wait again.
+/// Stops one process by its record: SIGTERM, wait up to `grace`, SIGKILL, wait again (a zero
+/// `grace`: SIGKILL at once).
 pub fn stop_process(record: ProcessRecord, grace: Duration) -> Result<()> {
     if !is_alive(record) {
         reap(record.pid);
         return Ok(());
     }
     let pid = Pid::from_raw(record.pid).context("invalid PID")?;
-    let _ = kill_process(pid, Signal::TERM);
-    if wait_gone(record, grace) {
-        return Ok(());
+    if !grace.is_zero() {
+        let _ = kill_process(pid, Signal::TERM);
+        if wait_gone(record, grace) {
+            return Ok(());
+        }
+        tracing::warn!(pid = record.pid, "still running {grace:?} after SIGTERM; sending SIGKILL");
     }
-    tracing::warn!(pid = record.pid, "still running {grace:?} after SIGTERM; sending SIGKILL");
     let _ = kill_process(pid, Signal::KILL);
     if wait_gone(record, Duration::from_secs(10)) {
         return Ok(());
@@ -208,11 +211,35 @@ fn reap(pid: i32) {
 }
 
 /// Whether the process of a record runs: it exists, is not a zombie and has the recorded start time.
+///
+/// A process whose main thread has exited (a zombie leader) is alive while any other of its
+/// threads still runs: a killed multi-threaded process (the API server) closes its files, its
+/// listening sockets among them, only when its last thread exits.
 pub fn is_alive(record: ProcessRecord) -> bool {
     match read_stat(record.pid) {
-        Some((state, start_time)) => state != 'Z' && state != 'X' && start_time == record.start_time,
+        Some((_, start_time)) if start_time != record.start_time => false,
+        Some((state, _)) if !is_dead(state) => true,
+        Some(_) => other_thread_runs(record.pid),
         None => false,
     }
+}
+
+/// Whether a state letter of /proc/PID/stat is a dead or zombie task's.
+fn is_dead(state: char) -> bool {
+    state == 'Z' || state == 'X'
+}
+
+/// Whether a thread of process `pid` other than its exited main thread still runs.
+fn other_thread_runs(pid: i32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+    tasks.flatten().any(|task| {
+        let tid = task.file_name();
+        tid.to_str() != Some(&pid.to_string())
+            && fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| parse_stat(&stat))
+                .is_some_and(|(state, _)| !is_dead(state))
+    })
 }
 
 /// The start time of a running process.

@@ -612,7 +612,7 @@ pub fn build(
     Ok(())
 }
 
-pub use restart::restart;
+pub use restart::{Stop, restart};
 
 /// `cluster down --provider local`.
 pub async fn down() -> Result<()> {

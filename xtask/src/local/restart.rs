@@ -1,7 +1,8 @@
 //! Restarting one of the local cluster's components while the cluster runs
 //! (`cargo xtask cluster restart COMPONENT`): what a node reboot or an upgrade does to a kubelet,
 //! or a control-plane upgrade to the API server, so that a run can be tried against it. The
-//! component is stopped (SIGTERM, then SIGKILL after the grace) and started again as it was
+//! component is stopped (SIGTERM, then SIGKILL after the grace; or killed at once, as a crash
+//! does: `--kill`, [`Stop::Kill`]) and started again as it was
 //! started; the command returns once it serves again: a kubelet once it renewed its node's Lease
 //! after the old one was gone and the node is Ready without a not-ready taint, the API server
 //! once `/readyz` says ok.
@@ -20,14 +21,24 @@ const SERVE_AGAIN: Duration = Duration::from_secs(120);
 /// How long a component gets to stop on SIGTERM before it is killed.
 const GRACE: Duration = Duration::from_secs(15);
 
+/// How a restarted component is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM, SIGKILL after the grace period (an upgrade, a reboot).
+    Graceful,
+    /// SIGKILL at once (a crash, an OOM kill): no connection is closed cleanly.
+    Kill,
+}
+
 impl LocalCluster {
     /// Restarts the supervised component `name` (`kubelet-kind-worker`, `kube-apiserver`,
-    /// `containerd-kind-worker`…) and waits until it serves again.
-    pub async fn restart(&self, name: &str) -> Result<()> {
+    /// `containerd-kind-worker`…), stopped as `stop` says, and waits until it serves again.
+    pub async fn restart(&self, name: &str, stop: Stop) -> Result<()> {
         let spec = self.sup.spec(name)?;
         let node = self.nodes.iter().find(|n| n.kubelet() == name);
-        let step = Step::start(format!("restart {name}"));
-        self.sup.stop(name, GRACE)?;
+        let how = if stop == Stop::Kill { " (killed)" } else { "" };
+        let step = Step::start(format!("restart {name}{how}"));
+        self.sup.stop(name, if stop == Stop::Kill { Duration::ZERO } else { GRACE })?;
         // The old process is gone: a Lease renewed from now on is the new one's.
         let stopped = Timestamp::now();
         self.sup.start(&spec)?;
@@ -71,10 +82,12 @@ async fn kubelet_back(client: Client, name: String, stopped: Timestamp) -> Resul
 }
 
 /// `cluster restart COMPONENT --provider local`.
-pub async fn restart(name: &str) -> Result<()> {
+pub async fn restart(name: &str, stop: Stop) -> Result<()> {
     let cluster = LocalCluster::new(None)?;
-    if !cluster.is_up().await {
+    // A component that died is restarted too: only a cluster that was never started (or was
+    // taken down) has nothing to restart.
+    if cluster.sup.recorded().is_empty() {
         anyhow::bail!("the local cluster does not run: start it with `cargo xtask cluster up`");
     }
-    cluster.restart(name).await
+    cluster.restart(name, stop).await
 }
