@@ -120,6 +120,8 @@ pub struct CheckReport {
     pub duration: Duration,
     /// Why it failed; `None` when it held.
     pub error: Option<String>,
+    /// A settling check (a later `[Serial]` spec waited for it), not an observation.
+    pub settles: bool,
 }
 
 impl CheckReport {

@@ -89,15 +89,24 @@ pub enum Verbosity {
     Verbose,
 }
 
-/// ` (+ 12.30s deferred checks)`: how long the spec's deferred checks ran after its slot was
-/// released (the longest, as they run at the same time); empty without any, or when they took
-/// less than would show (`0.00s`).
+/// ` (+ 5.10s deferred checks)`: how long the spec's settling deferred checks ran after its slot
+/// was released (the longest, as they run at the same time), and `, 29.80s observed` when an
+/// observation (which no later spec waits for) ran longer; empty without any, or when they
+/// took less than would show (`0.00s`).
 fn deferred_suffix(report: &SpecReport) -> String {
-    match report.deferred.iter().map(|c| c.duration).max() {
-        Some(longest) if longest >= std::time::Duration::from_millis(5) => {
-            format!(" (+ {:.2}s deferred checks)", longest.as_secs_f64())
-        }
-        _ => String::new(),
+    let longest = |settles: bool| {
+        report.deferred.iter().filter(|c| c.settles == settles).map(|c| c.duration).max().unwrap_or_default()
+    };
+    let (settling, observed) = (longest(true), longest(false));
+    let shows = |d: std::time::Duration| d >= std::time::Duration::from_millis(5);
+    match (shows(settling), shows(observed) && observed > settling) {
+        (_, true) => format!(
+            " (+ {:.2}s deferred checks, {:.2}s observed)",
+            settling.as_secs_f64(),
+            observed.as_secs_f64()
+        ),
+        (true, false) => format!(" (+ {:.2}s deferred checks)", settling.as_secs_f64()),
+        (false, false) => String::new(),
     }
 }
 
@@ -255,4 +264,49 @@ pub(crate) fn header(h: &RunHeader<'_>) -> String {
         line.push_str("No spec matches the selection (--focus, --skip, --label-filter).\n");
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::report::outcome::{CheckReport, Outcome};
+
+    fn with_checks(checks: &[(f64, bool)]) -> SpecReport {
+        SpecReport {
+            full_text: "s".into(),
+            labels: vec![],
+            index: 0,
+            attempt: 1,
+            outcome: Outcome::Passed,
+            started: std::time::SystemTime::UNIX_EPOCH,
+            duration: Duration::from_secs(1),
+            log: String::new(),
+            artifacts: None,
+            tries: 1,
+            earlier_failures: vec![],
+            phases: Default::default(),
+            waits: Vec::new(),
+            deferred: checks
+                .iter()
+                .map(|&(secs, settles)| CheckReport {
+                    what: "x".into(),
+                    duration: Duration::from_secs_f64(secs),
+                    error: None,
+                    settles,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn observations_show_apart_from_the_checks_a_serial_spec_waits_for() {
+        assert_eq!(deferred_suffix(&with_checks(&[])), "");
+        assert_eq!(deferred_suffix(&with_checks(&[(5.1, true), (2.0, false)])), " (+ 5.10s deferred checks)");
+        assert_eq!(
+            deferred_suffix(&with_checks(&[(5.1, true), (29.8, false)])),
+            " (+ 5.10s deferred checks, 29.80s observed)"
+        );
+    }
 }

@@ -110,7 +110,8 @@ impl DeferredChecks {
                     Some(state) => tokio::spawn(state.scope(run).instrument(span.clone())),
                     None => tokio::spawn(run.instrument(span.clone())),
                 };
-                let run = run_one(what, timeout, task, span).map(move |report| (index, report));
+                let run = run_one(what, timeout, task, span)
+                    .map(move |report| (index, CheckReport { settles, ..report }));
                 if settles { settling.push(run) } else { observing.push(run) }
             }
             let settle = async {
@@ -157,7 +158,7 @@ async fn run_one(
             tracing::error!(target: OUTCOME_TARGET, error = %error, took = %duration::display(took), "deferred check failed");
         }),
     }
-    CheckReport { what, duration: took, error }
+    CheckReport { what, duration: took, error, settles: true }
 }
 
 /// A spec's worker slot: held while the spec needs it (body, cleanups), released before its
