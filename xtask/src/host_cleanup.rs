@@ -8,13 +8,17 @@ use std::{
     process::Command,
 };
 
-/// Mount points below any of `roots`, deepest first (parsed from /proc/self/mountinfo).
+use procfs::{
+    ProcessCGroup,
+    process::{MountInfo, Process},
+};
+
+/// Mount points below any of `roots`, deepest first (from /proc/self/mountinfo).
 pub fn mounts_below(roots: &[PathBuf]) -> Vec<PathBuf> {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut found: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .map(unescape_mount_path)
+    let Ok(mounts) = Process::myself().and_then(|me| me.mountinfo()) else { return Vec::new() };
+    let mut found: Vec<PathBuf> = mounts
+        .iter()
+        .map(|mount| unescape_mount_path(&mount.mount_point.to_string_lossy()))
         .filter(|mount| roots.iter().any(|root| mount.starts_with(root)))
         .collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
@@ -22,7 +26,7 @@ pub fn mounts_below(roots: &[PathBuf]) -> Vec<PathBuf> {
     found
 }
 
-/// mountinfo escapes space, tab, newline and backslash as octal.
+/// mountinfo escapes space, tab, newline and backslash as octal (procfs keeps the escapes).
 fn unescape_mount_path(raw: &str) -> PathBuf {
     let mut out = String::with_capacity(raw.len());
     let mut chars = raw.chars().peekable();
@@ -66,11 +70,11 @@ pub fn delete_leftover_containers(runc_root: &Path, runc: &Path) -> Vec<String> 
 /// Processes still running one of this cluster's own binaries (for example a containerd shim that
 /// outlived containerd): matched by their executable path inside our build directory.
 pub fn processes_running_from(dir: &Path) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe.starts_with(dir)))
+    let Ok(processes) = procfs::process::all_processes() else { return Vec::new() };
+    processes
+        .flatten()
+        .filter(|process| process.exe().is_ok_and(|exe| exe.starts_with(dir)))
+        .map(|process| process.pid())
         .collect()
 }
 
@@ -90,32 +94,26 @@ pub fn remove_cgroup_tree(dir: &Path) -> std::io::Result<()> {
 /// (from `/proc/self/cgroup` and `/proc/self/mountinfo`): a hierarchy unmounted while cgroups
 /// were left in it lives on unseen, and keeps its controllers from the unified hierarchy.
 pub fn unmounted_v1_controllers() -> Vec<String> {
-    let (Ok(cgroup), Ok(mountinfo)) =
-        (fs::read_to_string("/proc/self/cgroup"), fs::read_to_string("/proc/self/mountinfo"))
-    else {
-        return Vec::new();
-    };
-    unmounted_controllers(&cgroup, &mountinfo)
+    let Ok(me) = Process::myself() else { return Vec::new() };
+    let (Ok(cgroups), Ok(mounts)) = (me.cgroups(), me.mountinfo()) else { return Vec::new() };
+    unmounted_controllers(&cgroups.0, &mounts.0)
 }
 
-fn unmounted_controllers(cgroup: &str, mountinfo: &str) -> Vec<String> {
-    // The super options (last field) of every cgroup v1 mount: `rw,hugetlb`, `rw,name=systemd`.
-    let mounted: Vec<&str> = mountinfo
-        .lines()
-        .filter_map(|line| line.split_once(" - ").map(|(_, fs)| fs))
-        .filter(|fs| fs.split_whitespace().next() == Some("cgroup"))
-        .flat_map(|fs| fs.split_whitespace().nth(2).unwrap_or("").split(','))
+/// The controllers of the v1 hierarchies in `cgroups` (a process's cgroups) that no cgroup v1
+/// mount in `mounts` names among its super options (`rw,hugetlb`, `rw,name=systemd`).
+fn unmounted_controllers(cgroups: &[ProcessCGroup], mounts: &[MountInfo]) -> Vec<String> {
+    let mounted: Vec<String> = mounts
+        .iter()
+        .filter(|mount| mount.fs_type == "cgroup")
+        .flat_map(|mount| &mount.super_options)
+        .map(|(name, value)| value.as_ref().map_or_else(|| name.clone(), |value| format!("{name}={value}")))
         .collect();
-    cgroup
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.splitn(3, ':');
-            let (id, controllers) = (fields.next()?, fields.next()?);
-            (id != "0" && !controllers.is_empty()).then_some(controllers)
-        })
-        .flat_map(|controllers| controllers.split(','))
+    cgroups
+        .iter()
+        .filter(|cgroup| cgroup.hierarchy != 0)
+        .flat_map(|cgroup| &cgroup.controllers)
         .filter(|controller| !mounted.contains(controller))
-        .map(String::from)
+        .cloned()
         .collect()
 }
 
@@ -130,18 +128,33 @@ pub fn remove_dir(path: &Path) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use procfs::{FromBufRead, ProcessCGroups};
+
     use super::*;
 
     #[test]
     fn finds_controllers_whose_v1_hierarchy_is_not_mounted() {
-        let cgroup = "12:hugetlb:/\n4:memory:/user\n1:name=systemd:/\n0::/\n";
-        let mountinfo = "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n\
-                         31 25 0:27 / /sys/fs/cgroup/systemd rw shared:10 - cgroup cgroup rw,name=systemd\n\
-                         32 25 0:28 / /sys/fs/cgroup/unified rw shared:11 - cgroup2 cgroup2 rw\n";
-        assert_eq!(unmounted_controllers(cgroup, mountinfo), ["hugetlb"]);
-        let with_hugetlb =
-            format!("{mountinfo}33 25 0:29 / /sys/fs/cgroup/hugetlb rw - cgroup cgroup rw,hugetlb\n");
-        assert!(unmounted_controllers(cgroup, &with_hugetlb).is_empty());
+        let cgroups = ProcessCGroups::from_buf_read(
+            "12:hugetlb:/\n4:memory:/user\n1:name=systemd:/\n0::/\n".as_bytes(),
+        )
+        .unwrap()
+        .0;
+        let mount = |line: &str| MountInfo::from_line(line).unwrap();
+        let mut mounts = vec![
+            mount("30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory"),
+            mount("31 25 0:27 / /sys/fs/cgroup/systemd rw shared:10 - cgroup cgroup rw,name=systemd"),
+            mount("32 25 0:28 / /sys/fs/cgroup/unified rw shared:11 - cgroup2 cgroup2 rw"),
+            // Only cgroup v1 mounts count, whatever their options say.
+            mount("34 25 0:30 / /mnt rw - tmpfs tmpfs rw,hugetlb"),
+        ];
+        assert_eq!(unmounted_controllers(&cgroups, &mounts), ["hugetlb"]);
+        mounts.push(mount("33 25 0:29 / /sys/fs/cgroup/hugetlb rw - cgroup cgroup rw,hugetlb"));
+        assert!(unmounted_controllers(&cgroups, &mounts).is_empty());
+        // A controller shares a hierarchy: both are mounted by one mount naming both.
+        let shared = ProcessCGroups::from_buf_read("3:cpu,cpuacct:/\n".as_bytes()).unwrap().0;
+        assert_eq!(unmounted_controllers(&shared, &mounts), ["cpu", "cpuacct"]);
+        let cpu = mount("35 25 0:31 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct");
+        assert!(unmounted_controllers(&shared, &[cpu]).is_empty());
     }
 
     #[test]

@@ -68,7 +68,7 @@ mod tests {
         let text = shim::script(
             Path::new("/var/lib/dra-e2e/docker/bin/xtask"),
             Path::new("/usr/sbin/runc"),
-            &["CAP_SYS_RESOURCE"],
+            &[caps::Capability::CAP_SYS_RESOURCE],
         );
         assert!(
             text.contains(" runc-shim --runc /usr/sbin/runc --drop CAP_SYS_RESOURCE -- \"$@\"\n"),

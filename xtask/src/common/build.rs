@@ -192,7 +192,7 @@ pub fn prune(bin_dir: &Path, current: &str) {
             continue;
         }
         if let Some((_, pid)) = name.rsplit_once(".partial-") {
-            let alive = pid.parse::<i32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+            let alive = pid.parse::<i32>().is_ok_and(|pid| procfs::process::Process::new(pid).is_ok());
             if !alive {
                 remove_logged(&path);
             }

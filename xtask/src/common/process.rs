@@ -12,6 +12,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use procfs::process::Process;
 use rustix::process::{Pid, Signal, WaitOptions, kill_process, waitpid};
 
 /// How to start one component (kept beside its PID record, so that it can be restarted).
@@ -231,15 +232,8 @@ fn is_dead(state: char) -> bool {
 
 /// Whether a thread of process `pid` other than its exited main thread still runs.
 fn other_thread_runs(pid: i32) -> bool {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return false };
-    tasks.flatten().any(|task| {
-        let tid = task.file_name();
-        tid.to_str() != Some(&pid.to_string())
-            && fs::read_to_string(task.path().join("stat"))
-                .ok()
-                .and_then(|stat| parse_stat(&stat))
-                .is_some_and(|(state, _)| !is_dead(state))
-    })
+    let Ok(tasks) = Process::new(pid).and_then(|process| process.tasks()) else { return false };
+    tasks.flatten().any(|task| task.tid != pid && task.stat().is_ok_and(|stat| !is_dead(stat.state)))
 }
 
 /// The start time of a running process.
@@ -247,20 +241,10 @@ pub fn read_start_time(pid: i32) -> Result<u64> {
     read_stat(pid).map(|(_, start)| start).context("no such process")
 }
 
-/// Reads the state letter and start time from /proc/PID/stat.
+/// Reads the state letter and start time (in clock ticks after boot) from /proc/PID/stat.
 fn read_stat(pid: i32) -> Option<(char, u64)> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&stat)
-}
-
-/// Parses the state (field 3) and start time (field 22) of a /proc/PID/stat line. The command name
-/// (field 2) is in parentheses and may itself contain spaces and parentheses.
-fn parse_stat(stat: &str) -> Option<(char, u64)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    let start_time = fields.get(19)?.parse().ok()?;
-    Some((state, start_time))
+    let stat = Process::new(pid).and_then(|process| process.stat()).ok()?;
+    Some((stat.state, stat.starttime))
 }
 
 /// The last `lines` lines of a file (reads at most the last 64 KiB).
@@ -287,10 +271,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_stat_with_odd_command_names() {
-        let stat = "1234 (kube (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 8 0 987654 1000 10";
-        assert_eq!(parse_stat(stat), Some(('S', 987654)));
-        assert_eq!(parse_stat("garbage"), None);
+    fn zombie_and_dead_states_are_dead() {
+        assert!(is_dead('Z') && is_dead('X'));
+        assert!(!is_dead('S') && !is_dead('R') && !is_dead('D'));
+    }
+
+    #[test]
+    fn reads_this_process_and_its_threads() {
+        let me = std::process::id() as i32;
+        let (state, start_time) = read_stat(me).expect("this process's stat");
+        assert!(!is_dead(state) && start_time > 0);
+        // Another thread that keeps running is found; the main thread itself is not counted.
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || stopped.recv());
+        assert!(other_thread_runs(me));
+        drop(stop);
+        let _ = thread.join();
+        assert!(read_stat(i32::MAX).is_none() && !other_thread_runs(i32::MAX));
     }
 
     #[test]

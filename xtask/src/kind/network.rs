@@ -41,7 +41,7 @@ impl HostNeeds {
     pub fn detect(own_cni: bool, registry: bool) -> Result<Self> {
         Ok(Self {
             cgroup_v1: !Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
-            no_sys_resource: super::engine::caps::missing()?.contains(&"CAP_SYS_RESOURCE"),
+            no_sys_resource: super::engine::caps::missing()?.contains(&caps::Capability::CAP_SYS_RESOURCE),
             own_cni,
             registry,
         })

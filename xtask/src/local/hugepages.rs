@@ -18,6 +18,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use procfs::CGroupController;
 
 use crate::common::layout::Layout;
 use crate::overrides::HUGEPAGE_MIB as PAGE_MIB;
@@ -174,16 +175,13 @@ fn wait_for(done: impl Fn() -> bool) -> bool {
 
 /// The hugetlb line of `/proc/cgroups`: its hierarchy (0: the unified one) and its number of
 /// cgroups (those removed but not yet released included).
-fn hugetlb_in_proc_cgroups() -> Option<(u32, u64)> {
-    parse_proc_cgroups(&fs::read_to_string("/proc/cgroups").ok()?, "hugetlb")
+fn hugetlb_in_proc_cgroups() -> Option<(u32, u32)> {
+    controller(&procfs::cgroups().ok()?.0, "hugetlb")
 }
 
-fn parse_proc_cgroups(text: &str, controller: &str) -> Option<(u32, u64)> {
-    text.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        (fields.next()? == controller).then_some(())?;
-        Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
-    })
+/// The hierarchy and number of cgroups of `name` among the controllers of `/proc/cgroups`.
+fn controller(controllers: &[CGroupController], name: &str) -> Option<(u32, u32)> {
+    controllers.iter().find(|c| c.name == name).map(|c| (c.hierarchy, c.num_cgroups))
 }
 
 fn pool_pages() -> Result<u64> {
@@ -197,12 +195,15 @@ fn mounted_marker(layout: &Layout) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    use procfs::FromBufRead;
+
     use super::*;
 
     #[test]
     fn reads_a_controller_s_hierarchy_and_cgroups() {
         let text = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpu\t1\t114\t1\nhugetlb\t12\t2\t1\n";
-        assert_eq!(parse_proc_cgroups(text, "hugetlb"), Some((12, 2)));
-        assert_eq!(parse_proc_cgroups(text, "rdma"), None);
+        let controllers = procfs::CGroupControllers::from_buf_read(text.as_bytes()).unwrap().0;
+        assert_eq!(controller(&controllers, "hugetlb"), Some((12, 2)));
+        assert_eq!(controller(&controllers, "rdma"), None);
     }
 }

@@ -159,7 +159,7 @@ fn prune_other_builds(builds: &Path, version: &KubeVersion, current: &Path) {
     for path in entries.filter_map(|e| e.ok()).map(|e| e.path()) {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let live_partial = name.rsplit_once(".partial-").is_some_and(|(_, pid)| {
-            pid.parse::<i32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+            pid.parse::<i32>().is_ok_and(|pid| procfs::process::Process::new(pid).is_ok())
         });
         if path != current
             && name.starts_with(&prefix)

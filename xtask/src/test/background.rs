@@ -289,10 +289,8 @@ mod tests {
         }
         let pid = pid.expect("the slow build started");
         drop(background);
-        let alive = || {
-            std::path::Path::new(&format!("/proc/{pid}")).exists()
-                && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
-        };
+        let alive =
+            || procfs::process::Process::new(pid).and_then(|p| p.stat()).is_ok_and(|stat| stat.state != 'Z');
         for _ in 0..100 {
             if !alive() {
                 break;

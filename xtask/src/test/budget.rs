@@ -14,6 +14,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use procfs::CurrentSI;
 
 /// The cgroup of the background builds, in every hierarchy it is made in.
 pub const BACKGROUND_CGROUP: &str = "dra-e2e-background";
@@ -70,16 +71,14 @@ impl StepStart {
 /// The machine's busy CPU time since boot: every `/proc/stat` column but idle and iowait (and the
 /// guest columns, which user and nice already count).
 pub fn machine_busy() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    busy_from_stat(&stat, rustix::param::clock_ticks_per_second())
+    let stat = procfs::KernelStats::current().ok()?;
+    busy_of(&stat.total, procfs::ticks_per_second())
 }
 
-fn busy_from_stat(stat: &str, ticks_per_second: u64) -> Option<Duration> {
-    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
-    let fields: Vec<u64> = line.split_whitespace().skip(1).map(str::parse).collect::<Result<_, _>>().ok()?;
-    // user nice system idle iowait irq softirq steal [guest guest_nice]
-    let busy: u64 =
-        fields.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, v)| v).sum();
+/// The busy time of a `cpu` line of `/proc/stat` counted in ticks of `1 / ticks_per_second` s.
+fn busy_of(cpu: &procfs::CpuTime, ticks_per_second: u64) -> Option<Duration> {
+    let busy =
+        cpu.user + cpu.nice + cpu.system + [cpu.irq, cpu.softirq, cpu.steal].iter().flatten().sum::<u64>();
     (ticks_per_second > 0).then(|| Duration::from_secs_f64(busy as f64 / ticks_per_second as f64))
 }
 
@@ -195,11 +194,23 @@ mod tests {
 
     #[test]
     fn busy_time_leaves_out_idle_and_iowait() {
-        let stat = "cpu  100 20 30 4000 500 6 7 8 50 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 1\n";
+        use procfs::{ExplicitSystemInfo, FromBufReadSI, KernelStats};
+        let info = ExplicitSystemInfo {
+            boot_time_secs: 0,
+            ticks_per_second: 100,
+            page_size: 4096,
+            is_little_endian: true,
+        };
+        let stat = |cpu: &str| {
+            let text = format!("{cpu}\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 1\nctxt 1\nbtime 1\nprocesses 1\n");
+            KernelStats::from_buf_read(text.as_bytes(), &info).map(|stat| stat.total)
+        };
         // user 100 + nice 20 + system 30 + irq 6 + softirq 7 + steal 8 = 171 ticks.
-        assert_eq!(busy_from_stat(stat, 100), Some(Duration::from_millis(1710)));
-        assert_eq!(busy_from_stat("intr 1\n", 100), None);
-        assert_eq!(busy_from_stat("cpu  x 1 2 3\n", 100), None);
+        let cpu = stat("cpu  100 20 30 4000 500 6 7 8 50 0").unwrap();
+        assert_eq!(busy_of(&cpu, 100), Some(Duration::from_millis(1710)));
+        // An old kernel's line without the later columns.
+        assert_eq!(busy_of(&stat("cpu  100 20 30 4000").unwrap(), 100), Some(Duration::from_millis(1500)));
+        assert_eq!(busy_of(&cpu, 0), None);
     }
 
     #[test]

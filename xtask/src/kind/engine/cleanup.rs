@@ -14,6 +14,8 @@ use std::{
     time::Duration,
 };
 
+use procfs::ProcessCGroup;
+
 use super::layout::EngineLayout;
 use crate::{
     common::process::{ProcessRecord, read_start_time, stop_process},
@@ -37,17 +39,18 @@ pub struct Leftover {
 }
 
 /// Whether a process belongs to the engine: `program` (its executable's file name), `args` (its
-/// command line), `cgroups` (the text of /proc/PID/cgroup).
+/// command line), `cgroups` (its cgroups, from /proc/PID/cgroup).
 pub fn belongs_to_engine(
     program: &str,
     args: &[String],
-    cgroups: &str,
+    cgroups: &[ProcessCGroup],
     roots: &[PathBuf],
     cgroup_parent: &str,
 ) -> Option<&'static str> {
-    let in_cgroup = cgroups.lines().any(|line| {
-        let path = line.splitn(3, ':').nth(2).unwrap_or_default();
-        path.strip_prefix('/')
+    let in_cgroup = cgroups.iter().any(|cgroup| {
+        cgroup
+            .pathname
+            .strip_prefix('/')
             .and_then(|p| p.strip_prefix(cgroup_parent))
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     });
@@ -63,17 +66,19 @@ pub fn processes(layout: &EngineLayout) -> Vec<Leftover> {
     let roots = layout.roots();
     let parent = layout.cgroup_parent();
     let me = std::process::id() as i32;
-    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
-    let mut found: Vec<Leftover> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid != me)
-        .filter_map(|pid| {
-            let exe = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let Ok(processes) = procfs::process::all_processes() else { return Vec::new() };
+    let mut found: Vec<Leftover> = processes
+        .flatten()
+        .filter(|process| process.pid() != me)
+        .filter_map(|process| {
+            let pid = process.pid();
+            let exe = process.exe().ok()?;
             let program = exe.file_name()?.to_string_lossy().trim_end_matches(" (deleted)").to_string();
+            // Read as bytes: procfs's `cmdline()` fails on an argument that is not UTF-8.
             let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let args: Vec<String> =
                 cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-            let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let cgroups = process.cgroups().map(|cgroups| cgroups.0).unwrap_or_default();
             let why = belongs_to_engine(&program, &args, &cgroups, &roots, &parent)?;
             Some(Leftover { pid, program, why })
         })
@@ -206,6 +211,8 @@ fn remove_empty_shim_socket_dir(dir: &Path) {
 
 #[cfg(test)]
 mod tests {
+    use procfs::FromBufRead;
+
     use super::*;
 
     #[test]
@@ -227,13 +234,17 @@ mod tests {
         vec!["/var/lib/dra-e2e/docker".into(), "/run/dra-e2e-docker".into()]
     }
 
+    fn cgroups(text: &str) -> Vec<ProcessCGroup> {
+        procfs::ProcessCGroups::from_buf_read(text.as_bytes()).unwrap().0
+    }
+
     fn args(line: &str) -> Vec<String> {
         line.split(' ').map(String::from).collect()
     }
 
     #[test]
     fn an_engine_process_names_its_directories_or_lives_in_its_cgroup() {
-        let v1 = "12:pids:/\n11:memory:/user.slice\n";
+        let v1 = &cgroups("12:pids:/\n11:memory:/user.slice\n");
         let shim = args(
             "/usr/bin/containerd-shim-runc-v2 -namespace moby -id abc -address /run/dra-e2e-docker/exec/containerd/containerd.sock",
         );
@@ -253,12 +264,12 @@ mod tests {
         let client = args("docker --host unix:///run/dra-e2e-docker/docker.sock ps");
         assert_eq!(belongs_to_engine("docker", &client, v1, &roots(), "dra-e2e-docker"), None);
         // A container's process, by its cgroup (v1 and v2), whatever it runs.
-        let container = "12:pids:/dra-e2e-docker/4f2a\n0::/dra-e2e-docker/4f2a\n";
+        let container = &cgroups("12:pids:/dra-e2e-docker/4f2a\n0::/dra-e2e-docker/4f2a\n");
         assert_eq!(
             belongs_to_engine("sleep", &args("sleep 600"), container, &roots(), "dra-e2e-docker"),
             Some("in the engine's cgroup")
         );
-        let other = "12:pids:/dra-e2e-docker-1234abcd/4f2a\n";
+        let other = &cgroups("12:pids:/dra-e2e-docker-1234abcd/4f2a\n");
         assert_eq!(belongs_to_engine("sleep", &args("sleep 600"), other, &roots(), "dra-e2e-docker"), None);
     }
 

@@ -155,7 +155,7 @@ impl Engine {
         } else {
             info!(
                 "root lacks {}, which privileged containers ask for: containers run through the capability shim",
-                missing.join(", ")
+                missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
             );
             Some(shim::install(&self.layout.shim_dir(), &runc, &missing)?)
         };

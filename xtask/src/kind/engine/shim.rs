@@ -18,6 +18,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use caps::Capability;
 use serde_json::Value;
 
 use super::super::shell_quote;
@@ -41,15 +42,16 @@ pub struct ShimOptions {
 }
 
 /// The text of the shim script: run `xtask` as the shim with `runc` and the capabilities to drop.
-pub fn script(xtask: &Path, runc: &Path, drop: &[&str]) -> String {
+pub fn script(xtask: &Path, runc: &Path, drop: &[Capability]) -> String {
     let drops: String = drop.iter().map(|cap| format!(" --drop {cap}")).collect();
+    let caps: Vec<String> = drop.iter().map(Capability::to_string).collect();
     format!(
         "#!/bin/sh\n\
          # The runtime of dra-e2e's own Docker engine (written by `cargo xtask docker up`): removes\n\
          # {caps}, which root lacks on this machine, from each container's capabilities, then runs\n\
          # the real runc with every argument unchanged.\n\
          exec {xtask} {SUBCOMMAND} --runc {runc}{drops} -- \"$@\"\n",
-        caps = drop.join(", "),
+        caps = caps.join(", "),
         xtask = shell_quote(xtask.as_os_str()),
         runc = shell_quote(runc.as_os_str()),
     )
@@ -58,7 +60,7 @@ pub fn script(xtask: &Path, runc: &Path, drop: &[&str]) -> String {
 /// Writes the shim into `dir`: a copy of the running xtask binary, so that the shim
 /// keeps working when `cargo` rebuilds or cleans its target directory, and the script that runs
 /// it. Returns the script's path.
-pub fn install(dir: &Path, runc: &Path, drop: &[&str]) -> Result<PathBuf> {
+pub fn install(dir: &Path, runc: &Path, drop: &[Capability]) -> Result<PathBuf> {
     fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let binary = dir.join("xtask");
     crate::repo::copy_running_xtask(&binary)?;
@@ -343,7 +345,7 @@ mod tests {
         let text = script(
             Path::new("/var/lib/dra-e2e/docker/bin/xtask"),
             Path::new("/usr/sbin/runc"),
-            &["CAP_SYS_RESOURCE"],
+            &[Capability::CAP_SYS_RESOURCE],
         );
         assert!(text.starts_with("#!/bin/sh\n"), "{text}");
         assert!(
@@ -365,7 +367,8 @@ mod tests {
         fs::write(&fake, "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n").unwrap();
         fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
         let shim = dir.path().join("shim");
-        fs::write(&shim, script(&fake, Path::new("/usr/sbin/runc"), &["CAP_SYS_RESOURCE"])).unwrap();
+        fs::write(&shim, script(&fake, Path::new("/usr/sbin/runc"), &[Capability::CAP_SYS_RESOURCE]))
+            .unwrap();
         fs::set_permissions(&shim, fs::Permissions::from_mode(0o755)).unwrap();
         let out =
             std::process::Command::new(&shim).args(["exec", "--process", "/tmp/a b", "id"]).output().unwrap();
