@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use k8s_openapi::{api::coordination::v1::Lease, api::core::v1::Node, jiff::Timestamp};
 use kube::{Api, Client};
 
-use super::{LocalCluster, node_untainted_ready, probes, wait};
+use super::{LocalCluster, probes, start::node_untainted_ready, wait};
 use crate::progress::Step;
 
 /// How long a restarted component gets to serve again.

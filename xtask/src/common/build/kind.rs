@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{GoBuild, Versions};
+use super::{go::GoBuild, versions::Versions};
 use crate::common::kube_module::{KUBE_PROXY_PACKAGE, KUBEADM_PACKAGE};
 
 /// The CNI plugins the kind node image carries (`xtask/local-cluster/kind`).
