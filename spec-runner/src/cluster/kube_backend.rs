@@ -145,7 +145,9 @@ impl KubeBackend {
     }
 
     async fn discover(&self) -> Result<ClusterInfo, PreflightError> {
-        let version = self.client.apiserver_version().await.map_err(|e| self.classify(e))?;
+        // Asked once, through the client that does not send a request again: an API server
+        // that cannot be reached is refused at once with its reason, not waited for.
+        let version = self.stream_client.apiserver_version().await.map_err(|e| self.classify(e))?;
         let core = self.client.list_core_api_versions().await.map_err(|e| self.classify(e))?;
         let groups = self.client.list_api_groups().await.map_err(|e| self.classify(e))?;
         let mut api_versions: BTreeSet<String> = core.versions.into_iter().collect();
