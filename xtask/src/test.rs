@@ -12,7 +12,6 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
@@ -22,8 +21,10 @@ use crate::{e2e, local, overrides::OverrideArgs, progress::human};
 mod background;
 mod budget;
 mod cluster_tests;
+mod driver_lane;
 pub(crate) mod kind_lane;
 mod restarts;
+mod table;
 
 pub use budget::StepStart;
 
@@ -149,6 +150,9 @@ pub enum TestLane {
     /// Only the kind lane (what the e2e-kind workflow runs): root, or a Docker engine in
     /// `DOCKER_HOST`; the node image is built first if missing.
     Kind,
+    /// Only the driver lane on the local cluster ([`driver_lane`]): the example driver as a
+    /// DaemonSet, tested as a real driver.
+    Driver,
 }
 
 /// Options of `cargo xtask test`.
@@ -171,13 +175,6 @@ fn clip(text: &str, max: usize) -> String {
     format!("{}… ({} bytes more)", &text[..end], text.len() - end)
 }
 
-/// One step's outcome.
-struct Outcome {
-    name: String,
-    result: Result<()>,
-    cost: budget::StepCost,
-}
-
 /// Runs the steps and prints the summary.
 pub async fn run(args: TestOptions) -> Result<ExitCode> {
     let repo = crate::repo::repo_root();
@@ -186,7 +183,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         if let Err(e) = &result {
             eprintln!("==> step failed: {name}: {e:#}");
         }
-        outcomes.push(Outcome { name: name.to_string(), result, cost: started.cost() });
+        outcomes.push(table::Outcome { name: name.to_string(), result, cost: started.cost() });
     };
 
     if args.lane == TestLane::Kind && (args.no_cluster || args.keep_cluster) {
@@ -195,10 +192,18 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         )
         .into());
     }
+    if args.lane == TestLane::Driver && args.no_cluster {
+        return Err(crate::usage::UsageError::new(
+            "--lane driver runs the driver lane on the local cluster: leave out --no-cluster",
+        )
+        .into());
+    }
     let interrupted = interrupt_flag();
     let go_on = || !interrupted.load(Ordering::SeqCst);
     let local_lanes = !args.no_cluster && args.lane != TestLane::Kind;
-    let lanes = lanes(&repo);
+    // `--lane driver`: the local cluster and the driver lane, nothing else.
+    let only_driver = args.lane == TestLane::Driver;
+    let lanes = if only_driver { Vec::new() } else { lanes(&repo) };
     let mut kind = None;
     let mut background = None;
     // Everything the run builds for its clusters (the local cluster first, the kind node image
@@ -219,7 +224,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         background = started.ok();
         step("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
     }
-    if args.lane != TestLane::Kind {
+    if !matches!(args.lane, TestLane::Kind | TestLane::Driver) {
         let t = StepStart::now();
         step(
             "unit and protocol tests (cargo test --workspace)",
@@ -238,7 +243,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         step("local cluster up", up, t);
         if up_ok {
             let kubeconfig = cluster.kubeconfig();
-            if go_on() {
+            if go_on() && !only_driver {
                 let t = StepStart::now();
                 let tests = cluster_tests::cluster_tests();
                 let (name, result) =
@@ -246,11 +251,12 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
                         .await;
                 step(&name, result, t);
             }
-            for (name, suite_args) in suite_runs(&repo).into_iter().take_while(|_| go_on()) {
+            let suites = if only_driver { Vec::new() } else { suite_runs(&repo) };
+            for (name, suite_args) in suites.into_iter().take_while(|_| go_on()) {
                 let t = StepStart::now();
                 step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
             }
-            if go_on() {
+            if go_on() && !only_driver {
                 let t = StepStart::now();
                 let (cmd, restart) = restarts::cluster_test();
                 let result = cargo(
@@ -267,9 +273,13 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
                     t,
                 );
             }
-            for run in restarts::restart_runs().iter().take_while(|_| go_on()) {
+            let restart_runs = if only_driver { Vec::new() } else { restarts::restart_runs() };
+            for run in restart_runs.iter().take_while(|_| go_on()) {
                 let t = StepStart::now();
                 step(run.name, restarts::run_with_restart(&repo, &cluster, run).await, t);
+            }
+            if go_on() {
+                driver_lane::run(&repo, &cluster, &mut step).await;
             }
             for lane in lanes.into_iter().take_while(|_| go_on()) {
                 let t = match &lane.build {
@@ -315,7 +325,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         }
     }
     // After the local cluster is down: two clusters at once do not fit two cores.
-    if !args.no_cluster && args.lane != TestLane::Local && (kind.is_some() || go_on()) {
+    if !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) && (kind.is_some() || go_on()) {
         let lane = match kind {
             Some(lane) => lane,
             None => kind_lane::prepare(&mut step).await,
@@ -327,7 +337,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         eprintln!("==> interrupted: the steps after the one that was running did not run");
     }
 
-    eprint!("\n{}", step_table(&outcomes));
+    eprint!("\n{}", table::step_table(&outcomes));
     let failed = outcomes.iter().filter(|o| o.result.is_err()).count();
     eprintln!("{} steps, {failed} failed", outcomes.len());
     // Again after the table: CI's log keeps the end of the output, where the reason belongs.
@@ -337,39 +347,6 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         }
     }
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-}
-
-/// The closing table: per step its wall time, the machine's CPU time over it (the background
-/// builds' share apart, in `bg cpu`), the time it waited for a background build, its result; and
-/// the totals.
-fn step_table(outcomes: &[Outcome]) -> String {
-    let opt = |d: Option<Duration>| d.map(human).unwrap_or_else(|| "-".into());
-    let wait = |d: Duration| if d.is_zero() { String::new() } else { human(d) };
-    let mut table =
-        format!("{:<62} {:>8} {:>8} {:>8} {:>8}  result\n", "step", "time", "cpu", "bg cpu", "waited");
-    for o in outcomes {
-        let result = if o.result.is_ok() { "ok" } else { "FAILED" };
-        let c = &o.cost;
-        table += &format!(
-            "{:<62} {:>8} {:>8} {:>8} {:>8}  {result}\n",
-            o.name,
-            human(c.elapsed),
-            opt(c.cpu),
-            opt(c.background),
-            wait(c.waited)
-        );
-    }
-    let sum = |f: fn(&budget::StepCost) -> Option<Duration>| outcomes.iter().filter_map(|o| f(&o.cost)).sum();
-    let elapsed: Duration = sum(|c| Some(c.elapsed));
-    table += &format!(
-        "{:<62} {:>8} {:>8} {:>8} {:>8}\n",
-        "all steps",
-        human(elapsed),
-        human(sum(|c| c.cpu)),
-        human(sum(|c| c.background)),
-        wait(sum(|c| Some(c.waited)))
-    );
-    table
 }
 
 /// The background build of the local cluster's binaries (`cluster build`), which the first
@@ -516,35 +493,6 @@ mod tests {
                 test.any_provider
             );
         }
-    }
-
-    #[test]
-    fn the_step_table_shows_cpu_and_waits_and_sums_them() {
-        let secs = Duration::from_secs;
-        let outcome = |name: &str, ok: bool, cost| Outcome {
-            name: name.into(),
-            result: if ok { Ok(()) } else { Err(anyhow::anyhow!("broke")) },
-            cost,
-        };
-        let outcomes = [
-            outcome(
-                "restart",
-                true,
-                budget::StepCost {
-                    elapsed: secs(100),
-                    cpu: Some(secs(30)),
-                    background: Some(secs(50)),
-                    waited: secs(40),
-                },
-            ),
-            outcome("lane", false, budget::StepCost { elapsed: secs(20), cpu: None, ..Default::default() }),
-        ];
-        let table = step_table(&outcomes);
-        let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
-        assert_eq!(rows[0], ["step", "time", "cpu", "bg", "cpu", "waited", "result"]);
-        assert_eq!(rows[1], ["restart", "1m40s", "30.0s", "50.0s", "40.0s", "ok"]);
-        assert_eq!(rows[2], ["lane", "20.0s", "-", "-", "FAILED"]);
-        assert_eq!(rows[3], ["all", "steps", "2m00s", "30.0s", "50.0s", "40.0s"]);
     }
 
     #[test]

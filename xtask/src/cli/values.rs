@@ -38,6 +38,9 @@ pub enum TestLaneArg {
     /// Only the kind lane (what the e2e-kind workflow runs): root, or a Docker engine in
     /// `DOCKER_HOST`; the node image is built first if missing.
     Kind,
+    /// Only the driver lane on the local cluster: the example driver as a DaemonSet, tested as
+    /// a real driver (with and without interposing, after a kubelet restart, broken on purpose).
+    Driver,
 }
 
 impl From<TestLaneArg> for TestLane {
@@ -46,6 +49,7 @@ impl From<TestLaneArg> for TestLane {
             TestLaneArg::All => TestLane::All,
             TestLaneArg::Local => TestLane::Local,
             TestLaneArg::Kind => TestLane::Kind,
+            TestLaneArg::Driver => TestLane::Driver,
         }
     }
 }
@@ -94,7 +98,7 @@ mod tests {
         assert_eq!(names::<TestLaneArg>(), ["all", "local", "kind"]);
         assert_eq!(
             TestLaneArg::value_variants().iter().map(|&v| TestLane::from(v)).collect::<Vec<_>>(),
-            [TestLane::All, TestLane::Local, TestLane::Kind]
+            [TestLane::All, TestLane::Local, TestLane::Kind, TestLane::Driver]
         );
         assert_eq!(TestLane::from(TestLaneArg::default()), TestLane::default());
 

@@ -1,0 +1,88 @@
+//! The table of steps that closes `cargo xtask test`: per step its wall time, CPU time, the
+//! background builds' share and the time it waited for one.
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::budget;
+use crate::progress::human;
+
+/// One step's outcome.
+pub(super) struct Outcome {
+    /// The step's name.
+    pub name: String,
+    /// Its result.
+    pub result: Result<()>,
+    /// What it cost.
+    pub cost: budget::StepCost,
+}
+
+/// The closing table: per step its wall time, the machine's CPU time over it (the background
+/// builds' share apart, in `bg cpu`), the time it waited for a background build, its result; and
+/// the totals.
+pub(super) fn step_table(outcomes: &[Outcome]) -> String {
+    let opt = |d: Option<Duration>| d.map(human).unwrap_or_else(|| "-".into());
+    let wait = |d: Duration| if d.is_zero() { String::new() } else { human(d) };
+    let mut table =
+        format!("{:<62} {:>8} {:>8} {:>8} {:>8}  result\n", "step", "time", "cpu", "bg cpu", "waited");
+    for o in outcomes {
+        let result = if o.result.is_ok() { "ok" } else { "FAILED" };
+        let c = &o.cost;
+        table += &format!(
+            "{:<62} {:>8} {:>8} {:>8} {:>8}  {result}\n",
+            o.name,
+            human(c.elapsed),
+            opt(c.cpu),
+            opt(c.background),
+            wait(c.waited)
+        );
+    }
+    let sum = |f: fn(&budget::StepCost) -> Option<Duration>| outcomes.iter().filter_map(|o| f(&o.cost)).sum();
+    let elapsed: Duration = sum(|c| Some(c.elapsed));
+    table += &format!(
+        "{:<62} {:>8} {:>8} {:>8} {:>8}\n",
+        "all steps",
+        human(elapsed),
+        human(sum(|c| c.cpu)),
+        human(sum(|c| c.background)),
+        wait(sum(|c| Some(c.waited)))
+    );
+    table
+}
+
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_table_shows_cpu_and_waits_and_sums_them() {
+        let secs = Duration::from_secs;
+        let outcome = |name: &str, ok: bool, cost| Outcome {
+            name: name.into(),
+            result: if ok { Ok(()) } else { Err(anyhow::anyhow!("broke")) },
+            cost,
+        };
+        let outcomes = [
+            outcome(
+                "restart",
+                true,
+                budget::StepCost {
+                    elapsed: secs(100),
+                    cpu: Some(secs(30)),
+                    background: Some(secs(50)),
+                    waited: secs(40),
+                },
+            ),
+            outcome("lane", false, budget::StepCost { elapsed: secs(20), cpu: None, ..Default::default() }),
+        ];
+        let table = step_table(&outcomes);
+        let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[0], ["step", "time", "cpu", "bg", "cpu", "waited", "result"]);
+        assert_eq!(rows[1], ["restart", "1m40s", "30.0s", "50.0s", "40.0s", "ok"]);
+        assert_eq!(rows[2], ["lane", "20.0s", "-", "-", "FAILED"]);
+        assert_eq!(rows[3], ["all", "steps", "2m00s", "30.0s", "50.0s", "40.0s"]);
+    }
+}
