@@ -7,6 +7,7 @@ use std::time::Duration;
 use harness::{
     builder::parse_env,
     calls::{ClaimCalls, UNPREPARE_TIMEOUT},
+    framework::step,
     wait::{self, Attempt},
 };
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
@@ -109,7 +110,16 @@ pub async fn expect_cdi_visible(
             );
         }
     }
-    tracing::info!(ids = ?ids, "the prepared CDI devices are defined on the node and their env is in the container");
+    if ids.is_empty() {
+        step(
+            "no CDI device was prepared for the claim (none returned, none appeared on the node): nothing to check in the container",
+        );
+    } else {
+        step(format!(
+            "the CDI devices {ids:?} are defined on node {} and their env is in the container",
+            session.node
+        ));
+    }
     Ok(())
 }
 

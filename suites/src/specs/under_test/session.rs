@@ -84,7 +84,7 @@ impl Session {
                 target.driver
             );
         };
-        tracing::info!(node = %node, driver = %target.driver, "the node under test");
+        harness::framework::step(format!("node under test: {node} (driver {})", target.driver));
         let cdi = CdiReader::start(ctx, &node).await?;
         let interposer = if target.interpose {
             Some(Interposer::start(ctx, &target.driver, std::slice::from_ref(&node)).await?)
