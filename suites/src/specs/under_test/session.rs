@@ -87,7 +87,8 @@ impl Session {
         harness::framework::step(format!("node under test: {node} (driver {})", target.driver));
         let cdi = CdiReader::start(ctx, &node).await?;
         let interposer = if target.interpose {
-            Some(Interposer::start(ctx, &target.driver, std::slice::from_ref(&node)).await?)
+            let interposer = Interposer::start(ctx, &target.driver, std::slice::from_ref(&node)).await;
+            Some(interposer.map_err(|e| anyhow::anyhow!("cannot interpose on node {node}: {e}"))?)
         } else {
             None
         };
