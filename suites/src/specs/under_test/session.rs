@@ -141,12 +141,7 @@ impl Session {
             ] } },
         }))?;
         let created = self.claims().create(&PostParams::default(), &claim).await?;
-        let (api, name) = (self.claims(), created.name_any());
-        self.ctx.defer_with_timeout(format!("delete claim {name}"), POD_DELETE_TIMEOUT, async move {
-            delete(&api, &name, DeleteParams::default()).await?;
-            wait::gone(&api, &name, format!("claim {name} to be gone"), POD_DELETE_TIMEOUT).await?;
-            Ok(())
-        });
+        self.delete_and_wait_at_cleanup(self.claims(), "claim", created.name_any());
         Ok(created)
     }
 
@@ -181,13 +176,28 @@ impl Session {
             "spec": spec,
         }))?;
         let created = self.pods().create(&PostParams::default(), &pod).await?;
-        let (api, name) = (self.pods(), created.name_any());
-        self.ctx.defer_with_timeout(format!("delete pod {name}"), POD_DELETE_TIMEOUT, async move {
+        self.delete_and_wait_at_cleanup(self.pods(), "pod", created.name_any());
+        Ok(created)
+    }
+
+    /// Registers a cleanup that deletes the object and waits until it is gone, so that the
+    /// kubelet has unprepared what it used before the interposer (registered earlier) goes.
+    fn delete_and_wait_at_cleanup<K>(&self, api: Api<K>, kind: &'static str, name: String)
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + k8s_openapi::serde::de::DeserializeOwned
+            + k8s_openapi::serde::Serialize
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.ctx.defer_with_timeout(format!("delete {kind} {name}"), POD_DELETE_TIMEOUT, async move {
             delete(&api, &name, DeleteParams::default()).await?;
-            wait::gone(&api, &name, format!("pod {name} to be gone"), POD_DELETE_TIMEOUT).await?;
+            wait::gone(&api, &name, format!("{kind} {name} to be gone"), POD_DELETE_TIMEOUT).await?;
             Ok(())
         });
-        Ok(created)
     }
 
     /// Waits until the pod runs; fails at once if it terminates.
