@@ -55,7 +55,8 @@ pub struct RunnerArgs {
     #[arg(long, value_name = "DURATION", default_value = "3m", value_parser = duration::parse)]
     pub cleanup_bound: Duration,
 
-    /// Print the full texts of the selected specs and exit.
+    /// Print the full texts of the selected specs and exit; with -v also what each asserts,
+    /// where the spec says so.
     #[arg(long)]
     pub list: bool,
 
@@ -300,6 +301,9 @@ fn before_the_cluster(registry: &Registry, args: &RunnerArgs) -> Option<ExitCode
     if args.list {
         for spec in registry.specs().filter(|s| selection.matches(s)) {
             println!("{}", spec.full_text());
+            if let Some(description) = spec.description().filter(|_| args.verbose) {
+                println!("    {description}");
+            }
         }
         return Some(ExitCode::SUCCESS);
     }

@@ -5,6 +5,7 @@
 //! dra-e2e --list --label-filter 'DRA && !Slow'
 //! dra-e2e --list --k8s-version v1.38.0-beta.0      # upstream's texts of another version
 //! dra-e2e cleanup --kubeconfig ~/.kube/config   # remove what killed runs left behind
+//! dra-e2e --kubeconfig ~/.kube/config --driver gpu.example.com --interpose  # check an installed driver
 //! dra-e2e kubelet-plugin --driver-name D --node-name N --plugin-dir P --registry-dir R --cdi-dir C
 //! ```
 
@@ -28,6 +29,8 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     runner: RunnerArgs,
+    #[command(flatten)]
+    under_test: specs::under_test::UnderTestArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -39,11 +42,15 @@ enum Command {
     Cleanup(harness::framework::CleanupArgs),
 }
 
-/// Every spec, with the texts of Kubernetes `gates.version`.
-fn registry(gates: &'static GateTable) -> Registry {
+/// Every spec, with the texts of Kubernetes `gates.version`; with a driver under test, only the
+/// specs of that driver.
+fn registry(gates: &'static GateTable, target: Option<&specs::under_test::Target>) -> Registry {
     let mut registry = Registry::for_version(gates);
     harness::suite::configure(&mut registry);
-    specs::register(&mut registry);
+    match target {
+        Some(target) => specs::under_test::register(&mut registry, target.clone()),
+        None => specs::register(&mut registry),
+    }
     registry
 }
 
@@ -61,6 +68,17 @@ async fn main() -> ExitCode {
             }
         },
         Some(Command::Cleanup(args)) => harness::framework::cleanup(args).await,
-        None => harness::framework::run_versioned(versions::TABLES, registry, cli.runner).await,
+        None => {
+            let kubeconfig = cli.runner.kubeconfig.as_deref();
+            let target = match cli.under_test.target(kubeconfig, cli.runner.list).await {
+                Ok(target) => target,
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            let registry = |gates| registry(gates, target.as_ref());
+            harness::framework::run_versioned(versions::TABLES, registry, cli.runner).await
+        }
     }
 }

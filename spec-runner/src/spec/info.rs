@@ -19,6 +19,8 @@ pub struct SpecInfo {
     pub(super) timeout: Option<Duration>,
     /// Why the spec runs alone although it is not `[Serial]` ([`crate::SpecHandle::runs_alone`]).
     pub(super) alone: Option<String>,
+    /// What the spec asserts, for `--list -v` ([`crate::SpecHandle::description`]).
+    pub(super) description: Option<String>,
 }
 
 impl SpecInfo {
@@ -72,6 +74,11 @@ impl SpecInfo {
     /// Why the spec runs alone although it is not `[Serial]`, if it was declared so.
     pub fn alone_because(&self) -> Option<&str> {
         self.alone.as_deref()
+    }
+
+    /// What the spec asserts, if it was described ([`SpecHandle::description`](crate::SpecHandle::description)).
+    pub fn description(&self) -> Option<&str> {
+        self.description.as_deref()
     }
 
     /// Renders the full text and the label list from the texts and labels.

@@ -275,6 +275,7 @@ impl Registry {
             full_text: String::new(),
             timeout: None,
             alone: None,
+            description: None,
         };
         info.render();
         let body: Body = Arc::new(move |ctx| body(ctx).boxed());
@@ -392,6 +393,12 @@ impl SpecHandle<'_> {
     /// Overrides the default `--timeout` for this spec.
     pub fn timeout(self, timeout: Duration) -> Self {
         self.registry.specs[self.index].info.timeout = Some(timeout);
+        self
+    }
+
+    /// What the spec asserts, in a sentence or two; `--list -v` prints it under the spec's text.
+    pub fn description(self, text: impl Into<String>) -> Self {
+        self.registry.specs[self.index].info.description = Some(text.into());
         self
     }
 

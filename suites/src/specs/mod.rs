@@ -30,6 +30,7 @@ mod node_allocatable;
 mod prechecked;
 mod resource_quota;
 mod slice_controller;
+pub mod under_test;
 
 use harness::framework::Registry;
 

@@ -210,6 +210,17 @@ mod tests {
     }
 
     #[test]
+    fn the_driver_under_test_flags_pass_on_to_the_runner_as_typed() {
+        let line = ["--driver", "d.example.com", "--device-class=c", "--interpose", "-p", "1"];
+        let argv: Vec<&str> = ["xtask", "e2e", "--kubeconfig", "/k"].into_iter().chain(line).collect();
+        let options = e2e::E2eOptions::from(e2e_args(&argv));
+        assert_eq!((options.kubeconfig, options.runner_args), (Some("/k".into()), strings(&line)));
+        let (kind, text) = refusal(&["xtask", "e2e", "--interpose"]);
+        assert_eq!(kind, ErrorKind::MissingRequiredArgument, "{text}");
+        assert!(text.contains("--driver <NAME>"), "{text}");
+    }
+
+    #[test]
     fn bad_e2e_flags_are_refused_before_anything_is_built() {
         for (args, kind, says) in [
             (&["--bogus"][..], ErrorKind::UnknownArgument, "unexpected argument '--bogus'"),

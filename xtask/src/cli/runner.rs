@@ -42,6 +42,23 @@ pub struct E2eOwnArgs {
     pub image: Option<String>,
 }
 
+/// `dra-e2e`'s flags of a driver-under-test run (suites' `UnderTestArgs`, which xtask cannot
+/// import: `suites` is a binary): declared here with the same names, values and requirements, so
+/// that clap accepts and checks them; they pass on to `dra-e2e` in the runner's line as typed.
+#[derive(Debug, Default, Args)]
+pub struct DriverUnderTestArgs {
+    /// Test the DRA driver NAME installed in the cluster: only the driver-under-test specs run.
+    #[arg(long, value_name = "NAME")]
+    pub driver: Option<String>,
+    /// The DeviceClass the driver-under-test specs' claims ask for (default: the DeviceClass whose
+    /// selector names the driver).
+    #[arg(long, value_name = "CLASS", requires = "driver")]
+    pub device_class: Option<String>,
+    /// Stand between the kubelet and the driver under test and assert its gRPC calls too.
+    #[arg(long, requires = "driver")]
+    pub interpose: bool,
+}
+
 /// `cargo xtask e2e`: xtask's own flags, the runner's, and the runner's `cleanup`.
 #[derive(Debug, Args)]
 pub struct E2eArgs {
@@ -52,6 +69,9 @@ pub struct E2eArgs {
     /// [`runner_line`](Self::runner_line), with the `--kubeconfig` given here.
     #[command(flatten)]
     pub runner: RunnerArgs,
+    /// `dra-e2e`'s driver-under-test flags (passed on in [`runner_line`](Self::runner_line)).
+    #[command(flatten)]
+    pub under_test: DriverUnderTestArgs,
     /// The runner's subcommand.
     #[command(subcommand)]
     pub action: Option<E2eAction>,
@@ -123,7 +143,7 @@ fn bench_json_report(arg: clap::Arg) -> clap::Arg {
 
 impl From<E2eArgs> for e2e::E2eOptions {
     fn from(args: E2eArgs) -> Self {
-        let E2eArgs { own, runner, action, runner_line } = args;
+        let E2eArgs { own, runner, action, runner_line, .. } = args;
         let cleanup_kubeconfig = match action {
             Some(E2eAction::Cleanup(cleanup)) => cleanup.kubeconfig,
             None => None,
@@ -153,6 +173,9 @@ struct RunnerLine {
     /// The runner's flags.
     #[command(flatten)]
     runner: RunnerArgs,
+    /// The driver-under-test flags.
+    #[command(flatten)]
+    _under_test: DriverUnderTestArgs,
 }
 
 /// Checks what clap cannot of `cargo xtask e2e` (`tail`: the tokens after `e2e`) and fills in the

@@ -256,3 +256,12 @@ fn composes_gate_labels_with_the_versions_table() {
     reg.it("d", async |_| Ok(())).label(Label::gate("X"));
     assert!(reg.validate().unwrap_err().to_string().contains("needs the gate table"));
 }
+
+#[test]
+fn a_description_stays_out_of_the_full_text() {
+    let mut reg = Registry::new();
+    reg.it("checks a driver", async |_| Ok(())).description("what it asserts");
+    let spec = reg.specs().next().unwrap();
+    assert_eq!((spec.full_text(), spec.description()), ("checks a driver", Some("what it asserts")));
+    assert_eq!(sample().specs().next().unwrap().description(), None);
+}

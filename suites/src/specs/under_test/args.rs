@@ -1,0 +1,173 @@
+//! The flags of a driver-under-test run (`--driver`, `--device-class`, `--interpose`) and what
+//! they resolve to before any spec runs: the [`Target`].
+
+use std::{path::Path, time::Duration};
+
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::{Api, ResourceExt as _, api::ListParams};
+
+/// The flags that turn `dra-e2e` into a test of a DRA driver already installed in the cluster.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct UnderTestArgs {
+    /// Test the DRA driver NAME installed in the cluster: only the driver-under-test specs are
+    /// registered (the harness's own specs are not).
+    #[arg(long, value_name = "NAME")]
+    pub driver: Option<String>,
+    /// The DeviceClass the specs' claims ask for (default: the DeviceClass whose selector names
+    /// the driver, `device.driver == "NAME"`).
+    #[arg(long, value_name = "CLASS", requires = "driver")]
+    pub device_class: Option<String>,
+    /// Stand between the kubelet and the driver on the node under test (harness::interposer), so
+    /// that the specs also assert the driver's gRPC calls; these specs run one at a time.
+    #[arg(long, requires = "driver")]
+    pub interpose: bool,
+}
+
+/// The driver under test, as the specs use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The driver name (`spec.driver` of its ResourceSlices).
+    pub driver: String,
+    /// The DeviceClass of the specs' claims.
+    pub class: String,
+    /// Whether the specs interpose and assert the driver's calls.
+    pub interpose: bool,
+}
+
+/// Why the flags cannot be used; each says it in one sentence (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum UnderTestError {
+    /// The driver name is not a valid DRA driver name.
+    #[error("--driver {0:?} is not a DRA driver name (a lowercase DNS subdomain of at most 63 characters)")]
+    BadDriverName(String),
+    /// The DeviceClass given does not exist.
+    #[error("--device-class {0:?} does not exist in the cluster")]
+    NoSuchClass(String),
+    /// No DeviceClass selects the driver's devices.
+    #[error(
+        "no DeviceClass selects the devices of driver {0} (a CEL selector `device.driver == \"{0}\"`); create one or name it with --device-class"
+    )]
+    NoClass(String),
+    /// The cluster could not be asked.
+    #[error("cannot read the DeviceClasses of the cluster: {0}")]
+    Cluster(String),
+}
+
+/// The placeholder class of `--list` without `--device-class` (no cluster is asked).
+const CLASS_AT_RUN_TIME: &str = "(found at run time)";
+
+/// How long finding the DeviceClass may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl UnderTestArgs {
+    /// The target these flags name, or `None` without `--driver`. Without `--device-class`
+    /// the cluster of `kubeconfig` is asked for the driver's DeviceClass, unless `list` (no
+    /// cluster is needed to list specs).
+    pub async fn target(
+        &self,
+        kubeconfig: Option<&Path>,
+        list: bool,
+    ) -> Result<Option<Target>, UnderTestError> {
+        let Some(driver) = self.driver.clone() else { return Ok(None) };
+        if !is_driver_name(&driver) {
+            return Err(UnderTestError::BadDriverName(driver));
+        }
+        let class = match (&self.device_class, list) {
+            (_, true) => self.device_class.clone().unwrap_or_else(|| CLASS_AT_RUN_TIME.to_owned()),
+            (Some(class), false) => {
+                let classes = classes(kubeconfig).await?;
+                if !classes.iter().any(|c| c.name_any() == *class) {
+                    return Err(UnderTestError::NoSuchClass(class.clone()));
+                }
+                class.clone()
+            }
+            (None, false) => class_of(&classes(kubeconfig).await?, &driver)
+                .ok_or_else(|| UnderTestError::NoClass(driver.clone()))?,
+        };
+        Ok(Some(Target { driver, class, interpose: self.interpose }))
+    }
+}
+
+/// Whether `name` is a DNS subdomain of at most 63 characters, as `spec.driver` must be.
+fn is_driver_name(name: &str) -> bool {
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    !name.is_empty() && name.len() <= 63 && name.split('.').all(label_ok)
+}
+
+/// The cluster's DeviceClasses.
+async fn classes(kubeconfig: Option<&Path>) -> Result<Vec<DeviceClass>, UnderTestError> {
+    let cluster = |e: &dyn std::fmt::Display| UnderTestError::Cluster(e.to_string());
+    let backend = harness::framework::KubeBackend::connect(kubeconfig).await.map_err(|e| cluster(&e))?;
+    let api: Api<DeviceClass> = Api::all(harness::framework::ClusterBackend::client(&backend));
+    match tokio::time::timeout(LOOKUP_TIMEOUT, api.list(&ListParams::default())).await {
+        Ok(Ok(list)) => Ok(list.items),
+        Ok(Err(e)) => Err(cluster(&e)),
+        Err(_) => Err(cluster(&format!("no answer within {LOOKUP_TIMEOUT:?}"))),
+    }
+}
+
+/// The first (by name) DeviceClass with a CEL selector `device.driver == "<driver>"`.
+fn class_of(classes: &[DeviceClass], driver: &str) -> Option<String> {
+    let wanted = [format!("device.driver==\"{driver}\""), format!("device.driver=='{driver}'")];
+    let mut names: Vec<String> = classes
+        .iter()
+        .filter(|class| {
+            let selectors = class.spec.as_ref().and_then(|s| s.selectors.as_ref()).into_iter().flatten();
+            selectors.filter_map(|s| s.cel.as_ref()).any(|cel| {
+                let compact: String = cel.expression.split_whitespace().collect();
+                wanted.iter().any(|w| compact.contains(w.as_str()))
+            })
+        })
+        .map(|class| class.name_any())
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    fn class(name: &str, expression: &str) -> DeviceClass {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "spec": { "selectors": [{ "cel": { "expression": expression } }] },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_class_is_the_first_whose_selector_names_the_driver() {
+        let classes = [
+            class("z", "device.driver == \"d.example.com\""),
+            class("other", "device.driver == \"e.example.com\""),
+            class("a", "device.attributes[\"x\"].y && device.driver=='d.example.com'"),
+        ];
+        assert_eq!(class_of(&classes, "d.example.com").as_deref(), Some("a"));
+        assert_eq!(class_of(&classes, "f.example.com"), None);
+    }
+
+    #[test]
+    fn driver_names_are_dns_subdomains() {
+        assert!(is_driver_name("gpu.example.com") && is_driver_name("h2.example.dra-e2e.test"));
+        for bad in ["", "Gpu.example.com", "a..b", "-a.b", "a_b", &"x".repeat(64)] {
+            assert!(!is_driver_name(bad), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn list_needs_no_cluster_and_no_driver_means_no_target() {
+        let args = UnderTestArgs { driver: Some("d.example.com".into()), ..Default::default() };
+        let target = args.target(None, true).await.unwrap().unwrap();
+        assert_eq!(target.class, CLASS_AT_RUN_TIME);
+        assert_eq!(UnderTestArgs::default().target(None, false).await.unwrap(), None);
+        let bad = UnderTestArgs { driver: Some("Bad".into()), ..Default::default() };
+        assert!(matches!(bad.target(None, true).await, Err(UnderTestError::BadDriverName(_))));
+    }
+}

@@ -1,0 +1,179 @@
+//! The checks the pod specs share: the devices a claim got, the CDI devices the driver prepared
+//! for it (from the interposed prepare response, else the IDs that appeared on the node) and
+//! their env in the container, and that unprepare happened once and removed them.
+
+use std::time::Duration;
+
+use harness::{
+    builder::parse_env,
+    calls::{ClaimCalls, UNPREPARE_TIMEOUT},
+    framework::step,
+    wait::{self, Attempt},
+};
+use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
+use kube::ResourceExt as _;
+
+use super::{
+    cdi::{CdiDevices, new_ids, still_defined},
+    session::{Session, allocated_devices, reserved_for},
+};
+
+/// How often the node's CDI files are read while waiting.
+const READ_EVERY: Duration = Duration::from_secs(2);
+
+/// The claim is allocated devices of the driver only, and reserved for `pod`.
+pub fn expect_allocated_for(session: &Session, claim: &ResourceClaim, pod: &Pod) -> anyhow::Result<()> {
+    let devices = allocated_devices(claim);
+    let driver = &session.target.driver;
+    anyhow::ensure!(
+        !devices.is_empty(),
+        "claim {} of pod {} has no allocated device",
+        claim.name_any(),
+        pod.name_any()
+    );
+    let foreign: Vec<_> = devices.iter().filter(|(d, _, _)| d != driver).collect();
+    anyhow::ensure!(
+        foreign.is_empty(),
+        "claim {} got devices of other drivers than {driver}: {foreign:?}",
+        claim.name_any()
+    );
+    let reserved = reserved_for(claim);
+    anyhow::ensure!(
+        reserved.contains(&pod.name_any()),
+        "claim {} is reserved for {reserved:?}, not for pod {}",
+        claim.name_any(),
+        pod.name_any()
+    );
+    Ok(())
+}
+
+/// The claim's calls so far, when interposed.
+pub fn claim_calls(session: &Session, uid: &str) -> Option<ClaimCalls> {
+    session.calls().map(|calls| calls.claim(uid))
+}
+
+/// The CDI device IDs prepared for the claim: interposed, those of its one successful
+/// `NodePrepareResources` (which must be its only prepare call); otherwise the IDs the node's
+/// CDI files define now and did not `before`.
+pub fn prepared_ids(
+    session: &Session,
+    uid: &str,
+    before: &CdiDevices,
+    now: &CdiDevices,
+) -> anyhow::Result<Vec<String>> {
+    let Some(history) = claim_calls(session, uid) else {
+        return Ok(new_ids(before, now).into_iter().collect());
+    };
+    if history.prepared() != 1
+        || history.prepare_failures() != 0
+        || history.calls.iter().filter(|c| c.prepare).count() != 1
+    {
+        anyhow::bail!(
+            "claim UID {uid}: expected exactly one NodePrepareResources, successful, got {} successful and {} failed:\n{history}{}",
+            history.prepared(),
+            history.prepare_failures(),
+            session.call_log()
+        );
+    }
+    let prepared = history.first_prepared().map(|c| c.devices.clone()).unwrap_or_default();
+    Ok(prepared.into_iter().flat_map(|(_, _, ids)| ids).collect())
+}
+
+/// Every ID is defined by a CDI spec file on the node, and the container's `env` has each env
+/// edit of those devices.
+pub async fn expect_cdi_visible(
+    session: &Session,
+    pod: &Pod,
+    ids: &[String],
+    now: &CdiDevices,
+) -> anyhow::Result<()> {
+    let missing: Vec<&String> = ids.iter().filter(|id| !now.contains_key(*id)).collect();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "the CDI devices {missing:?} prepared for pod {} are defined in no CDI spec file of node {} (/etc/cdi, /var/run/cdi); defined: {:?}{}",
+        pod.name_any(),
+        session.node,
+        now.keys().collect::<Vec<_>>(),
+        session.call_log()
+    );
+    let env_output = session.container_env(pod).await?;
+    let env = parse_env(&env_output);
+    for id in ids {
+        let Some(device) = now.get(id) else { continue };
+        for edit in &device.env {
+            let (key, value) = edit.split_once('=').unwrap_or((edit.as_str(), ""));
+            anyhow::ensure!(
+                env.get(key).map(String::as_str) == Some(value),
+                "the env edit {edit} of CDI device {id} ({}) is not in the env of pod {}:\n{env_output}",
+                device.file,
+                pod.name_any()
+            );
+        }
+    }
+    if ids.is_empty() {
+        step(
+            "no CDI device was prepared for the claim (none returned, none appeared on the node): nothing to check in the container",
+        );
+    } else {
+        step(format!(
+            "the CDI devices {ids:?} are defined on node {} and their env is in the container",
+            session.node
+        ));
+    }
+    Ok(())
+}
+
+/// Interposed: the claim was unprepared exactly once, successfully (waits for it).
+pub async fn expect_unprepared_once(session: &Session, uid: &str) -> anyhow::Result<()> {
+    let Some(calls) = session.calls() else { return Ok(()) };
+    let history = calls.wait_unprepared(uid, UNPREPARE_TIMEOUT).await?;
+    if history.unprepared() != 1 || history.unprepare_failures() != 0 {
+        anyhow::bail!(
+            "claim UID {uid}: expected exactly one NodeUnprepareResources, successful, got {} successful and {} failed:\n{history}{}",
+            history.unprepared(),
+            history.unprepare_failures(),
+            session.call_log()
+        );
+    }
+    Ok(())
+}
+
+/// Interposed: no unprepare named the claim so far.
+pub fn expect_not_unprepared(session: &Session, uid: &str, why: &str) -> anyhow::Result<()> {
+    let Some(history) = claim_calls(session, uid) else { return Ok(()) };
+    let unprepares = history.calls.iter().filter(|c| !c.prepare).count();
+    anyhow::ensure!(
+        unprepares == 0,
+        "claim UID {uid} was unprepared {why}:\n{history}{}",
+        session.call_log()
+    );
+    Ok(())
+}
+
+/// Waits until none of `ids` is defined on the node any more; fails naming them and their files.
+pub async fn expect_cdi_removed(session: &Session, ids: &[String]) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let what = format!("the CDI devices {ids:?} to be no longer defined on node {}", session.node);
+    let result = wait::poll(what, UNPREPARE_TIMEOUT, READ_EVERY, || async {
+        match session.cdi.devices().await {
+            Ok(devices) => {
+                let left = still_defined(&devices, ids);
+                if left.is_empty() { Attempt::Done(()) } else { Attempt::Retry(left.join(", ")) }
+            }
+            Err(e) => Attempt::Retry(e.to_string()),
+        }
+    })
+    .await;
+    if result.is_err() {
+        let left = still_defined(&session.cdi.devices().await?, ids);
+        anyhow::bail!(
+            "the CDI devices {} are still defined on node {} {UNPREPARE_TIMEOUT:?} after their claim was unprepared{}",
+            left.join(", "),
+            session.node,
+            session.call_log()
+        );
+    }
+    Ok(())
+}

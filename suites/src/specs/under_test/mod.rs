@@ -1,0 +1,138 @@
+//! `[sig-node] [DRA] driver under test [DriverUnderTest] ...`: specs that check ANY DRA driver
+//! already installed in the cluster (`dra-e2e --driver NAME`), not the harness's own test driver.
+//! They are registered only with `--driver`, and then alone (the harness's own specs need its
+//! in-process driver).
+//!
+//! Each spec picks the node under test: the first node, by name, with a ResourceSlice of the
+//! driver. Its claims ask for one device of the DeviceClass (`--device-class`, default the class
+//! whose CEL selector names the driver). What a spec asserts is what the API and the node show
+//! (claims, pods, the node's CDI spec files in `/etc/cdi` and `/var/run/cdi`, read by a busybox
+//! pod on the node); with `--interpose` ([`harness::interposer`]) also the driver's gRPC calls,
+//! with exact counts, and a failure message then ends with the node's call log.
+//!
+//! | contract point | module |
+//! |---|---|
+//! | a. valid ResourceSlices for every node served | [`slices`] |
+//! | b. a pod's claim is allocated, prepared once, its CDI devices defined and their env in the container | [`pods`] |
+//! | c. the claim is unprepared once when the pod is deleted, its CDI devices gone | [`pods`] |
+//! | d. a claim shared by two pods: prepared once, unprepared once after the last pod | [`claims`] |
+//! | e. a force-deleted pod's claim is unprepared | [`pods`] |
+//! | f. a pod whose claim is not reserved for it never runs, the claim is never prepared | [`claims`] |
+//! | g. the health stream's first snapshot (interposed, when the driver serves DRAResourceHealth) | [`health`] |
+//!
+//! The specs that run pods run alone, one at a time: interposed, because the kubelet uses the
+//! newest registration of a driver on a node (two interposers would take it from each other);
+//! without it, because the CDI devices a claim got are told apart from others by what appeared
+//! on the node while its pod started, and because a real driver may have few devices.
+
+mod args;
+mod cdi;
+mod checks;
+mod claims;
+mod health;
+mod pods;
+mod session;
+mod slices;
+
+use std::{future::Future, sync::Arc};
+
+pub use args::{Target, UnderTestArgs};
+use harness::framework::{Ctx, Registry, SpecResult};
+
+/// The label of every driver-under-test spec (`--label-filter DriverUnderTest`).
+pub const LABEL: &str = "DriverUnderTest";
+
+/// Why the pod specs run alone.
+const ALONE: &str = "it runs pods on the node under test: the kubelet talks to the newest registration of the \
+                     driver there (the interposer's), and the CDI devices of a claim are told apart by what \
+                     appeared on the node while its pod started";
+
+/// A spec body with the target.
+fn with<F, Fut>(target: &Arc<Target>, body: F) -> impl Fn(Ctx) -> Fut + Send + Sync + 'static
+where
+    F: Fn(Ctx, Arc<Target>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = SpecResult> + Send + 'static,
+{
+    let target = target.clone();
+    move |ctx| body(ctx, target.clone())
+}
+
+/// Registers the driver-under-test specs for `target`.
+pub fn register(registry: &mut Registry, target: Target) {
+    let target = Arc::new(target);
+    registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
+        r.context_with_labels("driver under test", [LABEL], |r| {
+            r.it("publishes valid ResourceSlices for every node it serves", with(&target, slices::valid)).description(
+                "Every ResourceSlice of the driver names it and a pool; each node-local one names an existing Node; \
+                 every pool's current generation has as many slices as its resourceSliceCount, all for one node, \
+                 and non-empty, uniquely named devices; at least one node is served.",
+            );
+            r.it("prepares the claim of a pod and its CDI devices reach the container", with(&target, pods::prepares))
+                .runs_alone(ALONE)
+                .description(
+                    "A pod with a claim from the class, on the node under test, runs; the claim is allocated devices \
+                     of the driver only and reserved for the pod; the CDI devices prepared for it (interposed: of \
+                     its one successful NodePrepareResources; else those that appeared on the node) are defined in \
+                     /etc/cdi or /var/run/cdi of the node and their env edits are in the container's env.",
+                );
+            r.it("unprepares the claim once when its pod is deleted", with(&target, pods::unprepares))
+                .runs_alone(ALONE)
+                .description(
+                    "After the pod of a prepared claim is deleted, the claim is unprepared (interposed: exactly one \
+                     successful NodeUnprepareResources), its CDI devices are no longer defined on the node and the \
+                     claim is reserved for nobody.",
+                );
+            r.it("prepares a claim shared by two pods once and unprepares it after the last pod", with(&target, claims::shared))
+                .runs_alone(ALONE)
+                .description(
+                    "Two pods share one claim: both run with its CDI devices; interposed, one NodePrepareResources; \
+                     after the first pod is gone the claim stays prepared (no NodeUnprepareResources, devices still \
+                     defined); after the second it is unprepared once and its CDI devices are gone.",
+                );
+            r.it("unprepares the claim of a force-deleted pod", with(&target, pods::force_deleted))
+                .runs_alone(ALONE)
+                .description(
+                    "A running pod deleted with grace period 0 still gets its claim unprepared (interposed: exactly \
+                     once) and its CDI devices removed from the node.",
+                );
+            r.it("must not run a pod whose claim is not reserved for it", with(&target, claims::not_reserved))
+                .runs_alone(ALONE)
+                .description(
+                    "Upstream's 'must not run a pod if a claim is not ready': a pod bound to the node past the \
+                     scheduler, whose claim nobody allocates or reserves, stays Pending for 20s and (interposed) the \
+                     driver is never called for the claim.",
+                );
+            r.it("sends the first health snapshot", with(&target, health::first_snapshot)).runs_alone(ALONE).description(
+                "Interposed only: if the kubelet opens a NodeWatchResources stream (the driver serves \
+                 DRAResourceHealth), the driver's first snapshot arrives within 60s; skipped, saying why, otherwise.",
+            );
+        });
+    });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_is_named_for_the_driver_under_test_and_says_what_it_asserts() {
+        let target = Target { driver: "d.example.com".into(), class: "c".into(), interpose: false };
+        let mut registry = Registry::for_version(crate::versions::DEFAULT);
+        register(&mut registry, target);
+        registry.validate().unwrap();
+        assert_eq!(registry.len(), 7);
+        for spec in registry.specs() {
+            assert!(
+                spec.full_text().starts_with("[sig-node] [DRA] driver under test [DriverUnderTest] "),
+                "{}",
+                spec.full_text()
+            );
+            assert!(spec.description().is_some_and(|d| !d.is_empty()), "{}", spec.full_text());
+            assert_eq!(
+                spec.runs_alone(),
+                spec.name() != "publishes valid ResourceSlices for every node it serves"
+            );
+        }
+    }
+}
