@@ -11,7 +11,6 @@ pub use kubelet_plugin::{calls, grpc, plugin};
 pub use spec_runner as framework;
 pub mod device_plugin;
 pub mod driver;
-pub mod interposer;
 pub mod manifests;
 pub mod podexec;
 pub mod prelude;
