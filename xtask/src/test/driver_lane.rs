@@ -22,9 +22,9 @@ use super::{StepStart, suite_args, suite_args_with};
 use crate::{e2e, example_driver, local::LocalCluster};
 
 /// The spec whose claim the kubelet prepares after its restart.
-pub(crate) const PREPARE_SPEC: &str = "prepares the claim of a pod";
+pub(crate) const PREPARE_SPEC: &str = "prepares the claim of a pod and its CDI devices reach the container";
 /// The spec the broken driver must fail.
-pub(crate) const UNPREPARE_SPEC: &str = "unprepares a pod's claim once";
+pub(crate) const UNPREPARE_SPEC: &str = "unprepares the claim once when its pod is deleted";
 /// What the broken driver's failure must say: the call, the leftover CDI devices, and the call
 /// log with the driver's answer.
 pub(crate) const CAUGHT: [&str; 3] =
@@ -187,7 +187,7 @@ mod tests {
         for name in [PREPARE_SPEC, UNPREPARE_SPEC] {
             assert!(sources.contains(name), "no spec of {} is named \"{name}\"", dir.display());
         }
-        for said in &CAUGHT[..2] {
+        for said in ["NodeUnprepareResources OK, but ", CAUGHT[1]] {
             assert!(sources.contains(said), "no spec of {} says \"{said}\"", dir.display());
         }
     }
