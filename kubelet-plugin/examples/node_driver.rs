@@ -148,8 +148,9 @@ const SLICE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl NodeDriver {
-    /// Starts the plugin, publishes the ResourceSlice and waits until the kubelet registered the
-    /// plugin; on failure, what was started is stopped again.
+    /// Starts the plugin (broken as `--break` says), waits until the kubelet registered it, then
+    /// publishes the ResourceSlice and keeps it published; on failure, what was started is
+    /// stopped again.
     pub async fn start(args: &Args) -> anyhow::Result<NodeDriver> {
         let client = client(args.kubeconfig.as_ref()).await?;
         let plugin_dir = args.kubelet_dir.join("plugins").join(&args.driver_name);
@@ -205,7 +206,8 @@ impl NodeDriver {
         Ok(driver)
     }
 
-    /// Stops the plugin (removing its sockets and directory) and deletes the ResourceSlice.
+    /// Stops keeping the slice published, stops the plugin (removing its sockets and directory)
+    /// and deletes the ResourceSlice.
     pub async fn stop(self) {
         if let Some(keeper) = &self.keeper {
             keeper.abort();
