@@ -1,12 +1,18 @@
 //! A complete DRA driver for one node, built on `kubelet-plugin`: it publishes the node's devices
 //! in a ResourceSlice, registers with the kubelet, prepares the claims the scheduler allocated on
 //! its devices (a CDI spec per claim, which sets `claim_<claim>_<request>=true` in the
-//! containers), and on Ctrl-C or SIGTERM unregisters and deletes its ResourceSlice.
+//! containers), and on Ctrl-C or SIGTERM unregisters and deletes its ResourceSlice. It registers
+//! with the kubelet first and publishes the slice after that, as upstream's drivers do, and
+//! publishes it again whenever it is gone (a restarting kubelet deletes its node's slices).
 //!
 //! ```text
 //! cargo run -p kubelet-plugin --example node_driver -- \
 //!     --driver-name example.dra.test --node-name worker-1 --devices 4
 //! ```
+//!
+//! `--break skip-unprepare` or `--break fail-unprepare` makes it a broken driver on purpose: it
+//! leaves the claim's CDI spec file behind on unprepare while answering OK, or fails every
+//! `NodeUnprepareResources`. `cargo xtask example-driver deploy` runs it as a DaemonSet.
 //!
 //! It must run where the kubelet's plugin directories are (`/var/lib/kubelet`, `/var/run/cdi`);
 //! if that directory is reached at another path on this host (e.g. a node of dra-e2e's local
@@ -14,16 +20,28 @@
 //! A DeviceClass selecting `device.driver == "<driver-name>"` makes the devices claimable.
 //! The cluster test `kubelet-plugin/tests/node_driver.rs` runs this file against a real kubelet.
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::Context as _;
-use clap::Parser;
+use async_trait::async_trait;
+use clap::{Parser, ValueEnum};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams},
 };
-use kubelet_plugin::plugin::{KubeClaims, KubeletPlugin, Listener, PluginConfig, PluginListeners};
+use kubelet_plugin::{
+    calls::{FaultGuard, Method},
+    plugin::{
+        FileOps, FileOpsError, KubeClaims, KubeletPlugin, Listener, LocalDirFiles, PluginConfig,
+        PluginListeners,
+    },
+};
+use tokio::task::JoinHandle;
 
 /// Flags of the example driver.
 #[derive(Debug, Clone, Parser)]
@@ -31,8 +49,8 @@ pub struct Args {
     /// The driver name, e.g. `example.dra.test`.
     #[arg(long)]
     pub driver_name: String,
-    /// The node this driver serves.
-    #[arg(long)]
+    /// The node this driver serves (a DaemonSet sets `NODE_NAME` from `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
     /// How many devices (`device-00`, `device-01`, ...) the node offers.
     #[arg(long, default_value_t = 4)]
@@ -49,6 +67,64 @@ pub struct Args {
     /// The kubeconfig (default: `$KUBECONFIG`, `~/.kube/config` or the in-cluster config).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Break the driver on purpose (default: it works).
+    #[arg(long = "break", value_enum)]
+    pub brk: Option<Break>,
+}
+
+/// How `--break` breaks the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Break {
+    /// `NodeUnprepareResources` answers OK but the claim's CDI spec file stays.
+    SkipUnprepare,
+    /// `NodeUnprepareResources` fails with an error.
+    FailUnprepare,
+}
+
+impl Break {
+    /// The flag's value, as `--break` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Break::SkipUnprepare => "skip-unprepare",
+            Break::FailUnprepare => "fail-unprepare",
+        }
+    }
+}
+
+/// Local files, except that removing a CDI spec file (`<cdi dir>/*.json`) does nothing: the
+/// file system of `--break skip-unprepare`. Temporary files are still removed.
+#[derive(Debug)]
+struct KeepSpecFiles {
+    cdi_dir: PathBuf,
+}
+
+#[async_trait]
+impl FileOps for KeepSpecFiles {
+    async fn write(&self, path: &Path, contents: &[u8]) -> Result<(), FileOpsError> {
+        LocalDirFiles.write(path, contents).await
+    }
+
+    async fn rename(&self, from: &Path, to: &Path) -> Result<(), FileOpsError> {
+        LocalDirFiles.rename(from, to).await
+    }
+
+    async fn remove(&self, path: &Path) -> Result<(), FileOpsError> {
+        let spec_file =
+            path.parent() == Some(self.cdi_dir.as_path()) && path.extension().is_some_and(|e| e == "json");
+        if spec_file {
+            println!("skip-unprepare: leaving {} in place", path.display());
+            return Ok(());
+        }
+        LocalDirFiles.remove(path).await
+    }
+
+    async fn mkdir_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        LocalDirFiles.mkdir_all(path).await
+    }
+
+    async fn remove_all(&self, path: &Path) -> Result<(), FileOpsError> {
+        LocalDirFiles.remove_all(path).await
+    }
 }
 
 /// A running driver: its plugin and its ResourceSlice.
@@ -58,14 +134,23 @@ pub struct NodeDriver {
     slices: Api<ResourceSlice>,
     slice: String,
     plugin_dir: PathBuf,
+    /// Publishes the slice again when it is gone.
+    keeper: Option<JoinHandle<()>>,
+    /// The failure of `--break fail-unprepare`, in effect while the driver runs.
+    _fault: Option<FaultGuard>,
 }
 
 /// The kubelet has a minute to register a plugin in upstream's helper; so does this driver.
 const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the driver checks that its ResourceSlice is still there.
+const SLICE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// The bound of one API request of the driver.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl NodeDriver {
-    /// Starts the plugin, publishes the ResourceSlice and waits until the kubelet registered the
-    /// plugin; on failure, what was started is stopped again.
+    /// Starts the plugin (broken as `--break` says), waits until the kubelet registered it, then
+    /// publishes the ResourceSlice and keeps it published; on failure, what was started is
+    /// stopped again.
     pub async fn start(args: &Args) -> anyhow::Result<NodeDriver> {
         let client = client(args.kubeconfig.as_ref()).await?;
         let plugin_dir = args.kubelet_dir.join("plugins").join(&args.driver_name);
@@ -79,8 +164,12 @@ impl NodeDriver {
 
         let config = PluginConfig::new(&args.driver_name, &args.node_name, &args.cdi_dir)
             .dra_endpoint(endpoint.display().to_string());
-        let started = KubeletPlugin::builder(config)
-            .claim_source(Arc::new(KubeClaims::new(client.clone())))
+        let mut builder =
+            KubeletPlugin::builder(config).claim_source(Arc::new(KubeClaims::new(client.clone())));
+        if args.brk == Some(Break::SkipUnprepare) {
+            builder = builder.file_ops(Arc::new(KeepSpecFiles { cdi_dir: args.cdi_dir.clone() }));
+        }
+        let started = builder
             .start(PluginListeners {
                 registration: Listener::unix(registry_dir.join(format!("{}-reg.sock", args.driver_name))),
                 dra: Listener::unix(plugin_dir.join("dra.sock")),
@@ -93,32 +182,36 @@ impl NodeDriver {
                 return Err(e).context("starting the kubelet plugin");
             }
         };
-        let slice = format!("{}-{}", args.node_name, args.driver_name.replace('.', "-"));
-        let driver = NodeDriver { plugin, slices: Api::all(client), slice, plugin_dir };
-        // From here on, a failure stops what was started.
-        let published = driver
-            .slices
-            .patch(
-                &driver.slice,
-                &PatchParams::apply("node-driver").force(),
-                &Patch::Apply(resource_slice(args, &driver.slice)),
+        let fault = (args.brk == Some(Break::FailUnprepare)).then(|| {
+            plugin.calls().fail(
+                Method::NodeUnprepareResources,
+                tonic::Status::internal("the example driver runs with --break fail-unprepare"),
             )
-            .await
-            .with_context(|| format!("publishing ResourceSlice {}", driver.slice));
-        if let Err(e) = published {
-            driver.stop().await;
-            return Err(e);
-        }
+        });
+        let slice = format!("{}-{}", args.node_name, args.driver_name.replace('.', "-"));
+        let mut driver =
+            NodeDriver { plugin, slices: Api::all(client), slice, plugin_dir, keeper: None, _fault: fault };
+        // From here on, a failure stops what was started. Register first, then publish.
         if let Err(e) = driver.plugin.wait_registered(REGISTRATION_TIMEOUT).await {
             driver.stop().await;
             return Err(e)
                 .context(format!("waiting for the kubelet of {} to register the plugin", args.node_name));
         }
+        let body = resource_slice(args, &driver.slice);
+        if let Err(e) = publish(&driver.slices, &driver.slice, &body).await {
+            driver.stop().await;
+            return Err(e);
+        }
+        driver.keeper = Some(tokio::spawn(keep_published(driver.slices.clone(), driver.slice.clone(), body)));
         Ok(driver)
     }
 
-    /// Stops the plugin (removing its sockets and directory) and deletes the ResourceSlice.
+    /// Stops keeping the slice published, stops the plugin (removing its sockets and directory)
+    /// and deletes the ResourceSlice.
     pub async fn stop(self) {
+        if let Some(keeper) = &self.keeper {
+            keeper.abort();
+        }
         self.plugin.stop().await;
         // Only if empty: the kubelet may keep files of its own there.
         let _ = std::fs::remove_dir(&self.plugin_dir);
@@ -126,6 +219,41 @@ impl NodeDriver {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(e) => eprintln!("could not delete ResourceSlice {}: {e}", self.slice),
+        }
+    }
+}
+
+/// Creates or updates the slice (server-side apply), bounded by [`REQUEST_TIMEOUT`].
+async fn publish(slices: &Api<ResourceSlice>, name: &str, body: &serde_json::Value) -> anyhow::Result<()> {
+    let (params, patch) = (PatchParams::apply("node-driver").force(), Patch::Apply(body));
+    let apply = slices.patch(name, &params, &patch);
+    tokio::time::timeout(REQUEST_TIMEOUT, apply)
+        .await
+        .with_context(|| format!("publishing ResourceSlice {name}: no answer within {REQUEST_TIMEOUT:?}"))?
+        .with_context(|| format!("publishing ResourceSlice {name}"))?;
+    Ok(())
+}
+
+/// Every [`SLICE_CHECK_INTERVAL`], reads the slice and publishes it again if it is gone; runs
+/// until aborted. Failures are logged and retried at the next check.
+async fn keep_published(slices: Api<ResourceSlice>, name: String, body: serde_json::Value) {
+    loop {
+        tokio::time::sleep(SLICE_CHECK_INTERVAL).await;
+        match tokio::time::timeout(REQUEST_TIMEOUT, slices.get_opt(&name)).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => {
+                eprintln!("checking ResourceSlice {name}: {e}");
+                continue;
+            }
+            Err(_) => {
+                eprintln!("checking ResourceSlice {name}: no answer within {REQUEST_TIMEOUT:?}");
+                continue;
+            }
+        }
+        match publish(&slices, &name, &body).await {
+            Ok(()) => println!("ResourceSlice {name} was gone; published it again"),
+            Err(e) => eprintln!("ResourceSlice {name} is gone and could not be published again: {e:#}"),
         }
     }
 }
@@ -169,8 +297,15 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    match args.brk {
+        Some(brk) => println!("{} starts broken on purpose: --break {}", args.driver_name, brk.as_str()),
+        None => println!("{} starts with no break", args.driver_name),
+    }
     let driver = NodeDriver::start(&args).await?;
-    println!("{} serves node {}; Ctrl-C stops it", args.driver_name, args.node_name);
+    println!(
+        "{} is registered and serves node {} (ResourceSlice {}); Ctrl-C stops it",
+        args.driver_name, args.node_name, driver.slice
+    );
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}

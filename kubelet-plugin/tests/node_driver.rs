@@ -97,6 +97,7 @@ async fn the_example_driver_serves_a_pod_on_a_real_kubelet() {
         kubelet_dir_in_node: Some(PathBuf::from("/var/lib/kubelet")),
         cdi_dir: node_dir.join("cdi"),
         kubeconfig: Some(kubeconfig.clone()),
+        brk: None,
     };
 
     let namespaces: Api<Namespace> = Api::all(client.clone());

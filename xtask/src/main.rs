@@ -10,6 +10,7 @@ mod common;
 #[cfg(test)]
 mod docs_check;
 mod e2e;
+mod example_driver;
 mod gomod;
 mod host_cleanup;
 mod image_archive;

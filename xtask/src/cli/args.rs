@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::values::{ProviderArg, TestLaneArg};
+use super::values::{BreakArg, ProviderArg, TestLaneArg};
 use crate::{kind, mutants, overrides, test, upstream_specs};
 
 /// Options of the kind provider.
@@ -277,4 +277,36 @@ impl From<MutantsArgs> for mutants::MutantsOptions {
         let MutantsArgs { k8s_source, k8s_version, only, no_baseline, list, build_only, output } = args;
         Self { k8s_source, k8s_version, only, no_baseline, list, build_only, output }
     }
+}
+
+/// `cargo xtask example-driver …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum ExampleDriverAction {
+    /// Build the example driver and its image, import it into the local cluster's nodes, apply
+    /// manifests/example-driver.yaml and wait until every worker runs the driver, registered with
+    /// its kubelet and with its ResourceSlice published. Deploying again with another --break
+    /// rolls the pods.
+    Deploy(ExampleDriverDeployArgs),
+    /// Delete everything deploy created and wait until the driver's pods and slices are gone.
+    Remove(ExampleDriverClusterArgs),
+}
+
+/// The cluster of `example-driver`.
+#[derive(Debug, Args)]
+pub struct ExampleDriverClusterArgs {
+    /// The cluster's kubeconfig (default: the local cluster's admin kubeconfig); the image goes
+    /// into the local cluster's nodes.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Options of `example-driver deploy`.
+#[derive(Debug, Args)]
+pub struct ExampleDriverDeployArgs {
+    /// The cluster.
+    #[command(flatten)]
+    pub cluster: ExampleDriverClusterArgs,
+    /// Break the driver on purpose (default: it works).
+    #[arg(long = "break", value_enum)]
+    pub brk: Option<BreakArg>,
 }

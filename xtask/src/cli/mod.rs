@@ -19,15 +19,15 @@ use clap::{Parser, Subcommand};
 
 use self::{
     args::{
-        BuildArgs, BuildNodeImageArgs, ClusterArgs, LoadArgs, MutantsArgs, RestartArgs, TestArgs, UpArgs,
-        UpstreamSpecsArgs,
+        BuildArgs, BuildNodeImageArgs, ClusterArgs, ExampleDriverAction, ExampleDriverClusterArgs,
+        ExampleDriverDeployArgs, LoadArgs, MutantsArgs, RestartArgs, TestArgs, UpArgs, UpstreamSpecsArgs,
     },
     docker::DockerAction,
     runner::{BenchAction, E2eArgs},
 };
 use crate::{
-    bench, e2e, image_archive, kind, kubectl, local, mutants, overrides, provider::Provider, test,
-    upstream_specs, usage::UsageError,
+    bench, e2e, example_driver, image_archive, kind, kubectl, local, mutants, overrides, provider::Provider,
+    test, upstream_specs, usage::UsageError,
 };
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
@@ -114,6 +114,14 @@ pub enum Command {
     /// bring the local cluster up from it, run the lane that should catch it and report which
     /// specs failed, as a Markdown table.
     Mutants(MutantsArgs),
+    /// The crate's example DRA driver (kubelet-plugin/examples/node_driver.rs) as a DaemonSet on
+    /// the local cluster's workers, working or broken on purpose: `example-driver deploy
+    /// [--break skip-unprepare|fail-unprepare]`, `example-driver remove`.
+    ExampleDriver {
+        /// Deploy or remove.
+        #[command(subcommand)]
+        action: ExampleDriverAction,
+    },
     /// Internal: forward a host TCP address into a network namespace (the local cluster's
     /// apiserver forwarder, started and stopped by `cluster up`/`down`).
     #[command(hide = true)]
@@ -167,6 +175,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Kubectl { args } => kubectl::run(args).await,
         Command::UpstreamSpecs(args) => upstream_specs::run(&args.into()),
         Command::Mutants(args) => mutants::run(args.into()).await,
+        Command::ExampleDriver { action } => run_example_driver(action).await.map(|()| ExitCode::SUCCESS),
         Command::NetnsForward { netns, listen, connect } => {
             local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
         }
@@ -229,6 +238,20 @@ async fn run_cluster(action: ClusterAction) -> anyhow::Result<ExitCode> {
             let kind = kind::KindOptions::from(args.kind);
             Provider::from(args.provider).status(&kind).await.map(exit_code)
         }
+    }
+}
+
+/// Runs `cargo xtask example-driver …`.
+async fn run_example_driver(action: ExampleDriverAction) -> anyhow::Result<()> {
+    let kubeconfig = |args: ExampleDriverClusterArgs| match args.kubeconfig {
+        Some(path) => Ok(path),
+        None => example_driver::default_kubeconfig(),
+    };
+    match action {
+        ExampleDriverAction::Deploy(ExampleDriverDeployArgs { cluster, brk }) => {
+            example_driver::deploy(&kubeconfig(cluster)?, brk.map(Into::into)).await
+        }
+        ExampleDriverAction::Remove(cluster) => example_driver::remove(&kubeconfig(cluster)?).await,
     }
 }
 
@@ -313,6 +336,23 @@ mod tests {
         let cli = Cli::try_parse_from(["xtask", "cluster", "up", "--kubelet-version", "1.34"]).unwrap();
         let Command::Cluster { action: ClusterAction::Up(up) } = cli.command else { panic!("not up") };
         assert!(overrides::OverrideArgs::from(up.overrides).parse().is_err());
+    }
+
+    #[test]
+    fn example_driver_takes_a_break_and_a_kubeconfig() {
+        let cli =
+            Cli::try_parse_from(["xtask", "example-driver", "deploy", "--break", "fail-unprepare"]).unwrap();
+        let Command::ExampleDriver { action: ExampleDriverAction::Deploy(args) } = cli.command else {
+            panic!("not deploy")
+        };
+        assert_eq!(args.brk.map(example_driver::Break::from), Some(example_driver::Break::FailUnprepare));
+        assert_eq!(args.cluster.kubeconfig, None);
+        let cli = Cli::try_parse_from(["xtask", "example-driver", "remove", "--kubeconfig", "/k"]).unwrap();
+        let Command::ExampleDriver { action: ExampleDriverAction::Remove(args) } = cli.command else {
+            panic!("not remove")
+        };
+        assert_eq!(args.kubeconfig, Some(PathBuf::from("/k")));
+        assert!(Cli::try_parse_from(["xtask", "example-driver", "deploy", "--break", "nothing"]).is_err());
     }
 
     #[test]

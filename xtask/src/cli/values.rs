@@ -1,10 +1,10 @@
-//! The values of the command line's enum flags (`--provider`, `--lane`, `--cap-shim`): clap's
+//! The values of the command line's enum flags (`--provider`, `--lane`, `--cap-shim`, `--break`): clap's
 //! mirrors of the plain enums the commands take, with the same variants, default and doc comments
 //! (which are the help of each possible value), converted with `From`.
 
 use clap::ValueEnum;
 
-use crate::{kind::engine::CapShim, provider::Provider, test::TestLane};
+use crate::{example_driver::Break, kind::engine::CapShim, provider::Provider, test::TestLane};
 
 /// Which kind of cluster to use (`--provider`; [`Provider`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -108,5 +108,23 @@ mod tests {
             [CapShim::Auto, CapShim::Off]
         );
         assert_eq!(CapShim::from(CapShimArg::default()), CapShim::default());
+    }
+}
+
+/// How the example driver is broken on purpose (`--break`; [`Break`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BreakArg {
+    /// NodeUnprepareResources answers OK but leaves the claim's CDI spec file in place.
+    SkipUnprepare,
+    /// NodeUnprepareResources fails with an error.
+    FailUnprepare,
+}
+
+impl From<BreakArg> for Break {
+    fn from(value: BreakArg) -> Self {
+        match value {
+            BreakArg::SkipUnprepare => Break::SkipUnprepare,
+            BreakArg::FailUnprepare => Break::FailUnprepare,
+        }
     }
 }

@@ -119,6 +119,22 @@ pub fn write_binary_image(name: &str, binary: &Path, entrypoint: &str, path: &Pa
     write_image(name, &entries, &[entrypoint], &[], path).with_context(|| format!("build image {name}"))
 }
 
+/// Writes an image of one dynamically linked binary (at `/<file name>`, its entrypoint) with the
+/// shared libraries and loader it loads, each at its path on this host (`libs`, from
+/// [`shared_libs::of`](crate::common::shared_libs::of)), so it runs in an image without a libc;
+/// a Docker archive at `path`. The example DRA driver's image.
+pub fn write_linked_binary_image(name: &str, binary: &Path, libs: &[PathBuf], path: &Path) -> Result<()> {
+    let file = binary.file_name().context("a binary path without a file name")?.to_string_lossy();
+    let entrypoint = format!("/{file}");
+    let mut entries = base_entries();
+    entries.push(Entry::File { path: file.into_owned(), source: binary.to_path_buf(), mode: 0o755 });
+    for lib in libs {
+        let in_image = lib.strip_prefix("/").unwrap_or(lib).display().to_string();
+        entries.push(Entry::File { path: in_image, source: lib.clone(), mode: 0o755 });
+    }
+    write_image(name, &entries, &[&entrypoint], &[], path).with_context(|| format!("build image {name}"))
+}
+
 /// One image of [`write_shared_layer_archive`]: its name and entrypoint.
 #[derive(Debug, Clone)]
 pub struct SharedLayerImage {

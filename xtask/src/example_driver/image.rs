@@ -1,0 +1,53 @@
+//! The driver's image: the dev-profile `node_driver` example with the shared libraries it loads,
+//! written as a Docker archive and imported into every node of the local cluster.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    common::{images, layout::Layout, shared_libs},
+    e2e, local,
+    progress::Step,
+};
+
+/// Builds the example (`cargo build -p kubelet-plugin --example node_driver`) and returns it.
+fn build_binary(repo: &Path) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let step = Step::start("build the example driver (cargo build -p kubelet-plugin --example node_driver)");
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--package", "kubelet-plugin", "--example", "node_driver"])
+        .current_dir(repo)
+        .status()
+        .context("run cargo build for the example driver")?;
+    if !status.success() {
+        bail!("building the example driver failed");
+    }
+    step.done();
+    Ok(e2e::target_dir(repo).join("debug").join("examples").join("node_driver"))
+}
+
+/// Builds the binary and its image archive (under the local cluster's image directory);
+/// returns the archive and its sha256.
+pub fn build(repo: &Path) -> Result<(PathBuf, String)> {
+    let binary = build_binary(repo)?;
+    let libs = shared_libs::of(&binary)?;
+    let dir = Layout::from_env(repo.to_path_buf())?.images();
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let archive = dir.join("example-driver.tar");
+    images::write_linked_binary_image(super::IMAGE, &binary, &libs, &archive)?;
+    let digest = {
+        let mut file =
+            std::fs::File::open(&archive).with_context(|| format!("open {}", archive.display()))?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher).with_context(|| format!("read {}", archive.display()))?;
+        hex::encode(hasher.finalize())
+    };
+    Ok((archive, digest))
+}
+
+/// Imports the archive into every node's containerd (what `cargo xtask cluster load` does).
+pub async fn load(archive: &Path) -> Result<()> {
+    local::load(&[archive.to_path_buf()]).await
+}
