@@ -212,7 +212,8 @@ pub struct TestArgs {
     /// Run only the tests that need no cluster.
     #[arg(long)]
     pub no_cluster: bool,
-    /// What to run: `all` (CI's run), `local` (no kind) or `kind` (the kind lane alone).
+    /// What to run: `all` (CI's run), `local` (no kind), `kind` (the kind lane alone) or `driver`
+    /// (the driver lane alone, on the local cluster).
     #[arg(long, value_enum, default_value_t)]
     pub lane: TestLaneArg,
     /// Leave the local cluster running afterwards (the kind lane's cluster is always deleted).

@@ -95,7 +95,7 @@ mod tests {
         );
         assert_eq!(Provider::from(ProviderArg::default()), Provider::default());
 
-        assert_eq!(names::<TestLaneArg>(), ["all", "local", "kind"]);
+        assert_eq!(names::<TestLaneArg>(), ["all", "local", "kind", "driver"]);
         assert_eq!(
             TestLaneArg::value_variants().iter().map(|&v| TestLane::from(v)).collect::<Vec<_>>(),
             [TestLane::All, TestLane::Local, TestLane::Kind, TestLane::Driver]

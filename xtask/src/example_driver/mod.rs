@@ -22,7 +22,6 @@ use crate::{kube_api, progress::Step, repo::repo_root, usage::UsageError};
 /// The driver's name: its ResourceSlices' `spec.driver`.
 pub const DRIVER_NAME: &str = "example.dra-e2e.test";
 /// The DeviceClass of the driver's devices (`device.driver == DRIVER_NAME`).
-#[allow(dead_code, reason = "for the driver lane of cargo xtask test (xtask/src/test/driver_lane.rs)")]
 pub const DEVICE_CLASS: &str = "example.dra-e2e.test";
 /// The namespace of the DaemonSet.
 pub const NAMESPACE: &str = "dra-example-driver";
@@ -176,31 +175,10 @@ async fn remove_with(client: &Client) -> Result<()> {
 
 /// Waits until `node` has the driver's ResourceSlice again, e.g. after its kubelet restarted
 /// (a starting kubelet deletes its node's slices; the driver publishes its own again). Call it
-/// once the kubelet is back: a slice that is there already counts. To wait for a new slice
-/// for sure, take [`slice_uid`] before the restart and use [`wait_slice_replaced`].
-#[allow(dead_code, reason = "for the driver lane of cargo xtask test (xtask/src/test/driver_lane.rs)")]
+/// once the kubelet is back: a slice that is there already counts.
 pub async fn wait_republished(kubeconfig: &Path, node: &str, timeout: Duration) -> Result<()> {
     let client = kube_api::client_for(kubeconfig).await?;
-    readiness::slice_back(&client, node, None, timeout).await
-}
-
-/// The UID of `node`'s ResourceSlice of the driver, if there is one.
-#[allow(dead_code, reason = "for the driver lane of cargo xtask test (xtask/src/test/driver_lane.rs)")]
-pub async fn slice_uid(kubeconfig: &Path, node: &str) -> Result<Option<String>> {
-    let client = kube_api::client_for(kubeconfig).await?;
-    readiness::slice_uid(&client, node).await
-}
-
-/// Waits until `node` has a ResourceSlice of the driver other than the one with `old_uid`.
-#[allow(dead_code, reason = "for the driver lane of cargo xtask test (xtask/src/test/driver_lane.rs)")]
-pub async fn wait_slice_replaced(
-    kubeconfig: &Path,
-    node: &str,
-    old_uid: &str,
-    timeout: Duration,
-) -> Result<()> {
-    let client = kube_api::client_for(kubeconfig).await?;
-    readiness::slice_back(&client, node, Some(old_uid), timeout).await
+    readiness::slice_back(&client, node, timeout).await
 }
 
 /// The local cluster's admin kubeconfig, the default of `--kubeconfig`.

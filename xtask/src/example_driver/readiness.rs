@@ -139,29 +139,15 @@ pub async fn slices_published(client: &Client, served: &[Served], timeout: Durat
     .await
 }
 
-/// The UID of `node`'s slice, if it has one.
-pub async fn slice_uid(client: &Client, node: &str) -> Result<Option<String>> {
-    let slices: Api<ResourceSlice> = Api::all(client.clone());
-    Ok(slices.get_opt(&slice_name(node)).await?.and_then(|s| s.metadata.uid))
-}
-
-/// Waits until `node` has the driver's slice and, if `old_uid` is given, a new one.
-pub async fn slice_back(client: &Client, node: &str, old_uid: Option<&str>, timeout: Duration) -> Result<()> {
+/// Waits until `node` has the driver's slice.
+pub async fn slice_back(client: &Client, node: &str, timeout: Duration) -> Result<()> {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let name = slice_name(node);
-    let what = match old_uid {
-        Some(uid) => {
-            format!("the example driver to publish ResourceSlice {name} again (replacing UID {uid})")
-        }
-        None => format!("the example driver to publish ResourceSlice {name} again"),
-    };
+    let what = format!("the example driver to publish ResourceSlice {name} again");
     poll_until(&what, timeout, INTERVAL, || async {
         Ok(match slices.get_opt(&name).await? {
             Some(slice) if slice.metadata.deletion_timestamp.is_some() => {
                 Probe::Pending("being deleted".into())
-            }
-            Some(slice) if old_uid.is_some() && slice.metadata.uid.as_deref() == old_uid => {
-                Probe::Pending("the old slice is still there".into())
             }
             Some(_) => Probe::Done(()),
             None => Probe::Pending("no slice".into()),

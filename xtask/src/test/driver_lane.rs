@@ -50,7 +50,8 @@ pub(crate) async fn run(
         let t = StepStart::now();
         step(
             "e2e: driver lane, the example driver as a vendor runs it (--driver)",
-            suite(repo, &kubeconfig, &driver_args(repo, &[], "driver")).await,
+            suite(repo, &kubeconfig, &driver_args(repo, &["--device-class", example_driver::DEVICE_CLASS], "driver"))
+                .await,
             t,
         );
         let t = StepStart::now();
