@@ -46,8 +46,8 @@ pub enum DriverError {
         driver: String,
         /// Node name.
         node: String,
-        /// Why (from the [`ForwardResolver`](super::ForwardResolver)).
-        source: super::ForwardError,
+        /// Why (from the [`ForwardResolver`](super::forward::ForwardResolver)).
+        source: super::forward::ForwardError,
     },
     /// A proxied plugin did not start.
     #[error("cannot start the kubelet plugin of driver {driver} on node {node}: {source}")]
