@@ -10,6 +10,7 @@ mod tunnel_support;
 mod driver;
 mod faults;
 mod framework;
+mod interposer;
 mod restart;
 mod run;
 mod skew;
