@@ -150,12 +150,12 @@ async fn the_interposer_stands_between_the_kubelet_and_a_real_driver() {
             let log = calls.log();
             assert_eq!(log.count(Method::NodePrepareResources), 1, "{log}");
             assert_eq!(log.succeeded(Method::NodePrepareResources), 1, "{log}");
-        // The answer is the driver's: its devices are in the pool named after the node (the
-        // interposer itself publishes nothing and prepares nothing).
-        let prepared = log.matching(Method::NodePrepareResources);
-        let response = prepared[0].response.as_ref().map(ToString::to_string).unwrap_or_default();
-        assert!(response.contains(NODE) && response.contains("device-"), "{response}");
-        assert!(!prepared[0].injected);
+            // The answer is the driver's: its devices are in the pool named after the node (the
+            // interposer itself publishes nothing and prepares nothing).
+            let prepared = log.matching(Method::NodePrepareResources);
+            let response = prepared[0].response.as_ref().map(ToString::to_string).unwrap_or_default();
+            assert!(response.contains(NODE) && response.contains("device-"), "{response}");
+            assert!(!prepared[0].injected);
 
             // A fault fails the second pod's prepare (not forwarded), seen in the kubelet's event.
             let fault = interposer.fail(NODE, Method::NodePrepareResources);

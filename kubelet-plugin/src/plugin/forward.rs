@@ -134,16 +134,115 @@ impl<N: ServiceName> tower::Service<http::Request<Body>> for Forwarder<N> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+    use crate::{
+        calls::Method,
+        grpc::registration::{InfoRequest, registration_client::RegistrationClient},
+        plugin::{ConnectionSender, KubeletPlugin, Listener, PluginConfig, PluginListeners},
+    };
 
     #[test]
     fn forwarded_service_names_are_the_generated_ones() {
         type DraV1 = dra_v1::dra_plugin_server::DraPluginServer<super::super::dra::DraV1>;
         type DraV1beta1 = dra_v1beta1::dra_plugin_server::DraPluginServer<super::super::dra::DraV1beta1>;
-        assert_eq!(DraV1Service::NAME, <DraV1 as tonic::server::NamedService>::NAME);
-        assert_eq!(DraV1beta1Service::NAME, <DraV1beta1 as tonic::server::NamedService>::NAME);
-        assert_eq!(HealthV1Service::NAME, "v1.DRAResourceHealth");
+        assert_eq!(DraV1Service::NAME, <DraV1 as NamedService>::NAME);
+        assert_eq!(DraV1beta1Service::NAME, <DraV1beta1 as NamedService>::NAME);
+        assert_eq!(<Forwarder<HealthV1Service> as NamedService>::NAME, "v1.DRAResourceHealth");
         assert_eq!(HealthV1alpha1Service::NAME, "v1alpha1.DRAResourceHealth");
-        let _ = Forwarder::<DraV1Service>::NAME;
+    }
+
+    /// A channel whose every connection is an in-memory pipe handed to `server`.
+    fn channel_to(server: ConnectionSender) -> Channel {
+        tonic::transport::Endpoint::from_static("http://localhost").connect_with_connector_lazy(
+            tower::service_fn(move |_: http::Uri| {
+                let server = server.clone();
+                async move {
+                    let (client, served) = tokio::io::duplex(1 << 16);
+                    server.send(served).await?;
+                    Ok::<_, crate::plugin::ServerGone>(hyper_util::rt::TokioIo::new(client))
+                }
+            }),
+        )
+    }
+
+    /// A plugin on in-memory listeners: (plugin, its DRA server, its registration server).
+    async fn plugin(forward: Option<Forward>) -> (KubeletPlugin, ConnectionSender, ConnectionSender) {
+        let (dra, dra_listener) = Listener::channel(4);
+        let (reg, reg_listener) = Listener::channel(4);
+        let config =
+            PluginConfig::new("drv.test", "node", "/nonexistent").dra_endpoint("/plugins/drv.test/dra.sock");
+        let mut builder = KubeletPlugin::builder(config);
+        if let Some(forward) = forward {
+            builder = builder.forward(forward);
+        }
+        let plugin =
+            builder.start(PluginListeners { registration: reg_listener, dra: dra_listener }).await.unwrap();
+        (plugin, dra, reg)
+    }
+
+    fn claims() -> Vec<dra_v1::Claim> {
+        vec![dra_v1::Claim { namespace: "ns".into(), name: "claim".into(), uid: "uid-1".into() }]
+    }
+
+    #[tokio::test]
+    async fn a_forwarding_plugin_answers_with_the_drivers_response_records_it_and_fails_on_demand() {
+        let (driver, driver_dra, _driver_reg) = plugin(None).await;
+        let forward = Forward::new(channel_to(driver_dra.clone()), vec![dra_v1::SERVICE_VERSION.to_owned()]);
+        let (interposer, dra, reg) = plugin(Some(forward)).await;
+
+        let info =
+            RegistrationClient::new(channel_to(reg)).get_info(InfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info.supported_versions, [dra_v1::SERVICE_VERSION]);
+        assert_eq!(info.name, "drv.test");
+
+        // The driver's own error (it has no claims), unchanged.
+        let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(channel_to(dra.clone()));
+        let direct = dra_v1::dra_plugin_client::DraPluginClient::new(channel_to(driver_dra))
+            .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: claims() })
+            .await
+            .unwrap_err();
+        let forwarded = client
+            .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: claims() })
+            .await
+            .unwrap_err();
+        assert_eq!((forwarded.code(), forwarded.message()), (direct.code(), direct.message()));
+        // The driver's success: an unknown claim is unprepared.
+        let unprepared = client
+            .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest { claims: claims() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(unprepared.claims["uid-1"].error, "");
+        assert_eq!(interposer.calls().count(Method::NodePrepareResources), 1);
+        assert_eq!(interposer.calls().log().succeeded(Method::NodeUnprepareResources), 1);
+        assert_eq!(driver.calls().count(Method::NodePrepareResources), 2);
+
+        // A fault answers in place of the driver, which never sees the call.
+        let fault = interposer.calls().fail(Method::NodeUnprepareResources, Status::internal("injected"));
+        let failed = client
+            .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest { claims: claims() })
+            .await
+            .unwrap_err();
+        assert_eq!((failed.code(), failed.message()), (tonic::Code::Internal, "injected"));
+        assert_eq!(driver.calls().count(Method::NodeUnprepareResources), 1);
+        drop(fault);
+
+        // Not advertised by the driver: not served.
+        let beta = dra_v1beta1::dra_plugin_client::DraPluginClient::new(channel_to(dra))
+            .node_unprepare_resources(dra_v1beta1::NodeUnprepareResourcesRequest { claims: Vec::new() })
+            .await
+            .unwrap_err();
+        assert_eq!(beta.code(), tonic::Code::Unimplemented);
+
+        // The driver gone: UNAVAILABLE with the reason.
+        driver.stop().await;
+        let gone = client
+            .node_unprepare_resources(dra_v1::NodeUnprepareResourcesRequest { claims: claims() })
+            .await
+            .unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::Unavailable, "{gone:?}");
+        interposer.stop().await;
     }
 }
