@@ -68,15 +68,15 @@ pub enum InterposerError {
 }
 
 impl From<DriverError> for InterposerError {
+    /// A resolver's [`InterposerError`] comes back as itself; anything else is
+    /// [`InterposerError::Driver`].
     fn from(error: DriverError) -> Self {
         match error {
-            DriverError::Forward { source, .. } => match source.downcast::<InterposerError>() {
+            DriverError::Forward { driver, node, source } => match source.downcast::<InterposerError>() {
                 Ok(error) => *error,
-                Err(source) => InterposerError::Driver(Box::new(DriverError::Forward {
-                    driver: String::new(),
-                    node: String::new(),
-                    source,
-                })),
+                Err(source) => {
+                    InterposerError::Driver(Box::new(DriverError::Forward { driver, node, source }))
+                }
             },
             other => InterposerError::Driver(Box::new(other)),
         }
@@ -127,5 +127,25 @@ impl Interposer {
     /// The nodes interposed.
     pub fn node_names(&self) -> &[String] {
         &self.nodes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resolver_error_comes_back_as_itself() {
+        let impossible = InterposerError::Impossible {
+            driver: "d".into(),
+            node: "n".into(),
+            reason: "no registration socket".into(),
+        };
+        let wrapped =
+            DriverError::Forward { driver: "d".into(), node: "n".into(), source: Box::new(impossible) };
+        let back = InterposerError::from(wrapped);
+        assert_eq!(back.to_string(), "cannot interpose driver d on node n: no registration socket");
+        let other = DriverError::Forward { driver: "d".into(), node: "n".into(), source: "boom".into() };
+        assert!(matches!(InterposerError::from(other), InterposerError::Driver(_)));
     }
 }

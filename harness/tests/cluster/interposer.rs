@@ -94,6 +94,25 @@ async fn claim_and_pod(ctx: &Ctx, class: &str, name: &str) -> anyhow::Result<()>
     Ok(())
 }
 
+/// A DeviceClass of the driver's devices, deleted at the spec's end; returns its name.
+async fn device_class(ctx: &Ctx, driver: &str) -> anyhow::Result<String> {
+    let classes = dynamic(ctx, "DeviceClass", "deviceclasses", false);
+    let name = format!("{}-{driver}", ctx.namespace());
+    let class = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{driver}\"")}}]},
+    }))?;
+    classes.create(&PostParams::default(), &class).await?;
+    let deleted = name.clone();
+    ctx.defer(format!("delete DeviceClass {name}"), async move {
+        classes.delete(&deleted, &DeleteParams::default()).await?;
+        Ok(())
+    });
+    Ok(name)
+}
+
 async fn wait_running(ctx: &Ctx, name: &str) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
     wait::poll(format!("pod {name} to run"), T, Duration::from_millis(500), || {
@@ -124,22 +143,7 @@ async fn the_interposer_stands_between_the_kubelet_and_a_real_driver() {
         "forwards the kubelet's calls to the real driver and fails them on demand",
         |ctx| async move {
             let driver = driver();
-            let classes = dynamic(&ctx, "DeviceClass", "deviceclasses", false);
-            let class = serde_json::from_value(json!({
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": format!("{}-{driver}", ctx.namespace())},
-                "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{driver}\"")}}]},
-            }))?;
-            let class_name = format!("{}-{driver}", ctx.namespace());
-            classes.create(&PostParams::default(), &class).await?;
-            {
-                let (classes, class_name) = (classes.clone(), class_name.clone());
-                ctx.defer(format!("delete DeviceClass {class_name}"), async move {
-                    classes.delete(&class_name, &DeleteParams::default()).await?;
-                    Ok(())
-                });
-            }
+            let class_name = device_class(&ctx, &driver).await?;
 
             let interposer = Interposer::start(&ctx, &driver, &[NODE.to_owned()]).await?;
             assert_eq!(interposer.node_names(), [NODE.to_owned()]);
@@ -191,6 +195,19 @@ async fn the_interposer_stands_between_the_kubelet_and_a_real_driver() {
             wait_running(&ctx, "second").await?;
             let log = calls.log();
             assert_eq!(log.succeeded(Method::NodePrepareResources), 2, "{log}");
+            Ok(())
+        },
+    )
+    .await;
+
+    // Its teardown unregistered it: the kubelet prepares through the driver again.
+    run_one_spec(
+        "interposer",
+        "is gone after its spec: the kubelet uses the driver again",
+        |ctx| async move {
+            let class_name = device_class(&ctx, &driver()).await?;
+            claim_and_pod(&ctx, &class_name, "after").await?;
+            wait_running(&ctx, "after").await?;
             Ok(())
         },
     )
