@@ -1,18 +1,14 @@
-//! The interposer against a real driver: the example driver of `kubelet-plugin` runs on this
-//! machine for node kind-worker2 of the local cluster, the interposer registers in its place,
-//! and the kubelet's calls go through the harness to it. Needs the proxy image with
-//! `/dra-e2e-dial` and the example driver already running:
+//! The interposer against a real driver: the example driver of `kubelet-plugin` runs in this
+//! process for node kind-worker2 of the local cluster (its sockets in the node's directories on
+//! this machine), the interposer registers in its place, and the kubelet's calls go through the
+//! harness to it. Needs the proxy image with `/dra-e2e-dial`. Run through `cargo xtask test`, or:
 //!
 //! ```text
-//! cargo run -p kubelet-plugin --example node_driver -- --driver-name h3.example.dra-e2e.test \
-//!     --node-name kind-worker2 --kubelet-dir /var/lib/dra-e2e/local/nodes/kind-worker2/kubelet \
-//!     --kubelet-dir-in-node /var/lib/kubelet --cdi-dir /var/lib/dra-e2e/local/nodes/kind-worker2/cdi \
-//!     --kubeconfig /var/lib/dra-e2e/local/admin.kubeconfig &
-//! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig DRA_E2E_INTERPOSE_DRIVER=h3.example.dra-e2e.test \
+//! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
 //!     cargo test -p harness --test cluster -- --ignored interposer::
 //! ```
 //!
-//! The driver's DeviceClass (named after the driver, selecting its devices) is created here.
+//! Each spec creates a DeviceClass of the driver's devices and deletes it at its end.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -31,18 +27,42 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::run::run_one_spec;
+use futures::FutureExt as _;
+
+use crate::{
+    node_driver::{Args, NodeDriver},
+    run::{kubeconfig, run_one_spec},
+};
 
 const NODE: &str = "kind-worker2";
 const T: Duration = Duration::from_secs(120);
 
-/// The real driver to interpose: `DRA_E2E_INTERPOSE_DRIVER`, or the example driver's name
-/// above.
+/// The name of the real driver (the example driver) the interposer stands in for.
+const DRIVER: &str = "h3.example.dra-e2e.test";
+
 fn driver() -> String {
-    std::env::var("DRA_E2E_INTERPOSE_DRIVER")
-        .ok()
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| "h3.example.dra-e2e.test".to_owned())
+    DRIVER.to_owned()
+}
+
+/// The example driver for [`NODE`], its files in the node's directories on this machine.
+async fn start_example_driver() -> NodeDriver {
+    let kubeconfig = kubeconfig();
+    let node_dir = kubeconfig.parent().unwrap().join("nodes").join(NODE);
+    assert!(
+        node_dir.join("kubelet").is_dir(),
+        "{} is not a local cluster node's directory",
+        node_dir.display()
+    );
+    let args = Args {
+        driver_name: DRIVER.to_owned(),
+        node_name: NODE.to_owned(),
+        devices: 2,
+        kubelet_dir: node_dir.join("kubelet"),
+        kubelet_dir_in_node: Some("/var/lib/kubelet".into()),
+        cdi_dir: node_dir.join("cdi"),
+        kubeconfig: Some(kubeconfig),
+    };
+    NodeDriver::start(&args).await.unwrap()
 }
 
 fn dynamic(ctx: &Ctx, kind: &str, plural: &str, namespaced: bool) -> Api<kube::api::DynamicObject> {
@@ -136,80 +156,88 @@ async fn wait_running(ctx: &Ctx, name: &str) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the local cluster, the proxy image with /dra-e2e-dial and the example driver running for kind-worker2 (see the module documentation)"]
+#[ignore = "needs the local cluster with the proxy image that holds /dra-e2e-dial (see the module documentation)"]
 async fn the_interposer_stands_between_the_kubelet_and_a_real_driver() {
-    run_one_spec(
-        "interposer",
-        "forwards the kubelet's calls to the real driver and fails them on demand",
-        |ctx| async move {
-            let driver = driver();
-            let class_name = device_class(&ctx, &driver).await?;
+    let example = start_example_driver().await;
+    let specs = async {
+        run_one_spec(
+            "interposer",
+            "forwards the kubelet's calls to the real driver and fails them on demand",
+            |ctx| async move {
+                let driver = driver();
+                let class_name = device_class(&ctx, &driver).await?;
 
-            let interposer = Interposer::start(&ctx, &driver, &[NODE.to_owned()]).await?;
-            assert_eq!(interposer.node_names(), [NODE.to_owned()]);
-            let calls = interposer.calls(NODE);
+                let interposer = Interposer::start(&ctx, &driver, &[NODE.to_owned()]).await?;
+                assert_eq!(interposer.node_names(), [NODE.to_owned()]);
+                let calls = interposer.calls(NODE);
 
-            claim_and_pod(&ctx, &class_name, "first").await?;
-            wait_running(&ctx, "first").await?;
-            let log = calls.log();
-            assert_eq!(log.count(Method::NodePrepareResources), 1, "{log}");
-            assert_eq!(log.succeeded(Method::NodePrepareResources), 1, "{log}");
-            // The answer is the driver's: its devices are in the pool named after the node (the
-            // interposer itself publishes nothing and prepares nothing).
-            let prepared = log.matching(Method::NodePrepareResources);
-            let response = prepared[0].response.as_ref().map(ToString::to_string).unwrap_or_default();
-            assert!(response.contains(NODE) && response.contains("device-"), "{response}");
-            assert!(!prepared[0].injected);
+                claim_and_pod(&ctx, &class_name, "first").await?;
+                wait_running(&ctx, "first").await?;
+                let log = calls.log();
+                assert_eq!(log.count(Method::NodePrepareResources), 1, "{log}");
+                assert_eq!(log.succeeded(Method::NodePrepareResources), 1, "{log}");
+                // The answer is the driver's: its devices are in the pool named after the node (the
+                // interposer itself publishes nothing and prepares nothing).
+                let prepared = log.matching(Method::NodePrepareResources);
+                let response = prepared[0].response.as_ref().map(ToString::to_string).unwrap_or_default();
+                assert!(response.contains(NODE) && response.contains("device-"), "{response}");
+                assert!(!prepared[0].injected);
 
-            // A fault fails the second pod's prepare (not forwarded), seen in the kubelet's event.
-            let fault = interposer.fail(NODE, Method::NodePrepareResources);
-            claim_and_pod(&ctx, &class_name, "second").await?;
-            let events: Api<Event> = Api::namespaced(ctx.client().clone(), ctx.namespace());
-            wait::poll(
-                "the kubelet's FailedPrepareDynamicResources event of pod second",
-                T,
-                Duration::from_secs(1),
-                || {
-                    let events = events.clone();
-                    async move {
-                        let list = match events
-                            .list(&ListParams::default().fields("involvedObject.name=second"))
-                            .await
-                        {
-                            Ok(list) => list,
-                            Err(e) => return Attempt::Retry(e.to_string()),
-                        };
-                        let reasons: Vec<String> =
-                            list.items.iter().filter_map(|e| e.reason.clone()).collect();
-                        if reasons.iter().any(|r| r == "FailedPrepareDynamicResources") {
-                            Attempt::Done(())
-                        } else {
-                            Attempt::Retry(format!("events: {reasons:?}"))
+                // A fault fails the second pod's prepare (not forwarded), seen in the kubelet's event.
+                let fault = interposer.fail(NODE, Method::NodePrepareResources);
+                claim_and_pod(&ctx, &class_name, "second").await?;
+                let events: Api<Event> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+                wait::poll(
+                    "the kubelet's FailedPrepareDynamicResources event of pod second",
+                    T,
+                    Duration::from_secs(1),
+                    || {
+                        let events = events.clone();
+                        async move {
+                            let list = match events
+                                .list(&ListParams::default().fields("involvedObject.name=second"))
+                                .await
+                            {
+                                Ok(list) => list,
+                                Err(e) => return Attempt::Retry(e.to_string()),
+                            };
+                            let reasons: Vec<String> =
+                                list.items.iter().filter_map(|e| e.reason.clone()).collect();
+                            if reasons.iter().any(|r| r == "FailedPrepareDynamicResources") {
+                                Attempt::Done(())
+                            } else {
+                                Attempt::Retry(format!("events: {reasons:?}"))
+                            }
                         }
-                    }
-                },
-            )
-            .await?;
-            assert!(calls.log().failed(Method::NodePrepareResources) >= 1, "{}", calls.log());
-            drop(fault);
-            wait_running(&ctx, "second").await?;
-            let log = calls.log();
-            assert_eq!(log.succeeded(Method::NodePrepareResources), 2, "{log}");
-            Ok(())
-        },
-    )
-    .await;
+                    },
+                )
+                .await?;
+                assert!(calls.log().failed(Method::NodePrepareResources) >= 1, "{}", calls.log());
+                drop(fault);
+                wait_running(&ctx, "second").await?;
+                let log = calls.log();
+                assert_eq!(log.succeeded(Method::NodePrepareResources), 2, "{log}");
+                Ok(())
+            },
+        )
+        .await;
 
-    // Its teardown unregistered it: the kubelet prepares through the driver again.
-    run_one_spec(
-        "interposer",
-        "is gone after its spec: the kubelet uses the driver again",
-        |ctx| async move {
-            let class_name = device_class(&ctx, &driver()).await?;
-            claim_and_pod(&ctx, &class_name, "after").await?;
-            wait_running(&ctx, "after").await?;
-            Ok(())
-        },
-    )
-    .await;
+        // Its teardown unregistered it: the kubelet prepares through the driver again.
+        run_one_spec(
+            "interposer",
+            "is gone after its spec: the kubelet uses the driver again",
+            |ctx| async move {
+                let class_name = device_class(&ctx, &driver()).await?;
+                claim_and_pod(&ctx, &class_name, "after").await?;
+                wait_running(&ctx, "after").await?;
+                Ok(())
+            },
+        )
+        .await;
+    };
+    let outcome = std::panic::AssertUnwindSafe(specs).catch_unwind().await;
+    example.stop().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
