@@ -11,6 +11,7 @@ pub use kubelet_plugin::{calls, grpc, plugin};
 pub use spec_runner as framework;
 pub mod device_plugin;
 pub mod driver;
+pub mod interposer;
 pub mod manifests;
 pub mod podexec;
 pub mod prelude;

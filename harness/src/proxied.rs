@@ -28,7 +28,7 @@ use sha2::{Digest as _, Sha256};
 use crate::{
     calls::Calls,
     plugin::{
-        ClaimSource, ClaimState, HealthState, KubeletPlugin, Listener, PluginConfig, PluginError,
+        ClaimSource, ClaimState, Forward, HealthState, KubeletPlugin, Listener, PluginConfig, PluginError,
         PluginListeners,
     },
     podexec::{PodExec, PodExecError, PodFiles, ProxyProcess, ProxyProcessConfig, Runner},
@@ -207,6 +207,9 @@ pub struct ProxiedPluginSpec {
     /// run at the same time (see [`PluginBuilder::claim_state`](crate::plugin::PluginBuilder::claim_state)),
     /// else [`ClaimState::default`].
     pub claim_state: ClaimState,
+    /// Forward mode: pass the DRA and health calls on to this target (see
+    /// [`PluginBuilder::forward`](crate::plugin::PluginBuilder::forward)); `None`: serve them.
+    pub forward: Option<Forward>,
 }
 
 impl fmt::Debug for ProxiedPluginSpec {
@@ -246,7 +249,8 @@ pub struct ProxiedPlugin {
 impl ProxiedPlugin {
     /// Starts the proxy processes, the tunnels and the plugin.
     pub async fn start(spec: ProxiedPluginSpec) -> Result<ProxiedPlugin, ProxiedError> {
-        let ProxiedPluginSpec { client, pod, plugin: config, claims, calls, health, claim_state } = spec;
+        let ProxiedPluginSpec { client, pod, plugin: config, claims, calls, health, claim_state, forward } =
+            spec;
         let pod = PodRef::from_pod(&pod)?;
         let driver = config.driver_name.clone();
         let (dra, registration) = sockets(&config);
@@ -256,7 +260,11 @@ impl ProxiedPlugin {
         // The servers first, so that handed-over connections are served at once.
         let (dra_tx, dra_listener) = Listener::channel(tunnel_config.max_open);
         let (reg_tx, reg_listener) = Listener::channel(tunnel_config.max_open);
-        let plugin = KubeletPlugin::builder(config.dra_endpoint(&dra))
+        let mut builder = KubeletPlugin::builder(config.dra_endpoint(&dra));
+        if let Some(forward) = forward {
+            builder = builder.forward(forward);
+        }
+        let plugin = builder
             .claim_source(claims)
             .file_ops(Arc::new(PodFiles::new(exec.clone())))
             .calls(calls)

@@ -1,11 +1,11 @@
 //! How a [`Driver`](super::Driver) is named and set up: the driver name, the deployment id of its RBAC
 //! objects, and [`DriverConfig`].
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use sha2::{Digest as _, Sha256};
 
-use super::resources::ResourcesFn;
+use super::{forward::ForwardResolver, resources::ResourcesFn};
 use crate::{manifests, plugin::MetadataVersion};
 
 /// The kubelet's default root directory.
@@ -44,6 +44,14 @@ pub fn service_account_name(deployment_id: &str) -> String {
 /// How a [`Driver`](super::Driver) is set up.
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
+    /// The driver name instead of `<namespace><name suffix>.k8s.io` (see [`driver_name`]): for
+    /// standing in for a driver that runs outside the harness ([`DriverConfig::forward`]).
+    pub name: Option<String>,
+    /// Forward mode: each node's plugin passes the kubelet's DRA and health calls on to what
+    /// this finds on the node (the real driver) and advertises that driver's versions instead
+    /// of [`DriverConfig::dra_v1`] and the others; `None`: the plugins serve the calls
+    /// themselves.
+    pub forward: Option<Arc<dyn ForwardResolver>>,
     /// Appended to the namespace in the driver name (several drivers in one spec).
     pub name_suffix: String,
     /// Distinguishes two instances of the same driver (object names, instance label).
@@ -106,6 +114,8 @@ impl DriverConfig {
     /// `WithKubelet: true`).
     pub fn kubelet(resources: ResourcesFn) -> Self {
         DriverConfig {
+            name: None,
+            forward: None,
             name_suffix: String::new(),
             instance_suffix: String::new(),
             rolling_update: false,
@@ -129,6 +139,18 @@ impl DriverConfig {
     /// Only ResourceSlices; no pods, no plugins, no RBAC (see [`DriverConfig::rbac`]).
     pub fn control_plane(resources: ResourcesFn) -> Self {
         DriverConfig { with_kubelet: false, with_rbac: false, ..Self::kubelet(resources) }
+    }
+
+    /// Sets [`DriverConfig::name`].
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets [`DriverConfig::forward`].
+    pub fn forward(mut self, resolver: Arc<dyn ForwardResolver>) -> Self {
+        self.forward = Some(resolver);
+        self
     }
 
     /// Sets [`DriverConfig::name_suffix`].

@@ -39,6 +39,16 @@ pub enum DriverError {
         /// Nodes of the pods found.
         found: Vec<String>,
     },
+    /// Forward mode found nothing to forward to on a node.
+    #[error("driver {driver} on node {node}: {source}")]
+    Forward {
+        /// Driver name.
+        driver: String,
+        /// Node name.
+        node: String,
+        /// Why (from the [`ForwardResolver`](super::forward::ForwardResolver)).
+        source: super::forward::ForwardError,
+    },
     /// A proxied plugin did not start.
     #[error("cannot start the kubelet plugin of driver {driver} on node {node}: {source}")]
     Plugin {

@@ -34,6 +34,7 @@ mod config;
 mod deploy;
 mod error;
 mod failover;
+mod forward;
 pub mod impersonate;
 mod nodes;
 pub mod proxy;
@@ -73,6 +74,7 @@ pub use config::{
 pub use deploy::{PROXY_START_TIMEOUT, generated_name_base};
 pub use error::DriverError;
 pub use failover::ProxyMove;
+pub use forward::{ForwardError, ForwardResolver};
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
@@ -186,7 +188,7 @@ impl Driver {
     /// Sets up the driver on `nodes` (see the module documentation) and registers its teardown
     /// on `ctx`. Its ResourceSlices and the recorded gRPC calls go into a failed spec's artifacts.
     pub async fn start(ctx: &Ctx, nodes: &Nodes, config: DriverConfig) -> Result<Driver, DriverError> {
-        let name = driver_name(ctx.namespace(), &config.name_suffix);
+        let name = config.name.clone().unwrap_or_else(|| driver_name(ctx.namespace(), &config.name_suffix));
         let namespace = ctx.namespace().to_owned();
         let admin = ctx.client().clone();
         let with_rbac = config.with_rbac || config.with_kubelet;

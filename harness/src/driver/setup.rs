@@ -77,8 +77,15 @@ impl Driver {
             }
             plugin = plugin.rolling_update_uid(uid);
         }
+        let forward = match &inner.config.forward {
+            Some(resolver) => Some(resolver.resolve(node, &pod).await.map_err(|source| {
+                DriverError::Forward { driver: inner.name.clone(), node: node.to_owned(), source }
+            })?),
+            None => None,
+        };
         let claims_client = state.client.clone().unwrap_or_else(|| inner.admin.clone());
         ProxiedPlugin::start(ProxiedPluginSpec {
+            forward,
             client: inner.stream.clone(),
             pod,
             plugin,

@@ -10,6 +10,11 @@ mod tunnel_support;
 mod driver;
 mod faults;
 mod framework;
+mod interposer;
+/// The example driver of `kubelet-plugin`, the real driver the interposer tests stand between.
+#[path = "../../../kubelet-plugin/examples/node_driver.rs"]
+#[allow(dead_code)]
+mod node_driver;
 mod restart;
 mod run;
 mod skew;

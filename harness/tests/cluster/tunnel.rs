@@ -418,6 +418,7 @@ async fn real_kubelet_registers_a_proxied_plugin() {
         calls: Calls::new(),
         health: HealthState::new(),
         claim_state: ClaimState::default(),
+        forward: None,
     };
 
     let proxied = ProxiedPlugin::start(spec()).await.unwrap();

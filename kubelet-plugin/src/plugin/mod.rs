@@ -35,6 +35,7 @@ mod claims;
 mod config;
 mod dra;
 mod files;
+mod forward;
 mod health;
 pub mod metadata;
 mod registration;
@@ -58,6 +59,7 @@ pub use claims::{ClaimSource, ClaimSourceError, KubeClaims, MemoryClaims, NoClai
 pub use config::{DEFAULT_HEALTH_RESEND_INTERVAL, PluginConfig};
 pub use dra::{ClaimId, ClaimState, PreparedDevice};
 pub use files::{FileOps, FileOpsError, LocalDirFiles, tmp_path, write_atomically};
+pub use forward::Forward;
 pub use health::{DeviceHealth, Health, HealthState};
 pub use metadata::{MetadataConfig, MetadataConfigError, MetadataVersion};
 pub use serving::{BoxedConnection, Connection, ConnectionSender, ConnectionStream, Listener, ServerGone};
@@ -127,9 +129,18 @@ pub struct PluginBuilder {
     health: HealthState,
     claim_state: ClaimState,
     record_calls: bool,
+    forward: Option<Forward>,
 }
 
 impl PluginBuilder {
+    /// Forward mode (default: off): serve no DRA or health calls here but pass each one on to
+    /// another plugin and answer with its response (see [`Forward`]); advertise the versions of
+    /// `forward` instead of the configured ones. Calls are still recorded and can be failed.
+    pub fn forward(mut self, forward: Forward) -> Self {
+        self.forward = Some(forward);
+        self
+    }
+
     /// Where claims are read (default: [`NoClaims`], prepare fails).
     pub fn claim_source(mut self, claims: Arc<dyn ClaimSource>) -> Self {
         self.claims = claims;
@@ -222,6 +233,29 @@ fn server_builder(
     tonic::transport::Server::builder().layer(tower::util::option_layer(record.then(|| calls.layer())))
 }
 
+type DraRouter =
+    tonic::transport::server::Router<tower::layer::util::Stack<Layered, tower::layer::util::Identity>>;
+
+/// The DRA server of forward mode: a [`forward::Forwarder`] per service the driver advertised.
+fn forward_router(forward: &Forward, calls: &Calls, record: bool) -> DraRouter {
+    use forward::{DraV1Service, DraV1beta1Service, HealthV1Service, HealthV1alpha1Service, ServiceName};
+    server_builder(calls, record)
+        .add_optional_service(
+            forward.serves(DraV1Service::VERSION).then(|| forward.forwarder::<DraV1Service>()),
+        )
+        .add_optional_service(
+            forward.serves(DraV1beta1Service::VERSION).then(|| forward.forwarder::<DraV1beta1Service>()),
+        )
+        .add_optional_service(
+            forward.serves(HealthV1Service::VERSION).then(|| forward.forwarder::<HealthV1Service>()),
+        )
+        .add_optional_service(
+            forward
+                .serves(HealthV1alpha1Service::VERSION)
+                .then(|| forward.forwarder::<HealthV1alpha1Service>()),
+        )
+}
+
 impl KubeletPlugin {
     /// Starts configuring a plugin.
     pub fn builder(config: PluginConfig) -> PluginBuilder {
@@ -233,12 +267,14 @@ impl KubeletPlugin {
             health: HealthState::new(),
             claim_state: ClaimState::default(),
             record_calls: true,
+            forward: None,
         }
     }
 
     async fn start_with(builder: PluginBuilder, listeners: PluginListeners) -> Result<Self, PluginError> {
-        let PluginBuilder { config, claims, files, calls, health, claim_state, record_calls } = builder;
-        if !config.dra_v1 && !config.dra_v1beta1 {
+        let PluginBuilder { config, claims, files, calls, health, claim_state, record_calls, forward } =
+            builder;
+        if forward.is_none() && !config.dra_v1 && !config.dra_v1beta1 {
             return Err(PluginError::NoDraVersion);
         }
         let endpoint = match (&config.dra_endpoint, listeners.dra.unix_path()) {
@@ -259,8 +295,9 @@ impl KubeletPlugin {
         let config = &shared.config;
 
         // DRA + health server first.
-        let dra_router =
-            {
+        let dra_router = match &forward {
+            Some(forward) => forward_router(forward, &shared.calls, record_calls),
+            None => {
                 let core = shared.dra.clone();
                 let health = HealthV1 {
                     health: shared.health.clone(),
@@ -284,15 +321,16 @@ impl KubeletPlugin {
                             HealthV1alpha1(health.clone()),
                         )
                     }))
-            };
+            }
+        };
         plugin.serve("DRA", dra_router, listeners.dra)?;
 
-        let registration = RegistrationService::new(
-            &config.driver_name,
-            &endpoint,
-            &config.supported_versions(),
-            shared.status.clone(),
-        );
+        let versions: Vec<&str> = match &forward {
+            Some(forward) => forward.versions().iter().map(String::as_str).collect(),
+            None => config.supported_versions(),
+        };
+        let registration =
+            RegistrationService::new(&config.driver_name, &endpoint, &versions, shared.status.clone());
         let registration_router = server_builder(&shared.calls, record_calls).add_service(
             crate::grpc::registration::registration_server::RegistrationServer::new(registration),
         );
@@ -302,7 +340,8 @@ impl KubeletPlugin {
             driver = %config.driver_name,
             node = %config.node_name,
             %endpoint,
-            versions = ?config.supported_versions(),
+            ?versions,
+            forward = forward.is_some(),
             "kubelet plugin started"
         );
         Ok(plugin)

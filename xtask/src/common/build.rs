@@ -68,6 +68,10 @@ impl Binaries {
     pub fn hostpathplugin(&self) -> PathBuf {
         self.dir.join("hostpathplugin")
     }
+    /// The static dra-e2e-dial (splices stdin/stdout with a Unix socket) for the DRA proxy image.
+    pub fn dra_e2e_dial(&self) -> PathBuf {
+        self.dir.join("dra-e2e-dial")
+    }
     /// Upstream's sample device plugin (`k8s.io/kubernetes/test/images/sample-device-plugin`),
     /// static, for the image of the extended-resources spec.
     pub fn sample_device_plugin(&self) -> PathBuf {
@@ -113,6 +117,7 @@ impl Binaries {
             self.runc(),
             self.pause(),
             self.hostpathplugin(),
+            self.dra_e2e_dial(),
             self.sample_device_plugin(),
         ]
     }

@@ -85,6 +85,12 @@ pub fn test_archives(bins: &Binaries, dir: &Path) -> Result<Vec<(PathBuf, &'stat
         source: bins.hostpathplugin(),
         mode: 0o755,
     });
+    // For the harness's interposer: a byte stream to a socket in the pod through exec.
+    hostpath_entries.push(Entry::File {
+        path: "dra-e2e-dial".into(),
+        source: bins.dra_e2e_dial(),
+        mode: 0o755,
+    });
     let specs = vec![
         ImageSpec {
             name: PAUSE,

@@ -153,7 +153,7 @@ impl LocalCluster {
         step.done();
 
         let step = Step::start(
-            "build the pause, busybox, hostpathplugin and sample device plugin images and import them into every node",
+            "build the pause, busybox, hostpathplugin (with dra-e2e-dial) and sample device plugin images and import them into every node",
         );
         let sockets: Vec<PathBuf> =
             self.nodes.iter().map(|n| NodeDirs::new(&self.layout, n).containerd_socket()).collect();

@@ -107,11 +107,11 @@ pub(super) fn plan(go: &Path, versions: &Versions, wanted: Wanted) -> Vec<GoBuil
             quiet: false,
         },
         GoBuild {
-            what: "build the pause and hostpathplugin image binaries".into(),
+            what: "build the pause, hostpathplugin and dra-e2e-dial image binaries".into(),
             module: go.join("images"),
             env: vec![("CGO_ENABLED", "0".into())],
-            args: strs(&["-ldflags", "-s -w", "./cmd/pause", "./cmd/hostpathplugin"]),
-            outputs: vec!["pause", "hostpathplugin"],
+            args: strs(&["-ldflags", "-s -w", "./cmd/pause", "./cmd/hostpathplugin", "./cmd/dra-e2e-dial"]),
+            outputs: vec!["pause", "hostpathplugin", "dra-e2e-dial"],
             quiet: false,
         },
     ];
