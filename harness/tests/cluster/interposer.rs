@@ -61,6 +61,7 @@ async fn start_example_driver() -> NodeDriver {
         kubelet_dir_in_node: Some("/var/lib/kubelet".into()),
         cdi_dir: node_dir.join("cdi"),
         kubeconfig: Some(kubeconfig),
+        brk: None,
     };
     NodeDriver::start(&args).await.unwrap()
 }
