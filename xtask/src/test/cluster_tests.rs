@@ -100,6 +100,13 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
             &["test", "--workspace", "--test", "cluster", "--", "--ignored", "--exact", CONNECTIONS_CLOSED],
             true,
         ),
+        // Runs the example driver for a local cluster node's kubelet directory (kind-worker2)
+        // from this machine, and interposes between that kubelet and it.
+        test(
+            "interposer cluster test (harness/tests/cluster/interposer.rs)",
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "interposer::"],
+            false,
+        ),
         // Serves a local cluster node's kubelet directory (kind-worker3) from this machine.
         test(
             "example driver against a real kubelet (kubelet-plugin/tests/node_driver.rs)",
