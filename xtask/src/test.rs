@@ -325,7 +325,8 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         }
     }
     // After the local cluster is down: two clusters at once do not fit two cores.
-    if !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) && (kind.is_some() || go_on()) {
+    if !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) && (kind.is_some() || go_on())
+    {
         let lane = match kind {
             Some(lane) => lane,
             None => kind_lane::prepare(&mut step).await,

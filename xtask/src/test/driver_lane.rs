@@ -50,8 +50,12 @@ pub(crate) async fn run(
         let t = StepStart::now();
         step(
             "e2e: driver lane, the example driver as a vendor runs it (--driver)",
-            suite(repo, &kubeconfig, &driver_args(repo, &["--device-class", example_driver::DEVICE_CLASS], "driver"))
-                .await,
+            suite(
+                repo,
+                &kubeconfig,
+                &driver_args(repo, &["--device-class", example_driver::DEVICE_CLASS], "driver"),
+            )
+            .await,
             t,
         );
         let t = StepStart::now();
@@ -121,7 +125,9 @@ async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
     let code = e2e::run_runner(&runner, kubeconfig, &args).await?;
     if code == 0 {
-        bail!("the broken driver passed \"{UNPREPARE_SPEC}\": the spec does not catch a driver that skips unprepare");
+        bail!(
+            "the broken driver passed \"{UNPREPARE_SPEC}\": the spec does not catch a driver that skips unprepare"
+        );
     }
     let text = std::fs::read_to_string(&json).with_context(|| format!("read {}", json.display()))?;
     let reports: serde_json::Value =
@@ -132,7 +138,11 @@ async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
 
 /// The failure messages of the failed specs in a dra-e2e JSON report.
 fn failure_messages(reports: &serde_json::Value) -> Vec<String> {
-    let specs = reports.as_array().into_iter().flatten().flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
+    let specs = reports
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
     specs
         .filter(|spec| !matches!(spec["State"].as_str(), Some("passed" | "skipped" | "pending")))
         .map(|spec| spec["Failure"]["Message"].as_str().unwrap_or_default().to_owned())

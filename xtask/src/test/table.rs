@@ -51,7 +51,6 @@ pub(super) fn step_table(outcomes: &[Outcome]) -> String {
     table
 }
 
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod tests {
