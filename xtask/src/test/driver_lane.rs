@@ -50,7 +50,7 @@ pub(crate) async fn run(
         let t = StepStart::now();
         step(
             "e2e: driver lane, the example driver as a vendor runs it (--driver)",
-            suite(
+            super::run_suite(
                 repo,
                 &kubeconfig,
                 &driver_args(repo, &["--device-class", example_driver::DEVICE_CLASS], "driver"),
@@ -61,7 +61,8 @@ pub(crate) async fn run(
         let t = StepStart::now();
         step(
             "e2e: driver lane, interposed (--driver --interpose)",
-            suite(repo, &kubeconfig, &driver_args(repo, &["--interpose"], "driver-interposed")).await,
+            super::run_suite(repo, &kubeconfig, &driver_args(repo, &["--interpose"], "driver-interposed"))
+                .await,
             t,
         );
         let t = StepStart::now();
@@ -89,11 +90,6 @@ fn driver_args(repo: &Path, extra: &[&str], report: &str) -> Vec<String> {
     suite_args(repo, &selection, report)
 }
 
-/// Runs dra-e2e with `args`; fails unless it passed.
-async fn suite(repo: &Path, kubeconfig: &Path, args: &[String]) -> Result<()> {
-    super::run_suite(repo, kubeconfig, args).await
-}
-
 /// Restarts kind-worker's kubelet, waits until the driver published its slice again, and runs
 /// the prepare spec interposed on that node.
 async fn after_kubelet_restart(repo: &Path, cluster: &LocalCluster) -> Result<()> {
@@ -104,7 +100,7 @@ async fn after_kubelet_restart(repo: &Path, cluster: &LocalCluster) -> Result<()
         .await
         .with_context(|| format!("after {kubelet} restarted"))?;
     let args = driver_args(repo, &["--interpose", "--focus", PREPARE_SPEC], "driver-after-restart");
-    suite(repo, &kubeconfig, &args).await
+    super::run_suite(repo, &kubeconfig, &args).await
 }
 
 /// Redeploys the driver with `--break skip-unprepare`, runs the unprepare spec interposed, and
@@ -138,15 +134,7 @@ async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
 
 /// The failure messages of the failed specs in a dra-e2e JSON report.
 fn failure_messages(reports: &serde_json::Value) -> Vec<String> {
-    let specs = reports
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
-    specs
-        .filter(|spec| !matches!(spec["State"].as_str(), Some("passed" | "skipped" | "pending")))
-        .map(|spec| spec["Failure"]["Message"].as_str().unwrap_or_default().to_owned())
-        .collect()
+    super::restarts::failed_specs(reports).into_iter().map(|spec| spec.message).collect()
 }
 
 /// Passes when exactly one spec failed and its message says every one of [`CAUGHT`].

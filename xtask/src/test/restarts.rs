@@ -145,21 +145,43 @@ fn failures_not_naming_a_disruption(json: &Path) -> Result<Vec<String>> {
 }
 
 fn unexplained_failures(reports: &serde_json::Value) -> Vec<String> {
-    let mut left = Vec::new();
-    for report in reports.as_array().into_iter().flatten() {
-        for spec in report["SpecReports"].as_array().into_iter().flatten() {
+    failed_specs(reports)
+        .into_iter()
+        .filter(|spec| !spec.message.contains(NAMES_THE_DISRUPTION))
+        .map(|spec| format!("{} ({}): {}", spec.name, spec.state, spec.message))
+        .collect()
+}
+
+/// A spec of a dra-e2e JSON report that neither passed nor was skipped.
+pub(crate) struct FailedSpec {
+    /// Its leaf text.
+    pub name: String,
+    /// Its state (`failed`, `timedout`, …).
+    pub state: String,
+    /// Its failure message.
+    pub message: String,
+}
+
+/// The specs of a dra-e2e JSON report (an array of ginkgo-style reports) that failed.
+pub(crate) fn failed_specs(reports: &serde_json::Value) -> Vec<FailedSpec> {
+    let specs = reports
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
+    specs
+        .filter_map(|spec| {
             let state = spec["State"].as_str().unwrap_or_default();
             if matches!(state, "passed" | "skipped" | "pending") {
-                continue;
+                return None;
             }
-            let message = spec["Failure"]["Message"].as_str().unwrap_or_default();
-            if !message.contains(NAMES_THE_DISRUPTION) {
-                let name = spec["LeafNodeText"].as_str().unwrap_or("(unnamed spec)");
-                left.push(format!("{name} ({state}): {message}"));
-            }
-        }
-    }
-    left
+            Some(FailedSpec {
+                name: spec["LeafNodeText"].as_str().unwrap_or("(unnamed spec)").to_owned(),
+                state: state.to_owned(),
+                message: spec["Failure"]["Message"].as_str().unwrap_or_default().to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// The namespaces of dra-e2e runs (labelled [`MANAGED_BY_LABEL`]).
