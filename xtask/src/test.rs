@@ -23,6 +23,7 @@ mod budget;
 mod cluster_tests;
 mod driver_lane;
 pub(crate) mod kind_lane;
+mod report;
 mod restarts;
 mod table;
 
@@ -424,8 +425,8 @@ fn workload_run(repo: &Path) -> (&'static str, Vec<String>) {
 /// (docs/spec-time.md).
 pub(crate) const LANE_PROCS: &str = "8";
 
-/// dra-e2e's arguments for one lane: the selection, [`LANE_PROCS`] at once, its JUnit report
-/// and the artifacts.
+/// dra-e2e's arguments for one lane: the selection, [`LANE_PROCS`] at once, its JUnit and JSON
+/// reports (`<junit>.xml`, `<junit>.json`) and the artifacts.
 fn suite_args(repo: &Path, selection: &[&str], junit: &str) -> Vec<String> {
     suite_args_with(repo, selection, junit, LANE_PROCS)
 }
@@ -434,17 +435,24 @@ fn suite_args(repo: &Path, selection: &[&str], junit: &str) -> Vec<String> {
 fn suite_args_with(repo: &Path, selection: &[&str], junit: &str, procs: &str) -> Vec<String> {
     let out = e2e::target_dir(repo).join("e2e");
     let artifacts = out.join("artifacts").display().to_string();
+    let json = report::path(repo, junit).display().to_string();
     let junit = out.join(format!("{junit}.xml")).display().to_string();
     let mut args: Vec<String> = selection.iter().map(|s| s.to_string()).collect();
-    args.extend(["-p", procs, "--junit", &junit, "--artifacts", &artifacts].map(String::from));
+    args.extend(
+        ["-p", procs, "--junit", &junit, report::FLAG, &json, "--artifacts", &artifacts].map(String::from),
+    );
     args
 }
 
+/// Runs dra-e2e with `args`; a failed run's error names its failed specs (from its JSON report).
 async fn run_suite(repo: &Path, kubeconfig: &Path, args: &[String]) -> Result<()> {
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
     let code = e2e::run_runner(&runner, kubeconfig, args).await?;
     if code != 0 {
-        bail!("dra-e2e exited with {code}");
+        match report::named_in(args) {
+            Some(json) => bail!("dra-e2e exited with {code}: {}", report::why_failed(&json)),
+            None => bail!("dra-e2e exited with {code}"),
+        }
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use std::{path::Path, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
-use super::{StepStart, suite_args, suite_args_with};
+use super::{StepStart, report, suite_args, suite_args_with};
 use crate::{e2e, example_driver, local::LocalCluster};
 
 /// The spec whose claim the kubelet prepares after its restart.
@@ -110,14 +110,12 @@ async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
     example_driver::deploy(kubeconfig, Some(example_driver::Break::SkipUnprepare))
         .await
         .context("redeploying the example driver with --break skip-unprepare")?;
-    let json = e2e::target_dir(repo).join("e2e").join("driver-broken.json");
-    let mut args = suite_args_with(
+    let args = suite_args_with(
         repo,
         &["--driver", example_driver::DRIVER_NAME, "--interpose", "--focus", UNPREPARE_SPEC],
         "driver-broken",
         "1",
     );
-    args.extend(["--json-report".to_owned(), json.display().to_string()]);
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
     let code = e2e::run_runner(&runner, kubeconfig, &args).await?;
     if code == 0 {
@@ -125,16 +123,13 @@ async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
             "the broken driver passed \"{UNPREPARE_SPEC}\": the spec does not catch a driver that skips unprepare"
         );
     }
-    let text = std::fs::read_to_string(&json).with_context(|| format!("read {}", json.display()))?;
-    let reports: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", json.display()))?;
-    let messages = failure_messages(&reports);
+    let messages = failure_messages(&report::read(&report::path(repo, "driver-broken"))?);
     judge_caught(&messages)
 }
 
 /// The failure messages of the failed specs in a dra-e2e JSON report.
 fn failure_messages(reports: &serde_json::Value) -> Vec<String> {
-    super::restarts::failed_specs(reports).into_iter().map(|spec| spec.message).collect()
+    report::failed_specs(reports).into_iter().map(|spec| spec.message).collect()
 }
 
 /// Passes when exactly one spec failed and its message says every one of [`CAUGHT`].

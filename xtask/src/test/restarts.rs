@@ -19,6 +19,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, api::ListParams};
 
+use super::report::{self, failed_specs};
 use crate::{e2e, local::LocalCluster};
 
 /// What a failed spec's message says when a disruption overlapped it (spec-runner's
@@ -88,10 +89,8 @@ pub(crate) fn cluster_test() -> (Vec<&'static str>, String) {
 /// Runs the suites of `run` against `cluster`, restarting its component `run.after` into the
 /// run, and judges the outcome (see the module docs).
 pub(crate) async fn run_with_restart(repo: &Path, cluster: &LocalCluster, run: &RestartRun) -> Result<()> {
-    let out = e2e::target_dir(repo).join("e2e");
-    let json = out.join(format!("{}.json", run.report));
-    let mut args = super::suite_args(repo, run.selection, run.report);
-    args.extend(["--json-report".to_owned(), json.display().to_string()]);
+    let json = report::path(repo, run.report);
+    let args = super::suite_args(repo, run.selection, run.report);
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
     let kubeconfig = cluster.kubeconfig();
     let suites = async {
@@ -138,10 +137,7 @@ pub(crate) async fn run_with_restart(repo: &Path, cluster: &LocalCluster, run: &
 /// The failed specs of a dra-e2e JSON report whose message does not name a disruption: `name:
 /// message`.
 fn failures_not_naming_a_disruption(json: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(json).with_context(|| format!("read {}", json.display()))?;
-    let reports: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", json.display()))?;
-    Ok(unexplained_failures(&reports))
+    Ok(unexplained_failures(&report::read(json)?))
 }
 
 fn unexplained_failures(reports: &serde_json::Value) -> Vec<String> {
@@ -149,38 +145,6 @@ fn unexplained_failures(reports: &serde_json::Value) -> Vec<String> {
         .into_iter()
         .filter(|spec| !spec.message.contains(NAMES_THE_DISRUPTION))
         .map(|spec| format!("{} ({}): {}", spec.name, spec.state, spec.message))
-        .collect()
-}
-
-/// A spec of a dra-e2e JSON report that neither passed nor was skipped.
-pub(crate) struct FailedSpec {
-    /// Its leaf text.
-    pub name: String,
-    /// Its state (`failed`, `timedout`, …).
-    pub state: String,
-    /// Its failure message.
-    pub message: String,
-}
-
-/// The specs of a dra-e2e JSON report (an array of ginkgo-style reports) that failed.
-pub(crate) fn failed_specs(reports: &serde_json::Value) -> Vec<FailedSpec> {
-    let specs = reports
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
-    specs
-        .filter_map(|spec| {
-            let state = spec["State"].as_str().unwrap_or_default();
-            if matches!(state, "passed" | "skipped" | "pending") {
-                return None;
-            }
-            Some(FailedSpec {
-                name: spec["LeafNodeText"].as_str().unwrap_or("(unnamed spec)").to_owned(),
-                state: state.to_owned(),
-                message: spec["Failure"]["Message"].as_str().unwrap_or_default().to_owned(),
-            })
-        })
         .collect()
 }
 
