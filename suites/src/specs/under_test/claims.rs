@@ -1,5 +1,8 @@
 //! Claims beyond one pod: a claim shared by two pods (prepared once, unprepared once after the
-//! last pod), and a claim not reserved for a pod (upstream's "must not run a pod if a claim is
+//! last pod; the second pod is created once the first runs, because the kubelet marks a claim
+//! prepared only when its NodePrepareResources returned, so a pod that starts while that call is
+//! in flight gets a second call for the same claim, which the driver must answer the same way),
+//! and a claim not reserved for a pod (upstream's "must not run a pod if a claim is
 //! not ready": the pod is bound to the node past the scheduler, so nobody allocates or reserves
 //! its claim, and the kubelet must neither run it nor prepare the claim).
 
@@ -24,15 +27,16 @@ use super::{
 /// How long after the first pod is gone the claim must stay prepared for the second.
 const SETTLE: Duration = Duration::from_secs(10);
 
-/// d: two pods share a claim: one prepare, and one unprepare only after the second pod is gone.
+/// d: two pods share a claim: one prepare (the second pod starts on the prepared claim), and one
+/// unprepare only after the second pod is gone.
 pub async fn shared(ctx: Ctx, target: Arc<Target>) -> SpecResult {
     let s = Session::start(&ctx, &target).await?;
     let claim = s.create_claim().await?;
     let name = claim.name_any();
     let before = s.cdi.devices().await?;
     let first = s.create_pod(&name, false).await?;
-    let second = s.create_pod(&name, false).await?;
     let first = s.wait_running(&first).await?;
+    let second = s.create_pod(&name, false).await?;
     let second = s.wait_running(&second).await?;
     let claim = s.claim(&name).await?;
     expect_allocated_for(&s, &claim, &first)?;

@@ -85,7 +85,8 @@ pub fn register(registry: &mut Registry, target: Target) {
             r.it("prepares a claim shared by two pods once and unprepares it after the last pod", with(&target, claims::shared))
                 .runs_alone(ALONE)
                 .description(
-                    "Two pods share one claim: both run with its CDI devices; interposed, one NodePrepareResources; \
+                    "Two pods share one claim, the second created once the first runs: both run with its CDI devices; \
+                     interposed, one NodePrepareResources; \
                      after the first pod is gone the claim stays prepared (no NodeUnprepareResources, devices still \
                      defined); after the second it is unprepared once and its CDI devices are gone.",
                 );
