@@ -23,7 +23,7 @@ mod budget;
 mod cluster_tests;
 mod driver_lane;
 pub(crate) mod kind_lane;
-mod report;
+pub(crate) mod report;
 mod restarts;
 mod table;
 

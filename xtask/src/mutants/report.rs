@@ -38,34 +38,18 @@ pub fn verdict_from_json(path: &Path) -> Result<Verdict> {
 
 fn verdict_from_json_text(text: &str) -> Result<Verdict> {
     let reports: serde_json::Value = serde_json::from_str(text)?;
-    let specs = reports
-        .as_array()
+    let failed: Vec<FailedSpec> = crate::test::report::failed_specs(&reports)
         .into_iter()
-        .flatten()
-        .flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
-    let mut failed = Vec::new();
-    let mut passed = 0;
-    for spec in specs {
-        match spec["State"].as_str() {
-            Some("passed") => passed += 1,
-            Some("failed" | "panicked" | "timedout" | "interrupted" | "aborted") => {
-                let mut text: Vec<&str> = spec["ContainerHierarchyTexts"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|t| t.as_str())
-                    .collect();
-                text.push(spec["LeafNodeText"].as_str().unwrap_or_default());
-                let message = spec["Failure"]["Message"].as_str().unwrap_or_default();
-                failed.push(FailedSpec {
-                    text: text.join(" "),
-                    message: message.lines().next().unwrap_or_default().to_owned(),
-                });
-            }
-            _ => {}
-        }
-    }
-    Ok(if failed.is_empty() { Verdict::Survived { passed } } else { Verdict::Caught(failed) })
+        .map(|spec| FailedSpec {
+            text: spec.name,
+            message: spec.message.lines().next().unwrap_or_default().to_owned(),
+        })
+        .collect();
+    Ok(if failed.is_empty() {
+        Verdict::Survived { passed: crate::test::report::passed_count(&reports) }
+    } else {
+        Verdict::Caught(failed)
+    })
 }
 
 /// The Markdown table of every mutant's verdict.

@@ -30,6 +30,9 @@ pub(crate) const UNPREPARE_SPEC: &str = "unprepares the claim once when its pod 
 pub(crate) const CAUGHT: [&str; 3] =
     ["answered NodeUnprepareResources", "are still defined on node", "/NodeUnprepareResources -> OK"];
 
+/// The JUnit and JSON reports' stem of the broken driver's run.
+const BROKEN_REPORT: &str = "driver-broken";
+
 /// The node whose kubelet the lane restarts.
 const RESTARTED_NODE: &str = "kind-worker";
 /// How long the driver may take to publish its slice again after the kubelet restart.
@@ -113,7 +116,7 @@ async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
     let args = suite_args_with(
         repo,
         &["--driver", example_driver::DRIVER_NAME, "--interpose", "--focus", UNPREPARE_SPEC],
-        "driver-broken",
+        BROKEN_REPORT,
         "1",
     );
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
@@ -123,7 +126,7 @@ async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
             "the broken driver passed \"{UNPREPARE_SPEC}\": the spec does not catch a driver that skips unprepare"
         );
     }
-    let messages = failure_messages(&report::read(&report::path(repo, "driver-broken"))?);
+    let messages = failure_messages(&report::read(&report::path(repo, BROKEN_REPORT))?);
     judge_caught(&messages)
 }
 

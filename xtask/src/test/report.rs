@@ -35,7 +35,7 @@ pub(crate) fn read(path: &Path) -> Result<serde_json::Value> {
 
 /// A spec of a dra-e2e JSON report that neither passed nor was skipped.
 pub(crate) struct FailedSpec {
-    /// Its leaf text.
+    /// Its full text (its containers' texts, if any, and its leaf text).
     pub name: String,
     /// Its state (`failed`, `timedout`, …).
     pub state: String,
@@ -43,21 +43,29 @@ pub(crate) struct FailedSpec {
     pub message: String,
 }
 
-/// The specs of a dra-e2e JSON report (an array of ginkgo-style reports) that failed.
+/// The spec reports of a dra-e2e JSON report (an array of ginkgo-style reports).
+fn spec_reports(reports: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
+    reports.as_array().into_iter().flatten().flat_map(|r| r["SpecReports"].as_array().into_iter().flatten())
+}
+
+/// How many specs of a dra-e2e JSON report passed.
+pub(crate) fn passed_count(reports: &serde_json::Value) -> usize {
+    spec_reports(reports).filter(|spec| spec["State"].as_str() == Some("passed")).count()
+}
+
+/// The specs of a dra-e2e JSON report that failed (neither passed, skipped nor pending).
 pub(crate) fn failed_specs(reports: &serde_json::Value) -> Vec<FailedSpec> {
-    let specs = reports
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
-    specs
+    spec_reports(reports)
         .filter_map(|spec| {
             let state = spec["State"].as_str().unwrap_or_default();
             if matches!(state, "passed" | "skipped" | "pending") {
                 return None;
             }
+            let containers = spec["ContainerHierarchyTexts"].as_array().into_iter().flatten();
+            let mut text: Vec<&str> = containers.filter_map(|t| t.as_str()).collect();
+            text.push(spec["LeafNodeText"].as_str().unwrap_or("(unnamed spec)"));
             Some(FailedSpec {
-                name: spec["LeafNodeText"].as_str().unwrap_or("(unnamed spec)").to_owned(),
+                name: text.join(" "),
                 state: state.to_owned(),
                 message: spec["Failure"]["Message"].as_str().unwrap_or_default().to_owned(),
             })
@@ -113,10 +121,19 @@ mod tests {
         ]}]);
         let failed = failed_specs(&reports);
         assert_eq!(failed.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["b", "d", "e", "f"]);
+        assert_eq!(passed_count(&reports), 1);
         assert_eq!(
             summary(&failed),
             "4 failed: b (failed): expected 1 call, saw 2; d (timedout): timed out; e (failed): (no message); and 1 more"
         );
+    }
+
+    #[test]
+    fn a_failed_spec_is_named_by_its_containers_and_its_leaf() {
+        let reports = serde_json::json!([{ "SpecReports": [
+            { "State": "failed", "ContainerHierarchyTexts": ["[sig-node]", "kubelet"], "LeafNodeText": "x" },
+        ]}]);
+        assert_eq!(failed_specs(&reports)[0].name, "[sig-node] kubelet x");
     }
 
     #[test]
