@@ -349,10 +349,24 @@ fn cni_conflist(dirs: &NodeDirs, node: &NodeSpec) -> String {
     )
 }
 
+/// How often the local cluster's kubelets sync every pod (the kubelet's default: 1m). A pod whose
+/// NodePrepareResources failed is tried again only at its next sync, 1 to 1.5 periods later (the
+/// kubelet ends that sync without an error, so its 10 s back-off does not apply): with the
+/// default, specs that wait for that retry ("must retry NodePrepareResources", "blocks new pod
+/// after force-delete") wait 60-90 s for the timer alone. The kind lane keeps the default.
+pub const KUBELET_SYNC_FREQUENCY: &str = "10s";
+
+/// How often the local cluster's kubelets compute their node's status (the default: 10s). A
+/// device plugin's devices appear in the node's allocatable, and go from it, only then; the
+/// status is still posted only when it changed or every `nodeStatusReportFrequency` (5m, the
+/// default this field would otherwise lower to its own value).
+pub const KUBELET_NODE_STATUS_UPDATE_FREQUENCY: &str = "2s";
+
 /// A node's kubelet: cgroup v1 allowed (`failCgroupV1: false`), cgroupfs driver under the node's
 /// own cgroup root, listeners on the node IP and the node's loopback only, its serving
 /// certificate, low eviction thresholds (small CI disks), no image garbage collection of the
-/// imported images, and the feature gates of kind.yaml. Runs inside the node; the control plane
+/// imported images, shorter pod sync and node status periods ([`KUBELET_SYNC_FREQUENCY`],
+/// [`KUBELET_NODE_STATUS_UPDATE_FREQUENCY`]), and the feature gates of kind.yaml. Runs inside the node; the control plane
 /// of a multi-node cluster is registered with kind's NoSchedule taint.
 ///
 /// With `old`, the node runs that older kubelet (version skew) with the same configuration (every
@@ -429,8 +443,13 @@ evictionHard:
   imagefs.available: 1%
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+syncFrequency: {sync}
+nodeStatusUpdateFrequency: {status_update}
+nodeStatusReportFrequency: 5m
 {gates}",
             address = node.ip,
+            sync = KUBELET_SYNC_FREQUENCY,
+            status_update = KUBELET_NODE_STATUS_UPDATE_FREQUENCY,
             port = ports::KUBELET,
             healthz = ports::KUBELET_HEALTHZ,
             socket = p(dirs.containerd_socket()),
