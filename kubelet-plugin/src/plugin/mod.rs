@@ -364,9 +364,9 @@ impl KubeletPlugin {
             what: what.clone(),
             source,
         })?;
-        let kill = self.shared.kill.clone();
-        let incoming = bound.incoming.map(move |c| c.map(|c| ServedConnection::new(c, &kill)));
-        let shutdown = self.shared.shutdown.clone();
+        let (shutdown, kill) = (self.shared.shutdown.clone(), self.shared.kill.clone());
+        let stopping = shutdown.clone();
+        let incoming = bound.incoming.map(move |c| c.map(|c| ServedConnection::new(c, &stopping, &kill)));
         let task = tokio::spawn(async move {
             if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned()).await {
                 tracing::error!(server = name, error = %e, "gRPC server failed");

@@ -10,7 +10,10 @@
 //! Every served connection is wrapped so that stopping the plugin closes it
 //! (a hard stop after a short grace period, like upstream's `grpc.Server.Stop`),
 //! and so that an HTTP/2 `:authority` h2 would reject is replaced (see
-//! [`NormalizeAuthority`]).
+//! [`NormalizeAuthority`]). A connection whose peer has not sent a byte when the
+//! plugin stops ends at once: no call can be in flight on it, and the HTTP/2
+//! server would otherwise wait for its preface until the hard stop (a tunnel's
+//! pre-established connection waits exactly like that).
 
 use std::{
     io,
@@ -122,21 +125,26 @@ impl ConnectionSender {
 }
 
 /// A served connection that fails all I/O once `kill` is cancelled, so the
-/// connection task ends even while the peer keeps the connection open.
+/// connection task ends even while the peer keeps the connection open, and
+/// that reads as closed once `shutdown` is cancelled if its peer never sent a
+/// byte.
 pub(crate) struct ServedConnection {
     io: BoxedConnection,
     authority: NormalizeAuthority,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// The stop's start, watched only until the peer's first byte.
+    unused_until: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
 impl ServedConnection {
     /// Wraps `io`; the client's HTTP/2 `:authority` is normalised on the way
     /// in (see [`NormalizeAuthority`]).
-    pub(crate) fn new(io: BoxedConnection, kill: &CancellationToken) -> Self {
+    pub(crate) fn new(io: BoxedConnection, shutdown: &CancellationToken, kill: &CancellationToken) -> Self {
         ServedConnection {
             io,
             authority: NormalizeAuthority::new(),
             killed: Box::pin(kill.clone().cancelled_owned()),
+            unused_until: Some(Box::pin(shutdown.clone().cancelled_owned())),
         }
     }
 
@@ -152,7 +160,21 @@ impl AsyncRead for ServedConnection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        this.authority.poll_read(Pin::new(&mut this.io), cx, buf)
+        let before = buf.filled().len();
+        let read = this.authority.poll_read(Pin::new(&mut this.io), cx, buf);
+        let Some(shutdown) = this.unused_until.as_mut() else { return read };
+        match read {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => {
+                this.unused_until = None;
+                Poll::Ready(Ok(()))
+            }
+            // Nothing yet: once the plugin stops, the connection is at its end.
+            Poll::Pending => match shutdown.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Ok(())),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
     }
 }
 
@@ -246,6 +268,7 @@ mod tests {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     use super::*;
+    use crate::plugin::{KubeletPlugin, PluginConfig, PluginListeners};
 
     /// What grpc-go sends when it dials like the kubelet's plugin watcher
     /// (see tests/data/README.md): `:authority` is the percent-encoded path.
@@ -255,12 +278,104 @@ mod tests {
     /// sends `bytes`.
     async fn served_bytes(bytes: &[u8]) -> Vec<u8> {
         let (mut client, server) = tokio::io::duplex(1 << 16);
-        let mut served = ServedConnection::new(Box::new(server), &CancellationToken::new());
+        let never = CancellationToken::new();
+        let mut served = ServedConnection::new(Box::new(server), &never, &never);
         client.write_all(bytes).await.unwrap();
         drop(client);
         let mut got = Vec::new();
         served.read_to_end(&mut got).await.unwrap();
         got
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_never_sent_a_byte_reads_as_closed_once_the_plugin_stops() {
+        let (shutdown, kill) = (CancellationToken::new(), CancellationToken::new());
+        let (client, server) = tokio::io::duplex(64);
+        let mut served = ServedConnection::new(Box::new(server), &shutdown, &kill);
+        let mut byte = [0u8; 1];
+        let read = tokio::spawn(async move { served.read(&mut byte).await.map(|n| (n, served)) });
+        tokio::task::yield_now().await;
+        assert!(!read.is_finished(), "an open, silent connection reads nothing until the stop");
+        shutdown.cancel();
+        let (n, _served) = read.await.unwrap().unwrap();
+        assert_eq!(n, 0, "end of stream, not an error: the HTTP/2 server just ends the connection");
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_connection_in_use_keeps_reading_after_the_stop_began() {
+        let (shutdown, kill) = (CancellationToken::new(), CancellationToken::new());
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut served = ServedConnection::new(Box::new(server), &shutdown, &kill);
+        client.write_all(b"a").await.unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(served.read(&mut byte).await.unwrap(), 1);
+        shutdown.cancel();
+        client.write_all(b"b").await.unwrap();
+        assert_eq!((served.read(&mut byte).await.unwrap(), byte[0]), (1, b'b'));
+        // Only the hard stop ends it.
+        kill.cancel();
+        let err = served.read(&mut byte).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
+    }
+
+    /// A plugin on in-memory listeners that gives in-flight calls an hour when it stops:
+    /// (plugin, its DRA server, its registration server).
+    async fn patient_plugin() -> (KubeletPlugin, ConnectionSender, ConnectionSender) {
+        let (dra, dra_listener) = Listener::channel(1);
+        let (reg, reg_listener) = Listener::channel(1);
+        let config = PluginConfig::new("drv.test", "node", "/nonexistent")
+            .dra_endpoint("/plugins/drv.test/dra.sock")
+            .stop_grace(std::time::Duration::from_secs(3600));
+        let listeners = PluginListeners { registration: reg_listener, dra: dra_listener };
+        (KubeletPlugin::builder(config).start(listeners).await.unwrap(), dra, reg)
+    }
+
+    /// Hands `server` two connections; returns their client ends. The channel holds one, so
+    /// the server has taken the first when this returns.
+    async fn two_connections(server: &ConnectionSender) -> [tokio::io::DuplexStream; 2] {
+        let (first, served) = tokio::io::duplex(1 << 16);
+        server.send(served).await.unwrap();
+        let (second, served) = tokio::io::duplex(1 << 16);
+        server.send(served).await.unwrap();
+        [first, second]
+    }
+
+    /// Guards against a hang: the plugin's grace is an hour.
+    const GUARD: std::time::Duration = std::time::Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn a_stop_does_not_wait_for_connections_nobody_used() {
+        let (plugin, dra, reg) = patient_plugin().await;
+        // Like a tunnel's pre-established connections: open, and silent.
+        let _dra_clients = two_connections(&dra).await;
+        let _reg_clients = two_connections(&reg).await;
+        tokio::time::timeout(GUARD, plugin.stop())
+            .await
+            .expect("the stop waited for connections that never carried a call");
+    }
+
+    #[tokio::test]
+    async fn a_stop_ends_a_used_connection_gracefully_while_its_client_lives() {
+        use crate::grpc::registration::{InfoRequest, registration_client::RegistrationClient};
+        let (plugin, _dra, reg) = patient_plugin().await;
+        let channel = tonic::transport::Endpoint::from_static("http://localhost")
+            .connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
+                let reg = reg.clone();
+                async move {
+                    let (client, served) = tokio::io::duplex(1 << 16);
+                    reg.send(served).await?;
+                    Ok::<_, ServerGone>(hyper_util::rt::TokioIo::new(client))
+                }
+            }));
+        let mut client = RegistrationClient::new(channel);
+        let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info.name, "drv.test");
+        // The client keeps its connection; the server's GOAWAY ends it without the hard stop.
+        tokio::time::timeout(GUARD, plugin.stop())
+            .await
+            .expect("the stop waited out its grace for a connection without a call in flight");
+        drop(client);
     }
 
     #[tokio::test]

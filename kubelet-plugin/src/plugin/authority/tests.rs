@@ -20,7 +20,8 @@ type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// `io` served as the plugin serves connections.
 fn served(io: impl crate::plugin::Connection) -> ServedConnection {
-    ServedConnection::new(Box::new(io), &tokio_util::sync::CancellationToken::new())
+    let never = tokio_util::sync::CancellationToken::new();
+    ServedConnection::new(Box::new(io), &never, &never)
 }
 
 /// Yields `data` in reads of the given sizes (the last one repeating),
