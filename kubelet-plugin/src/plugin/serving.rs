@@ -297,7 +297,8 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!read.is_finished(), "an open, silent connection reads nothing until the stop");
         shutdown.cancel();
-        let (n, _served) = read.await.unwrap().unwrap();
+        let read = tokio::time::timeout(GUARD, read).await.expect("the read went on after the stop began");
+        let (n, _served) = read.unwrap().unwrap();
         assert_eq!(n, 0, "end of stream, not an error: the HTTP/2 server just ends the connection");
         drop(client);
     }
@@ -312,7 +313,9 @@ mod tests {
         assert_eq!(served.read(&mut byte).await.unwrap(), 1);
         shutdown.cancel();
         client.write_all(b"b").await.unwrap();
-        assert_eq!((served.read(&mut byte).await.unwrap(), byte[0]), (1, b'b'));
+        let read =
+            tokio::time::timeout(GUARD, served.read(&mut byte)).await.expect("a read of a sent byte hung");
+        assert_eq!((read.unwrap(), byte[0]), (1, b'b'));
         // Only the hard stop ends it.
         kill.cancel();
         let err = served.read(&mut byte).await.unwrap_err();
