@@ -398,9 +398,7 @@ fn interrupt_flag() -> Arc<AtomicBool> {
 /// The e2e suite run against the local cluster as `cluster up` starts it (kind.yaml's gates):
 /// every registered spec but the workload lane's, in one run, so the parallel specs of every
 /// context fill the slots around the `[Serial]` specs' chain and the run ends with one tail of
-/// deferred observations instead of one per context (on 2 cores, warm, `-p 8`: 6 min 9 s, where
-/// the non-kubelet and kubelet selections took 4 min 46 s and 2 min 40 s one after the other;
-/// docs/spec-time.md).
+/// deferred observations instead of one per context (measured in docs/spec-time.md).
 fn suite_run(repo: &Path) -> (&'static str, Vec<String>) {
     (
         "e2e: every spec but the workload lane's (control plane, CRUD, kubelet, Node Allocatable, ...)",
