@@ -155,16 +155,7 @@ mod tests {
 
     /// A channel whose every connection is an in-memory pipe handed to `server`.
     fn channel_to(server: ConnectionSender) -> Channel {
-        tonic::transport::Endpoint::from_static("http://localhost").connect_with_connector_lazy(
-            tower::service_fn(move |_: http::Uri| {
-                let server = server.clone();
-                async move {
-                    let (client, served) = tokio::io::duplex(1 << 16);
-                    server.send(served).await?;
-                    Ok::<_, crate::plugin::ServerGone>(hyper_util::rt::TokioIo::new(client))
-                }
-            }),
-        )
+        server.channel()
     }
 
     /// A plugin on in-memory listeners: (plugin, its DRA server, its registration server).

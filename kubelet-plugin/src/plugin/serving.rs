@@ -124,6 +124,24 @@ impl ConnectionSender {
     }
 }
 
+#[cfg(test)]
+impl ConnectionSender {
+    /// A client channel whose every connection is an in-memory pipe handed to this server.
+    pub(crate) fn channel(&self) -> tonic::transport::Channel {
+        let server = self.clone();
+        tonic::transport::Endpoint::from_static("http://localhost").connect_with_connector_lazy(
+            tower::service_fn(move |_: http::Uri| {
+                let server = server.clone();
+                async move {
+                    let (client, served) = tokio::io::duplex(1 << 16);
+                    server.send(served).await?;
+                    Ok::<_, ServerGone>(hyper_util::rt::TokioIo::new(client))
+                }
+            }),
+        )
+    }
+}
+
 /// A served connection that fails all I/O once `kill` is cancelled, so the
 /// connection task ends even while the peer keeps the connection open, and
 /// that reads as closed once `shutdown` is cancelled if its peer never sent a
@@ -362,16 +380,7 @@ mod tests {
     async fn a_stop_ends_a_used_connection_gracefully_while_its_client_lives() {
         use crate::grpc::registration::{InfoRequest, registration_client::RegistrationClient};
         let (plugin, _dra, reg) = patient_plugin().await;
-        let channel = tonic::transport::Endpoint::from_static("http://localhost")
-            .connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
-                let reg = reg.clone();
-                async move {
-                    let (client, served) = tokio::io::duplex(1 << 16);
-                    reg.send(served).await?;
-                    Ok::<_, ServerGone>(hyper_util::rt::TokioIo::new(client))
-                }
-            }));
-        let mut client = RegistrationClient::new(channel);
+        let mut client = RegistrationClient::new(reg.channel());
         let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.name, "drv.test");
         // The client keeps its connection; the server's GOAWAY ends it without the hard stop.
