@@ -10,7 +10,7 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     process::ExitCode,
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use anyhow::{Context, Result};
@@ -35,6 +35,9 @@ struct Report {
 struct Spec {
     leaf_node_text: String,
     state: String,
+    /// RFC 3339; the Unix epoch for a spec that never started.
+    #[serde(default)]
+    start_time: String,
     run_time: u64,
     #[serde(default)]
     report_entries: Vec<Entry>,
@@ -60,6 +63,20 @@ impl Spec {
             .iter()
             .filter_map(|e| Some((e.name.strip_prefix(prefix)?, e.value.as_json.parse().ok()?)))
             .collect()
+    }
+
+    /// The seconds of one `phase:` entry, 0 without it.
+    fn phase(&self, name: &str) -> f64 {
+        self.entries("phase:").iter().find(|(p, _)| *p == name).map_or(0.0, |(_, v)| *v)
+    }
+
+    /// When it started, if it did.
+    fn started(&self) -> Option<SystemTime> {
+        humantime::parse_rfc3339_weak(&self.start_time).ok().filter(|t| *t > SystemTime::UNIX_EPOCH)
+    }
+
+    fn is_serial(&self) -> bool {
+        self.leaf_node_text.contains("[Serial]")
     }
 }
 
@@ -166,6 +183,8 @@ fn summary(report: &Report) -> String {
          {others:.1}s by {others_n} others (a free slot)"
     );
 
+    out.push_str(&serial_chain(report));
+
     let mut setups: Vec<f64> =
         report.spec_reports.iter().flat_map(|s| s.entries("phase:setup")).map(|(_, v)| v).collect();
     setups.sort_by(f64::total_cmp);
@@ -205,6 +224,57 @@ fn summary(report: &Report) -> String {
     out
 }
 
+/// The serial specs one after another: how long each held the cluster (from its start to the
+/// next serial spec's start, or for the last one to the first other spec's start), and the
+/// most any passed one held it beyond its body, split into its set-up, its cleanups and the
+/// rest (namespace, its pods going away, the next spec's start). Empty without serial specs.
+fn serial_chain(report: &Report) -> String {
+    let mut serial: Vec<(SystemTime, &Spec)> = report
+        .spec_reports
+        .iter()
+        .filter(|s| s.is_serial())
+        .filter_map(|s| Some((s.started()?, s)))
+        .collect();
+    if serial.is_empty() {
+        return String::new();
+    }
+    serial.sort_by_key(|(at, _)| *at);
+    let first_other = report.spec_reports.iter().filter(|s| !s.is_serial()).filter_map(Spec::started).min();
+    let mut held = Vec::new();
+    for (i, (at, spec)) in serial.iter().enumerate() {
+        let next = match serial.get(i + 1) {
+            Some((next, _)) => Some(*next),
+            None => first_other.filter(|t| t > at),
+        };
+        let wall =
+            next.map_or(secs(spec.run_time), |n| n.duration_since(*at).unwrap_or_default().as_secs_f64());
+        held.push((wall, *spec));
+    }
+    let total: f64 = held.iter().map(|(w, _)| w).sum();
+    let bodies: f64 = held.iter().map(|(_, s)| s.phase("body")).sum();
+    let mut out = format!(
+        "serial chain: {} specs held the cluster {total:.1}s (their bodies {bodies:.1}s)\n",
+        held.len()
+    );
+    let most = held
+        .iter()
+        .filter(|(_, s)| s.state == "passed")
+        .map(|(w, s)| (w - s.phase("body"), *w, *s))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((above, wall, s)) = most {
+        let (setup, cleanup) = (s.phase("setup"), s.phase("cleanup"));
+        let _ = writeln!(
+            out,
+            "  most above its body: {above:.1}s ({wall:.1}s held, body {:.1}s; set-up {setup:.1}s, cleanup {cleanup:.1}s, \
+             the rest {:.1}s) {}",
+            s.phase("body"),
+            above - setup - cleanup,
+            s.leaf_node_text
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,9 +287,15 @@ mod tests {
         Spec {
             leaf_node_text: text.into(),
             state: "passed".into(),
+            start_time: String::new(),
             run_time: secs * 1_000_000_000,
             report_entries: entries,
         }
+    }
+
+    fn started_at(mut spec: Spec, at: &str) -> Spec {
+        spec.start_time = at.into();
+        spec
     }
 
     #[test]
@@ -290,5 +366,42 @@ mod tests {
         let text = summary(&report);
         assert!(text.contains("3 spec runs: 1 passed, 2 skipped\n"), "{text}");
         assert!(text.contains("skipped specs: 2, p50 0.012s, longest 5.100s\n"), "{text}");
+    }
+
+    #[test]
+    fn the_serial_chain_says_how_long_each_serial_spec_held_the_cluster() {
+        let phases = |setup: f64, body: f64, cleanup: f64| {
+            vec![entry("phase:setup", setup), entry("phase:body", body), entry("phase:cleanup", cleanup)]
+        };
+        let mut skipped = started_at(spec("c [Serial]", 2, phases(1.0, 0.5, 0.5)), "2026-12-06T10:00:18.5Z");
+        skipped.state = "skipped".into();
+        let report = Report {
+            run_time: 60_000_000_000,
+            spec_reports: vec![
+                // Reported in registration order, not in the order they ran.
+                started_at(spec("b [Serial]", 7, phases(2.0, 4.0, 1.0)), "2026-12-06T10:00:10Z"),
+                started_at(spec("a [Serial]", 8, phases(1.5, 5.0, 1.5)), "2026-12-06T10:00:00.000000000Z"),
+                skipped,
+                started_at(spec("parallel", 3, phases(0.0, 3.0, 0.0)), "2026-12-06T10:00:21.5Z"),
+                started_at(spec("never started [Serial]", 0, vec![]), "1970-01-01T00:00:00Z"),
+            ],
+        };
+        let text = summary(&report);
+        // a: 10 s, b: 8.5 s, c: until the parallel spec started, 3 s.
+        assert!(
+            text.contains("serial chain: 3 specs held the cluster 21.5s (their bodies 9.5s)\n"),
+            "{text}"
+        );
+        // Passed specs only: a 5.0 s above its body, b 4.5 s, c (skipped) 2.5 s.
+        assert!(
+            text.contains(
+                "  most above its body: 5.0s (10.0s held, body 5.0s; set-up 1.5s, cleanup 1.5s, the rest 2.0s) a [Serial]\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            !summary(&Report { run_time: 1, spec_reports: vec![spec("p", 1, vec![])] })
+                .contains("serial chain")
+        );
     }
 }
