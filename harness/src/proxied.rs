@@ -333,16 +333,14 @@ impl ProxiedPlugin {
     pub async fn stop_checked(self) -> Result<(), StopError> {
         let ProxiedPlugin { plugin, pod, sockets, paths: _, watch } = self;
         plugin.stop().await;
-        let mut first = None;
-        for ProxiedSocket { tunnel, proxy, retry } in sockets {
+        // The sockets one beside the other; each closes its tunnel, then stops its proxy.
+        let stops = sockets.into_iter().map(|ProxiedSocket { tunnel, proxy, retry }| async move {
             retry.abort();
-            if let Err(e) = tunnel.close().await {
-                first.get_or_insert(StopError::Tunnel(e.to_string()));
-            }
-            if let Err(e) = proxy.stop().await {
-                first.get_or_insert(StopError::Proxy(e));
-            }
-        }
+            let closed = tunnel.close().await.map_err(|e| StopError::Tunnel(e.to_string()));
+            let stopped = proxy.stop().await.map_err(StopError::Proxy);
+            [closed.err(), stopped.err()]
+        });
+        let first = futures::future::join_all(stops).await.into_iter().flatten().flatten().next();
         drop(watch);
         tracing::info!(pod = %pod.display(), driver = %plugin.config().driver_name, "proxied plugin stopped");
         first.map_or(Ok(()), Err)

@@ -16,10 +16,19 @@ impl Driver {
     }
 
     /// Starts one proxied plugin per proxy pod and registers their stop (the scale-down is
-    /// registered before), and per node the supervisor that moves the plugin to a replacement
-    /// pod (see [`Driver::proxy_moves`]).
+    /// registered before; the nodes' plugins stop at the same time), and per node the
+    /// supervisor that moves the plugin to a replacement pod (see [`Driver::proxy_moves`]).
     pub(super) async fn start_plugins(&self, ctx: &Ctx) -> Result<(), DriverError> {
         let inner = &self.inner;
+        let this = self.clone();
+        let nodes: Vec<String> = inner.per_node.keys().cloned().collect();
+        ctx.defer(
+            format!("stop the kubelet plugins of driver {} on nodes {}", inner.name, nodes.join(", ")),
+            async move {
+                this.stop_plugins(&nodes).await;
+                Ok(())
+            },
+        );
         for (node, state) in &inner.per_node {
             let Some(pod) = lock(&state.pod).clone() else { continue };
             let plugin = PluginConfig::new(&inner.name, node, "/cdi")
@@ -40,15 +49,6 @@ impl Driver {
             let started = self.start_node_plugin(node, state, pod, claim_state).await?;
             *lock(&state.plugin) = Some(started);
             self.supervise(ctx, node);
-            let this = self.clone();
-            let node = node.clone();
-            ctx.defer(
-                format!("stop the kubelet plugin of driver {} on node {node}", inner.name),
-                async move {
-                    this.stop_plugin(&node).await;
-                    Ok(())
-                },
-            );
         }
         Ok(())
     }
