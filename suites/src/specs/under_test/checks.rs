@@ -21,6 +21,12 @@ use super::{
 /// How often the node's CDI files are read while waiting.
 const READ_EVERY: Duration = Duration::from_secs(2);
 
+/// Interposed, how long the CDI devices may still be defined after the driver answered
+/// NodeUnprepareResources OK: it is done by then, so this only covers reading the node's files
+/// (several reads). Not interposed the wait is also for the kubelet's unprepare, which the spec
+/// cannot see: [`UNPREPARE_TIMEOUT`].
+const REMOVED_AFTER_ANSWER: Duration = Duration::from_secs(10);
+
 /// The claim is allocated devices of the driver only, and reserved for `pod`.
 pub fn expect_allocated_for(session: &Session, claim: &ResourceClaim, pod: &Pod) -> anyhow::Result<()> {
     let devices = allocated_devices(claim);
@@ -151,12 +157,17 @@ pub fn expect_not_unprepared(session: &Session, uid: &str, why: &str) -> anyhow:
 }
 
 /// Waits until none of `ids` is defined on the node any more; fails naming them and their files.
+/// Interposed, call it once [`expect_unprepared_once`] saw the driver's answer: the files may
+/// then outlive it by [`REMOVED_AFTER_ANSWER`] at most.
 pub async fn expect_cdi_removed(session: &Session, ids: &[String]) -> anyhow::Result<()> {
     if ids.is_empty() {
         return Ok(());
     }
     let what = format!("the CDI devices {ids:?} to be no longer defined on node {}", session.node);
-    let result = wait::poll(what, UNPREPARE_TIMEOUT, READ_EVERY, || async {
+    // Interposed, the unprepare was seen to succeed: the driver said it was done.
+    let answered = session.calls().is_some();
+    let timeout = if answered { REMOVED_AFTER_ANSWER } else { UNPREPARE_TIMEOUT };
+    let result = wait::poll(what, timeout, READ_EVERY, || async {
         match session.cdi.devices().await {
             Ok(devices) => {
                 let left = still_defined(&devices, ids);
@@ -168,14 +179,9 @@ pub async fn expect_cdi_removed(session: &Session, ids: &[String]) -> anyhow::Re
     .await;
     if result.is_err() {
         let left = still_defined(&session.cdi.devices().await?, ids);
-        // Interposed, the unprepare was seen to succeed: the driver said it was done.
-        let answered = if session.calls().is_some() {
-            "the driver answered NodeUnprepareResources OK, but "
-        } else {
-            ""
-        };
+        let answered = if answered { "the driver answered NodeUnprepareResources OK, but " } else { "" };
         anyhow::bail!(
-            "{answered}the CDI devices {} are still defined on node {} {UNPREPARE_TIMEOUT:?} after their claim was unprepared{}",
+            "{answered}the CDI devices {} are still defined on node {} {timeout:?} after their claim was unprepared{}",
             left.join(", "),
             session.node,
             session.call_log()
