@@ -144,8 +144,8 @@ impl ConnectionSender {
 
 /// A served connection that fails all I/O once `kill` is cancelled, so the
 /// connection task ends even while the peer keeps the connection open, and
-/// that reads as closed once `shutdown` is cancelled if its peer never sent a
-/// byte.
+/// that reads as closed once `shutdown` is cancelled if its peer had sent no
+/// byte by then (what it sends later is not read).
 pub(crate) struct ServedConnection {
     io: BoxedConnection,
     authority: NormalizeAuthority,
@@ -178,6 +178,14 @@ impl AsyncRead for ServedConnection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
+        if let Some(shutdown) = this.unused_until.as_mut()
+            && shutdown.as_mut().poll(cx).is_ready()
+        {
+            // Stopping, and the peer had sent nothing before: what it sends now is a new client
+            // (the kubelet reconnecting once the stop ended its health stream), which a stopping
+            // plugin does not take on.
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let read = this.authority.poll_read(Pin::new(&mut this.io), cx, buf);
         let Some(shutdown) = this.unused_until.as_mut() else { return read };
@@ -319,6 +327,20 @@ mod tests {
         let (n, _served) = read.unwrap().unwrap();
         assert_eq!(n, 0, "end of stream, not an error: the HTTP/2 server just ends the connection");
         drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_first_bytes_come_after_the_stop_began_reads_as_closed() {
+        let (shutdown, kill) = (CancellationToken::new(), CancellationToken::new());
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut served = ServedConnection::new(Box::new(server), &shutdown, &kill);
+        shutdown.cancel();
+        // A client reconnecting through a pre-established connection: its bytes are already
+        // there when the server reads.
+        client.write_all(b"PRI * HTTP/2.0").await.unwrap();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(GUARD, served.read(&mut buf)).await.expect("the read hung").unwrap();
+        assert_eq!(n, 0, "a stopping plugin takes on no new client");
     }
 
     #[tokio::test]
