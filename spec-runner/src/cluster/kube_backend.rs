@@ -39,6 +39,14 @@ const DEFAULT_SERVICE_ACCOUNT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Annotation with the spec's full text on its namespace.
 pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
 
+/// Label with a token per namespace create request: a create whose answer was lost (the API
+/// server went away) may still have made the namespace, which is then found by it.
+const CREATE_TOKEN_LABEL: &str = "dra-e2e.k8s.io/create-token";
+
+/// How long removing a namespace that a failed create may have made may take, its being gone
+/// included.
+const UNDO_CREATE_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A client for tunnels: like `kube::Client::try_from(config)`, but its TCP connections to the
 /// API server set `TCP_NODELAY`.
 ///
@@ -169,6 +177,33 @@ impl KubeBackend {
         info.api_server_gates = self.api_server_gates().await;
         Ok(info)
     }
+
+    /// Deletes the namespaces a failed create request with this token made, if any, and waits
+    /// until they are gone; bounded by [`UNDO_CREATE_TIMEOUT`]. The run's client sends the list
+    /// and delete again while the API server is away. What it cannot remove is logged (a later
+    /// run's leftover clean-up finds it by its run label).
+    async fn undo_create(&self, token: &str) {
+        let undo = async {
+            let api = Api::<Namespace>::all(self.client.clone());
+            let made =
+                api.list(&ListParams::default().labels(&format!("{CREATE_TOKEN_LABEL}={token}"))).await?;
+            for ns in made.items {
+                let namespace = SpecNamespace {
+                    name: ns.metadata.name.unwrap_or_default(),
+                    uid: ns.metadata.uid.unwrap_or_default(),
+                };
+                tracing::info!(namespace = %namespace.name, "a namespace create went unanswered but made it; deleting it");
+                self.delete_namespace(&namespace).await?;
+                self.wait_namespace_gone(&namespace, UNDO_CREATE_TIMEOUT).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        };
+        match tokio::time::timeout(UNDO_CREATE_TIMEOUT, undo).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove what a failed namespace create made"),
+            Err(_) => tracing::warn!("removing what a failed namespace create made took too long"),
+        }
+    }
 }
 
 impl KubeBackend {
@@ -238,6 +273,9 @@ impl ClusterBackend for KubeBackend {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+        let token = crate::names::unique_suffix();
+        let mut labels = labels;
+        labels.insert(CREATE_TOKEN_LABEL.to_owned(), token.clone());
         let ns = Namespace {
             metadata: ObjectMeta {
                 generate_name: Some(request.generate_name.clone()),
@@ -250,13 +288,24 @@ impl ClusterBackend for KubeBackend {
         let api = Api::<Namespace>::all(self.client.clone());
         // The run's client sends again a create that never reached the API server (restarting,
         // say); one that may have been done is not repeated (a second namespace).
-        let created = api.create(&PostParams::default(), &ns).await.map_err(|source| ClusterError::Kube {
-            what: format!("create namespace with generateName {}", request.generate_name),
-            source,
-        })?;
+        let created = match api.create(&PostParams::default(), &ns).await {
+            Ok(created) => created,
+            Err(source) => {
+                // Unanswered (not refused by the API server): it may have been made all the same,
+                // and nothing else would delete it.
+                if !matches!(source, kube::Error::Api(_)) {
+                    self.undo_create(&token).await;
+                }
+                return Err(ClusterError::Kube {
+                    what: format!("create namespace with generateName {}", request.generate_name),
+                    source,
+                });
+            }
+        };
         let name = created.metadata.name.unwrap_or_default();
         let uid = created.metadata.uid.unwrap_or_default();
         if name.is_empty() || uid.is_empty() {
+            self.undo_create(&token).await;
             return Err(ClusterError::Other("the created namespace has no name or uid".to_owned()));
         }
         // As upstream's framework does: a pod created before the serviceaccount controller made
@@ -268,21 +317,17 @@ impl ClusterBackend for KubeBackend {
             kube::runtime::wait::await_condition(accounts, "default", |sa: Option<&ServiceAccount>| {
                 sa.is_some()
             });
-        match tokio::time::timeout(DEFAULT_SERVICE_ACCOUNT_TIMEOUT, made).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                return Err(ClusterError::Other(format!(
-                    "could not watch for the default ServiceAccount of namespace {name}: {e}"
-                )));
-            }
-            Err(_) => {
-                return Err(ClusterError::Other(format!(
-                    "namespace {name} got no default ServiceAccount within {}s (the controller manager's serviceaccount controller makes it)",
-                    DEFAULT_SERVICE_ACCOUNT_TIMEOUT.as_secs()
-                )));
-            }
-        }
-        Ok(SpecNamespace { name, uid })
+        let failed = match tokio::time::timeout(DEFAULT_SERVICE_ACCOUNT_TIMEOUT, made).await {
+            Ok(Ok(_)) => return Ok(SpecNamespace { name, uid }),
+            Ok(Err(e)) => format!("could not watch for the default ServiceAccount of namespace {name}: {e}"),
+            Err(_) => format!(
+                "namespace {name} got no default ServiceAccount within {}s (the controller manager's serviceaccount controller makes it)",
+                DEFAULT_SERVICE_ACCOUNT_TIMEOUT.as_secs()
+            ),
+        };
+        // The spec never gets it, so it is not deleted at the spec's clean-up.
+        self.undo_create(&token).await;
+        Err(ClusterError::Other(failed))
     }
 
     async fn delete_namespace(&self, namespace: &SpecNamespace) -> Result<(), ClusterError> {
@@ -536,4 +581,87 @@ async fn until_no_pods(api: Api<Pod>) -> Result<(), kube::runtime::watcher::Erro
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::BodyExt as _;
+    use kube::client::Body;
+
+    use super::*;
+
+    /// An API server that makes the namespace of a create but loses its answer, and records the
+    /// requests it got after that.
+    #[derive(Default)]
+    struct LostAnswer {
+        made: Mutex<Option<serde_json::Value>>,
+        deleted: Mutex<Vec<String>>,
+    }
+
+    impl LostAnswer {
+        async fn serve(
+            self: Arc<Self>,
+            req: http::Request<Body>,
+        ) -> Result<http::Response<Body>, Box<dyn StdError + Send + Sync>> {
+            let (parts, body) = req.into_parts();
+            let (method, path, query) =
+                (parts.method, parts.uri.path().to_owned(), parts.uri.query().unwrap_or_default().to_owned());
+            let json =
+                |v: serde_json::Value| -> Result<http::Response<Body>, Box<dyn StdError + Send + Sync>> {
+                    Ok(http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&v)?))?)
+                };
+            let list = |items: Vec<serde_json::Value>| serde_json::json!({"apiVersion": "v1", "kind": "NamespaceList", "metadata": {"resourceVersion": "1"}, "items": items});
+            match (method.as_str(), path.as_str()) {
+                ("POST", "/api/v1/namespaces") => {
+                    let sent: serde_json::Value = serde_json::from_slice(&body.collect().await?.to_bytes())?;
+                    let mut ns = sent.clone();
+                    ns["metadata"]["name"] = "dra-lost-abcde".into();
+                    ns["metadata"]["uid"] = "uid-1".into();
+                    *self.made.lock().unwrap() = Some(ns);
+                    Err("connection reset before the answer".into())
+                }
+                ("GET", "/api/v1/namespaces") => {
+                    let made = self.made.lock().unwrap().clone();
+                    let token = made.as_ref().and_then(|ns| {
+                        ns["metadata"]["labels"][CREATE_TOKEN_LABEL].as_str().map(str::to_owned)
+                    });
+                    let selected = token.is_some_and(|t| {
+                        query.contains(&format!(
+                            "labelSelector={}%3D{t}",
+                            CREATE_TOKEN_LABEL.replace('/', "%2F")
+                        )) || query.contains(&format!("labelSelector={CREATE_TOKEN_LABEL}%3D{t}"))
+                            || query.contains(&format!("labelSelector={CREATE_TOKEN_LABEL}={t}"))
+                    });
+                    // The wait for it to be gone lists by name: deleted means an empty list.
+                    json(list(if selected { made.into_iter().collect() } else { Vec::new() }))
+                }
+                ("DELETE", p) if p.starts_with("/api/v1/namespaces/") => {
+                    self.deleted.lock().unwrap().push(p.trim_start_matches("/api/v1/namespaces/").to_owned());
+                    *self.made.lock().unwrap() = None;
+                    json(serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}))
+                }
+                _ => Ok(http::Response::builder().status(404).body(Body::empty())?),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_create_whose_answer_was_lost_deletes_the_namespace_it_made() {
+        let api = Arc::new(LostAnswer::default());
+        let served = api.clone();
+        let service = tower::service_fn(move |req| served.clone().serve(req));
+        let backend = KubeBackend::new(Client::new(service, "default"), "test");
+        let request = NamespaceRequest { generate_name: "dra-lost-".into(), full_text: "lost".into() };
+        let err = tokio::time::timeout(Duration::from_secs(60), backend.create_namespace(&request))
+            .await
+            .expect("the create and its undo hung")
+            .unwrap_err();
+        assert!(format!("{err}").contains("create namespace with generateName dra-lost-"), "{err}");
+        assert_eq!(*api.deleted.lock().unwrap(), ["dra-lost-abcde"]);
+        assert!(api.made.lock().unwrap().is_none());
+    }
 }
