@@ -264,18 +264,17 @@ impl ClusterBackend for KubeBackend {
     }
 
     async fn create_namespace(&self, request: &NamespaceRequest) -> Result<SpecNamespace, ClusterError> {
+        let token = crate::names::unique_suffix();
         let labels: BTreeMap<String, String> = [
             ("pod-security.kubernetes.io/enforce", "privileged"),
             ("pod-security.kubernetes.io/audit", "privileged"),
             ("pod-security.kubernetes.io/warn", "privileged"),
             MANAGED_BY_LABEL,
+            (CREATE_TOKEN_LABEL, &token),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        let token = crate::names::unique_suffix();
-        let mut labels = labels;
-        labels.insert(CREATE_TOKEN_LABEL.to_owned(), token.clone());
         let ns = Namespace {
             metadata: ObjectMeta {
                 generate_name: Some(request.generate_name.clone()),
