@@ -21,11 +21,11 @@ impl Driver {
     pub(super) async fn start_plugins(&self, ctx: &Ctx) -> Result<(), DriverError> {
         let inner = &self.inner;
         let this = self.clone();
-        let nodes: Vec<String> = inner.per_node.keys().cloned().collect();
+        let nodes: Vec<&str> = inner.per_node.keys().map(String::as_str).collect();
         ctx.defer(
             format!("stop the kubelet plugins of driver {} on nodes {}", inner.name, nodes.join(", ")),
             async move {
-                this.stop_plugins(&nodes).await;
+                this.stop_plugins().await;
                 Ok(())
             },
         );

@@ -14,16 +14,15 @@ impl Driver {
             return Ok(());
         }
         tracing::info!(driver = %inner.name, instance = %inner.config.instance_suffix, "stopping driver");
-        let nodes: Vec<String> = inner.per_node.keys().cloned().collect();
-        self.stop_plugins(&nodes).await;
+        self.stop_plugins().await;
         let rs_api: Api<ReplicaSet> = Api::namespaced(inner.admin.clone(), &inner.namespace);
         let rs_name = format!("dra-test-driver{}{}", inner.config.name_suffix, inner.config.instance_suffix);
         scale_proxy_down(&rs_api, &rs_name, &inner.name).await
     }
 
-    /// [`Driver::stop_plugin`] for each of `nodes`, at the same time.
-    pub(super) async fn stop_plugins(&self, nodes: &[String]) {
-        futures::future::join_all(nodes.iter().map(|node| self.stop_plugin(node))).await;
+    /// [`Driver::stop_plugin`] for every node of the driver, at the same time.
+    pub(super) async fn stop_plugins(&self) {
+        futures::future::join_all(self.inner.per_node.keys().map(|node| self.stop_plugin(node))).await;
     }
 
     /// Stops a node's plugin for good: no more moves to replacement proxy pods, the plugin (if
