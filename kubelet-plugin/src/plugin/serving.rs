@@ -10,10 +10,12 @@
 //! Every served connection is wrapped so that stopping the plugin closes it
 //! (a hard stop after a short grace period, like upstream's `grpc.Server.Stop`),
 //! and so that an HTTP/2 `:authority` h2 would reject is replaced (see
-//! [`NormalizeAuthority`]). A connection whose peer has not sent a byte when the
-//! plugin stops ends at once: no call can be in flight on it, and the HTTP/2
-//! server would otherwise wait for its preface until the hard stop (a tunnel's
-//! pre-established connection waits exactly like that).
+//! [`NormalizeAuthority`]). Once the plugin stops, a connection reads as closed
+//! as soon as no call is open on it ([`super::open_calls`]): one whose peer has
+//! not sent a byte (the HTTP/2 server would otherwise wait for its preface until
+//! the hard stop, as a tunnel's pre-established connection does), and one whose
+//! client would answer the server's GOAWAY only by closing it (the kubelet), which
+//! a port-forward passes on late. What the server had still to send is sent first.
 
 use std::{
     io,
@@ -30,7 +32,7 @@ use tokio::{
 };
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::authority::NormalizeAuthority;
+use super::{authority::NormalizeAuthority, open_calls::ConnectionCalls};
 
 /// Anything a gRPC server can talk over.
 pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -144,14 +146,25 @@ impl ConnectionSender {
 
 /// A served connection that fails all I/O once `kill` is cancelled, so the
 /// connection task ends even while the peer keeps the connection open, and
-/// that reads as closed once `shutdown` is cancelled if its peer had sent no
-/// byte by then (what it sends later is not read).
+/// that reads as closed once `shutdown` is cancelled and no call is open on it
+/// (a peer that had sent no byte by then has none; what it sends later is not read).
 pub(crate) struct ServedConnection {
     io: BoxedConnection,
     authority: NormalizeAuthority,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
-    /// The stop's start, watched only until the peer's first byte.
-    unused_until: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    stopping: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Whether the peer has sent a byte.
+    used: bool,
+    calls: ConnectionCalls,
+    /// Stopping with no call open: the reader waits for the server's next flush (what the
+    /// calls queued to send goes out before the connection ends) and is woken by it.
+    ending: Option<Ending>,
+}
+
+/// A stopping connection's last flush, which the reader waits for.
+struct Ending {
+    reader: std::task::Waker,
+    flushed: bool,
 }
 
 impl ServedConnection {
@@ -162,7 +175,10 @@ impl ServedConnection {
             io,
             authority: NormalizeAuthority::new(),
             killed: Box::pin(kill.clone().cancelled_owned()),
-            unused_until: Some(Box::pin(shutdown.clone().cancelled_owned())),
+            stopping: Box::pin(shutdown.clone().cancelled_owned()),
+            used: false,
+            calls: ConnectionCalls::default(),
+            ending: None,
         }
     }
 
@@ -178,29 +194,31 @@ impl AsyncRead for ServedConnection {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        if let Some(shutdown) = this.unused_until.as_mut()
-            && shutdown.as_mut().poll(cx).is_ready()
-        {
-            // Stopping, and the peer had sent nothing before: what it sends now is a new client
-            // (the kubelet reconnecting once the stop ended its health stream), which a stopping
-            // plugin does not take on.
-            return Poll::Ready(Ok(()));
+        // Stopping: a peer that had sent nothing is a new client (the kubelet reconnecting once
+        // the stop ended its health stream), which a stopping plugin does not take on; a peer
+        // with no call open gets no more answers once the server's last frames are flushed.
+        // Either way the connection is at its end.
+        if this.stopping.as_mut().poll(cx).is_ready() {
+            if !this.used {
+                return Poll::Ready(Ok(()));
+            }
+            if this.calls.poll_idle(cx).is_ready() {
+                match &mut this.ending {
+                    Some(ending) if ending.flushed => return Poll::Ready(Ok(())),
+                    Some(ending) => ending.reader = cx.waker().clone(),
+                    None => this.ending = Some(Ending { reader: cx.waker().clone(), flushed: false }),
+                }
+                return Poll::Pending;
+            }
+            // A call is open (again): read on.
+            this.ending = None;
         }
         let before = buf.filled().len();
         let read = this.authority.poll_read(Pin::new(&mut this.io), cx, buf);
-        let Some(shutdown) = this.unused_until.as_mut() else { return read };
-        match read {
-            Poll::Ready(Ok(())) if buf.filled().len() > before => {
-                this.unused_until = None;
-                Poll::Ready(Ok(()))
-            }
-            // Nothing yet: once the plugin stops, the connection is at its end.
-            Poll::Pending => match shutdown.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Ok(())),
-                Poll::Pending => Poll::Pending,
-            },
-            other => other,
+        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.used = true;
         }
+        read
     }
 }
 
@@ -214,7 +232,14 @@ impl AsyncWrite for ServedConnection {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        Pin::new(&mut this.io).poll_flush(cx)
+        let flushed = Pin::new(&mut this.io).poll_flush(cx);
+        if let (Poll::Ready(Ok(())), Some(ending)) = (&flushed, &mut this.ending)
+            && !ending.flushed
+        {
+            ending.flushed = true;
+            ending.reader.wake_by_ref();
+        }
+        flushed
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -237,9 +262,12 @@ impl AsyncWrite for ServedConnection {
 }
 
 impl tonic::transport::server::Connected for ServedConnection {
-    type ConnectInfo = ();
+    /// Lands in each request's extensions, where [`super::open_calls::OpenCallsLayer`] finds it.
+    type ConnectInfo = ConnectionCalls;
 
-    fn connect_info(&self) -> Self::ConnectInfo {}
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.calls.clone()
+    }
 }
 
 /// A bound listener, ready to be served.
@@ -291,6 +319,7 @@ pub(crate) fn remove_socket(path: &Path) {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use futures::FutureExt as _;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     use super::*;
@@ -344,22 +373,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_connection_in_use_keeps_reading_after_the_stop_began() {
+    async fn a_connection_with_a_call_open_keeps_reading_after_the_stop_began_until_the_call_ends() {
         let (shutdown, kill) = (CancellationToken::new(), CancellationToken::new());
         let (mut client, server) = tokio::io::duplex(64);
         let mut served = ServedConnection::new(Box::new(server), &shutdown, &kill);
         client.write_all(b"a").await.unwrap();
         let mut byte = [0u8; 1];
         assert_eq!(served.read(&mut byte).await.unwrap(), 1);
+        let call = served.calls.begin();
         shutdown.cancel();
         client.write_all(b"b").await.unwrap();
         let read =
             tokio::time::timeout(GUARD, served.read(&mut byte)).await.expect("a read of a sent byte hung");
         assert_eq!((read.unwrap(), byte[0]), (1, b'b'));
-        // Only the hard stop ends it.
+        // The call's end ends the connection, once what the server queued has been flushed.
+        drop(call);
+        assert!(served.read(&mut byte).now_or_never().is_none(), "ended before the server's last flush");
+        served.flush().await.unwrap();
+        let n = served.read(&mut byte).now_or_never().expect("the flush did not end the connection");
+        assert_eq!(n.unwrap(), 0, "no call open: the connection is at its end");
+        // The hard stop fails it.
         kill.cancel();
         let err = served.read(&mut byte).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
+        drop(client);
     }
 
     /// A plugin on in-memory listeners that gives in-flight calls an hour when it stops:
@@ -410,6 +447,82 @@ mod tests {
             .await
             .expect("the stop waited out its grace for a connection without a call in flight");
         drop(client);
+    }
+
+    /// A client channel to `server` whose one connection stops carrying the client's bytes once
+    /// `cut` is cancelled, while the server's end stays open: a kubelet that closes its
+    /// connection on the server's GOAWAY, behind a port-forward that passes the close on late.
+    fn late_close_channel(server: &ConnectionSender, cut: &CancellationToken) -> tonic::transport::Channel {
+        let (server, cut) = (server.clone(), cut.clone());
+        tonic::transport::Endpoint::from_static("http://localhost").connect_with_connector_lazy(
+            tower::service_fn(move |_: http::Uri| {
+                let (server, cut) = (server.clone(), cut.clone());
+                async move {
+                    let (client, client_side) = tokio::io::duplex(1 << 16);
+                    let (server_side, served) = tokio::io::duplex(1 << 16);
+                    server.send(served).await?;
+                    let (mut from_client, mut to_client) = tokio::io::split(client_side);
+                    let (mut from_server, mut to_server) = tokio::io::split(server_side);
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = tokio::io::copy(&mut from_client, &mut to_server) => {}
+                            () = cut.cancelled() => {}
+                        }
+                        // Never closed, never written again: the server reads neither an answer
+                        // nor the end.
+                        cut.cancelled().await;
+                        std::future::pending::<()>().await;
+                        drop(to_server);
+                    });
+                    tokio::spawn(async move { tokio::io::copy(&mut from_server, &mut to_client).await });
+                    Ok::<_, ServerGone>(hyper_util::rt::TokioIo::new(client))
+                }
+            }),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_stop_ends_a_used_connection_whose_client_no_longer_answers() {
+        use crate::grpc::registration::{InfoRequest, registration_client::RegistrationClient};
+        let (plugin, _dra, reg) = patient_plugin().await;
+        let cut = CancellationToken::new();
+        let mut client = RegistrationClient::new(late_close_channel(&reg, &cut));
+        client.get_info(InfoRequest {}).await.unwrap();
+        // The kubelet closes on the GOAWAY without answering its PING; the close arrives late.
+        cut.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(10), plugin.stop())
+            .await
+            .expect("the stop waited for an answer to its GOAWAY on a connection without a call open");
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_stop_waits_for_a_call_in_flight_on_a_connection_whose_client_no_longer_answers() {
+        use crate::{
+            calls::Method,
+            grpc::registration::{InfoRequest, registration_client::RegistrationClient},
+        };
+        let (plugin, _dra, reg) = patient_plugin().await;
+        let cut = CancellationToken::new();
+        let mut client = RegistrationClient::new(late_close_channel(&reg, &cut));
+        let blocked = plugin.calls().block(Method::GetInfo);
+        let call = tokio::spawn(async move { client.get_info(InfoRequest {}).await.map(|_| client) });
+        plugin.calls().wait_at_least(Method::GetInfo, 1, GUARD).await.unwrap();
+        cut.cancel();
+        let plugin = std::sync::Arc::new(plugin);
+        let stopping = tokio::spawn({
+            let plugin = plugin.clone();
+            async move { plugin.stop().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!stopping.is_finished(), "the stop ended a connection with a call in flight");
+        drop(blocked);
+        tokio::time::timeout(GUARD, stopping)
+            .await
+            .expect("the stop went on after the call in flight ended")
+            .unwrap();
+        // The answer was sent before the connection ended.
+        call.await.unwrap().unwrap();
     }
 
     #[tokio::test]
