@@ -85,8 +85,6 @@ pub(crate) struct OpenCallsService<S> {
     inner: S,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
 impl<S> Service<http::Request<Body>> for OpenCallsService<S>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>>,
@@ -94,7 +92,7 @@ where
 {
     type Response = http::Response<Body>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
