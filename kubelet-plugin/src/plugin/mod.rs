@@ -38,7 +38,7 @@ mod files;
 mod forward;
 mod health;
 pub mod metadata;
-mod open_calls;
+mod open_streams;
 mod registration;
 mod serving;
 
@@ -226,21 +226,16 @@ impl std::fmt::Debug for KubeletPlugin {
 
 type Layered = tower::util::Either<crate::calls::CallsLayer, tower::layer::util::Identity>;
 
-/// Every server's layers: the open calls of each connection counted (outermost, so that a
-/// delayed or blocked call counts), then the calls recorded if asked.
-type Layers = tower::layer::util::Stack<
-    Layered,
-    tower::layer::util::Stack<open_calls::OpenCallsLayer, tower::layer::util::Identity>,
->;
-
-fn server_builder(calls: &Calls, record: bool) -> tonic::transport::Server<Layers> {
+fn server_builder(
+    calls: &Calls,
+    record: bool,
+) -> tonic::transport::Server<tower::layer::util::Stack<Layered, tower::layer::util::Identity>> {
     // No timeouts or keep-alive limits: tunnel connections may sit idle.
-    tonic::transport::Server::builder()
-        .layer(open_calls::OpenCallsLayer)
-        .layer(tower::util::option_layer(record.then(|| calls.layer())))
+    tonic::transport::Server::builder().layer(tower::util::option_layer(record.then(|| calls.layer())))
 }
 
-type DraRouter = tonic::transport::server::Router<Layers>;
+type DraRouter =
+    tonic::transport::server::Router<tower::layer::util::Stack<Layered, tower::layer::util::Identity>>;
 
 /// The DRA server of forward mode: a [`forward::Forwarder`] per service the driver advertised.
 fn forward_router(forward: &Forward, calls: &Calls, record: bool) -> DraRouter {
@@ -356,7 +351,9 @@ impl KubeletPlugin {
     fn serve(
         &self,
         name: &'static str,
-        router: tonic::transport::server::Router<Layers>,
+        router: tonic::transport::server::Router<
+            tower::layer::util::Stack<Layered, tower::layer::util::Identity>,
+        >,
         listener: Listener,
     ) -> Result<(), PluginError> {
         let what = match &listener {

@@ -11,11 +11,13 @@
 //! (a hard stop after a short grace period, like upstream's `grpc.Server.Stop`),
 //! and so that an HTTP/2 `:authority` h2 would reject is replaced (see
 //! [`NormalizeAuthority`]). Once the plugin stops, a connection reads as closed
-//! as soon as no call is open on it ([`super::open_calls`]): one whose peer has
-//! not sent a byte (the HTTP/2 server would otherwise wait for its preface until
-//! the hard stop, as a tunnel's pre-established connection does), and one whose
-//! client would answer the server's GOAWAY only by closing it (the kubelet), which
-//! a port-forward passes on late. What the server had still to send is sent first.
+//! as soon as every stream its client started has been answered on the wire
+//! ([`super::open_streams`]) and flushed: one whose peer has not sent a byte (the
+//! HTTP/2 server would otherwise wait for its preface until the hard stop, as a
+//! tunnel's pre-established connection does), and one whose client would answer
+//! the server's GOAWAY only by closing it (the kubelet), which a port-forward
+//! passes on late. A request still unread then is not taken on, as with
+//! upstream's `grpc.Server.Stop`.
 
 use std::{
     io,
@@ -32,7 +34,7 @@ use tokio::{
 };
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::{authority::NormalizeAuthority, open_calls::ConnectionCalls};
+use super::{authority::NormalizeAuthority, open_streams::OpenStreams};
 
 /// Anything a gRPC server can talk over.
 pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -146,25 +148,20 @@ impl ConnectionSender {
 
 /// A served connection that fails all I/O once `kill` is cancelled, so the
 /// connection task ends even while the peer keeps the connection open, and
-/// that reads as closed once `shutdown` is cancelled and no call is open on it
-/// (a peer that had sent no byte by then has none; what it sends later is not read).
+/// that reads as closed once `shutdown` is cancelled and every stream is
+/// answered and flushed (a peer that had sent no byte by then has none; what it
+/// sends later is not read).
 pub(crate) struct ServedConnection {
     io: BoxedConnection,
     authority: NormalizeAuthority,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
     stopping: Pin<Box<WaitForCancellationFutureOwned>>,
+    shutdown: CancellationToken,
     /// Whether the peer has sent a byte.
     used: bool,
-    calls: ConnectionCalls,
-    /// Stopping with no call open: the reader waits for the server's next flush (what the
-    /// calls queued to send goes out before the connection ends) and is woken by it.
-    ending: Option<Ending>,
-}
-
-/// A stopping connection's last flush, which the reader waits for.
-struct Ending {
-    reader: std::task::Waker,
-    flushed: bool,
+    streams: OpenStreams,
+    /// Stopping, every stream answered, and all of it flushed since.
+    answered_and_flushed: bool,
 }
 
 impl ServedConnection {
@@ -176,10 +173,16 @@ impl ServedConnection {
             authority: NormalizeAuthority::new(),
             killed: Box::pin(kill.clone().cancelled_owned()),
             stopping: Box::pin(shutdown.clone().cancelled_owned()),
+            shutdown: shutdown.clone(),
             used: false,
-            calls: ConnectionCalls::default(),
-            ending: None,
+            streams: OpenStreams::default(),
+            answered_and_flushed: false,
         }
+    }
+
+    fn wrote(&mut self, bytes: &[u8]) {
+        self.streams.server_sent(bytes);
+        self.answered_and_flushed = false;
     }
 
     fn check_killed(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
@@ -196,27 +199,22 @@ impl AsyncRead for ServedConnection {
         this.check_killed(cx)?;
         // Stopping: a peer that had sent nothing is a new client (the kubelet reconnecting once
         // the stop ended its health stream), which a stopping plugin does not take on; a peer
-        // with no call open gets no more answers once the server's last frames are flushed.
-        // Either way the connection is at its end.
+        // whose every stream is answered and flushed gets nothing more. Either way the
+        // connection is at its end. Until the flush, nothing more is read (the flush wakes).
         if this.stopping.as_mut().poll(cx).is_ready() {
-            if !this.used {
+            if !this.used || this.answered_and_flushed {
                 return Poll::Ready(Ok(()));
             }
-            if this.calls.poll_idle(cx).is_ready() {
-                match &mut this.ending {
-                    Some(ending) if ending.flushed => return Poll::Ready(Ok(())),
-                    Some(ending) => ending.reader = cx.waker().clone(),
-                    None => this.ending = Some(Ending { reader: cx.waker().clone(), flushed: false }),
-                }
+            if this.streams.none_open() {
                 return Poll::Pending;
             }
-            // A call is open (again): read on.
-            this.ending = None;
         }
         let before = buf.filled().len();
         let read = this.authority.poll_read(Pin::new(&mut this.io), cx, buf);
         if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.used = true;
+            this.streams.client_sent(&buf.filled()[before..]);
+            this.answered_and_flushed = false;
         }
         read
     }
@@ -226,18 +224,26 @@ impl AsyncWrite for ServedConnection {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        Pin::new(&mut this.io).poll_write(cx, buf)
+        let written = Pin::new(&mut this.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            this.wrote(&buf[..n]);
+        }
+        written
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
         let flushed = Pin::new(&mut this.io).poll_flush(cx);
-        if let (Poll::Ready(Ok(())), Some(ending)) = (&flushed, &mut this.ending)
-            && !ending.flushed
+        if matches!(flushed, Poll::Ready(Ok(())))
+            && this.shutdown.is_cancelled()
+            && this.used
+            && this.streams.none_open()
+            && !this.answered_and_flushed
         {
-            ending.flushed = true;
-            ending.reader.wake_by_ref();
+            // The reader (the same connection task) ends the connection now.
+            this.answered_and_flushed = true;
+            cx.waker().wake_by_ref();
         }
         flushed
     }
@@ -253,7 +259,15 @@ impl AsyncWrite for ServedConnection {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_killed(cx)?;
-        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(mut n)) = written {
+            for buf in bufs {
+                let take = n.min(buf.len());
+                this.wrote(&buf[..take]);
+                n -= take;
+            }
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -262,12 +276,9 @@ impl AsyncWrite for ServedConnection {
 }
 
 impl tonic::transport::server::Connected for ServedConnection {
-    /// Lands in each request's extensions, where [`super::open_calls::OpenCallsLayer`] finds it.
-    type ConnectInfo = ConnectionCalls;
+    type ConnectInfo = ();
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.calls.clone()
-    }
+    fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
 /// A bound listener, ready to be served.
@@ -373,28 +384,37 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_connection_with_a_call_open_keeps_reading_after_the_stop_began_until_the_call_ends() {
+    async fn a_connection_with_a_stream_open_keeps_reading_after_the_stop_began_until_it_is_answered() {
+        use super::super::open_streams::{client_start, frame, server_end};
+        use tokio::io::AsyncWriteExt as _;
         let (shutdown, kill) = (CancellationToken::new(), CancellationToken::new());
-        let (mut client, server) = tokio::io::duplex(64);
+        let (mut client, server) = tokio::io::duplex(1 << 12);
         let mut served = ServedConnection::new(Box::new(server), &shutdown, &kill);
-        client.write_all(b"a").await.unwrap();
-        let mut byte = [0u8; 1];
-        assert_eq!(served.read(&mut byte).await.unwrap(), 1);
-        let call = served.calls.begin();
+        let mut buf = [0u8; 1024];
+        let start = client_start(1);
+        client.write_all(&start).await.unwrap();
+        let mut read = 0;
+        while read < start.len() {
+            read += served.read(&mut buf).await.unwrap();
+        }
         shutdown.cancel();
-        client.write_all(b"b").await.unwrap();
-        let read =
-            tokio::time::timeout(GUARD, served.read(&mut byte)).await.expect("a read of a sent byte hung");
-        assert_eq!((read.unwrap(), byte[0]), (1, b'b'));
-        // The call's end ends the connection, once what the server queued has been flushed.
-        drop(call);
-        assert!(served.read(&mut byte).now_or_never().is_none(), "ended before the server's last flush");
+        // The client can still send (a WINDOW_UPDATE the answer waits for).
+        client.write_all(b"more").await.unwrap();
+        let n = tokio::time::timeout(GUARD, served.read(&mut buf)).await.expect("a read of sent bytes hung");
+        assert_eq!(n.unwrap(), 4);
+        // Part of the answer, flushed: the stream is still open.
+        served.write_all(&frame(0x0, 0, 1, b"part")).await.unwrap();
         served.flush().await.unwrap();
-        let n = served.read(&mut byte).now_or_never().expect("the flush did not end the connection");
-        assert_eq!(n.unwrap(), 0, "no call open: the connection is at its end");
+        assert!(served.read(&mut buf).now_or_never().is_none(), "ended before the answer did");
+        // The answer's end, not yet flushed: still not the end.
+        served.write_all(&server_end(1)).await.unwrap();
+        assert!(served.read(&mut buf).now_or_never().is_none(), "ended before the answer was flushed");
+        served.flush().await.unwrap();
+        let n = served.read(&mut buf).now_or_never().expect("the answered, flushed connection read on");
+        assert_eq!(n.unwrap(), 0, "every stream answered and flushed: the connection is at its end");
         // The hard stop fails it.
         kill.cancel();
-        let err = served.read(&mut byte).await.unwrap_err();
+        let err = served.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
         drop(client);
     }
