@@ -66,13 +66,14 @@ use bytes::{Buf as _, BufMut as _, BytesMut};
 use tokio::io::{AsyncRead, ReadBuf};
 
 /// The client connection preface (RFC 9113 §3.4).
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const FRAME_HEADER_LEN: usize = 9;
+pub(super) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Every frame starts with a 9-byte header.
+pub(super) const FRAME_HEADER_LEN: usize = 9;
 
-const HEADERS: u8 = 0x1;
+pub(super) const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 
-const END_STREAM: u8 = 0x1;
+pub(super) const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;

@@ -16,14 +16,10 @@
 
 use std::collections::BTreeSet;
 
-/// The client's connection preface, which precedes its first frame.
-const PREFACE_LEN: usize = 24;
-/// Every frame starts with a 9-byte header.
-const HEADER_LEN: usize = 9;
+use super::authority::{END_STREAM, FRAME_HEADER_LEN as HEADER_LEN, HEADERS, PREFACE};
+
 const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
-const END_STREAM: u8 = 0x1;
 
 /// The open streams of one connection.
 #[derive(Debug)]
@@ -38,7 +34,7 @@ pub(crate) struct OpenStreams {
 impl Default for OpenStreams {
     fn default() -> Self {
         OpenStreams {
-            from_client: FrameHeaders::after(PREFACE_LEN),
+            from_client: FrameHeaders::after(PREFACE.len()),
             from_server: FrameHeaders::after(0),
             open: BTreeSet::new(),
             last_started: 0,
@@ -140,7 +136,7 @@ pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8>
 /// A client's preface and the HEADERS that start `stream` (for tests).
 #[cfg(test)]
 pub(crate) fn client_start(stream: u32) -> Vec<u8> {
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let mut out = PREFACE.to_vec();
     // HPACK: :method GET, :scheme http, :path / (static table entries).
     out.extend(frame(HEADERS, 0x4, stream, &[0x82, 0x86, 0x84]));
     out
