@@ -156,7 +156,6 @@ pub(crate) struct ServedConnection {
     authority: NormalizeAuthority,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
     stopping: Pin<Box<WaitForCancellationFutureOwned>>,
-    shutdown: CancellationToken,
     /// Whether the peer has sent a byte.
     used: bool,
     streams: OpenStreams,
@@ -173,7 +172,6 @@ impl ServedConnection {
             authority: NormalizeAuthority::new(),
             killed: Box::pin(kill.clone().cancelled_owned()),
             stopping: Box::pin(shutdown.clone().cancelled_owned()),
-            shutdown: shutdown.clone(),
             used: false,
             streams: OpenStreams::default(),
             answered_and_flushed: false,
@@ -236,7 +234,7 @@ impl AsyncWrite for ServedConnection {
         this.check_killed(cx)?;
         let flushed = Pin::new(&mut this.io).poll_flush(cx);
         if matches!(flushed, Poll::Ready(Ok(())))
-            && this.shutdown.is_cancelled()
+            && this.stopping.as_mut().poll(cx).is_ready()
             && this.used
             && this.streams.none_open()
             && !this.answered_and_flushed
@@ -490,9 +488,8 @@ mod tests {
                         }
                         // Never closed, never written again: the server reads neither an answer
                         // nor the end.
-                        cut.cancelled().await;
+                        let _held_open = to_server;
                         std::future::pending::<()>().await;
-                        drop(to_server);
                     });
                     tokio::spawn(async move { tokio::io::copy(&mut from_server, &mut to_client).await });
                     Ok::<_, ServerGone>(hyper_util::rt::TokioIo::new(client))
