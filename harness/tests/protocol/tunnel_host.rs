@@ -246,3 +246,48 @@ async fn a_proxy_waits_for_the_socket_it_comes_after_at_most_five_seconds() {
     within("stop", gives_up.stop()).await.unwrap();
     assert!(!reg.exists() && !other.exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_proxy_ends_the_connections_it_splices() {
+    // The kubelet may dial the DRA socket again after the plugin behind the tunnel stopped, and
+    // the tunnel keeps idle connections: a proxy told to stop must not wait for such a pair to
+    // end, as neither side ends it. Here both peers hold their connection open.
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("dra.sock");
+    let port = free_port();
+    let mut proxy = tokio::process::Command::new(hostpathplugin())
+        .arg(format!("--endpoint={}", socket.display()))
+        .arg(format!("--proxy-endpoint=tcp://127.0.0.1:{port}"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    within("the proxy's socket", async {
+        while !socket.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut kubelet_side = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let mut tunnel_side = within("the proxy's port", async {
+        loop {
+            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                Ok(stream) => break stream,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await;
+    kubelet_side.write_all(b"x").await.unwrap();
+    let mut byte = [0u8; 1];
+    within("the spliced byte", tunnel_side.read_exact(&mut byte)).await.unwrap();
+    assert_eq!(&byte, b"x");
+
+    let pid = rustix::process::Pid::from_raw(i32::try_from(proxy.id().unwrap()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = within("the proxy to exit after SIGTERM", proxy.wait()).await.unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(within("EOF on the kubelet's side", kubelet_side.read(&mut byte)).await.unwrap(), 0);
+    assert_eq!(within("EOF on the tunnel's side", tunnel_side.read(&mut byte)).await.unwrap(), 0);
+    assert!(!socket.exists(), "the proxy left its socket behind");
+}

@@ -92,10 +92,15 @@ func run(ctx context.Context, ep1, ep2 string) error {
 	defer cleanup2()
 	logf(1, "proxying between %s and %s", first.Addr(), second.Addr())
 
+	open := newConnections()
 	go func() {
 		<-ctx.Done()
 		first.Close()
 		second.Close()
+		// A stopped proxy ends its connections, as its exit would: the kubelet may have
+		// connected again after the plugin behind the tunnel stopped, and waiting for that
+		// connection to end would hold the stop until the kubelet gives up on it.
+		open.closeAll()
 	}()
 
 	var wg sync.WaitGroup
@@ -110,13 +115,62 @@ func run(ctx context.Context, ep1, ep2 string) error {
 			c1.Close()
 			return nil
 		}
+		if !open.add(c1, c2) {
+			return nil
+		}
 		logf(5, "connection #%d: %s <-> %s", n, c1.RemoteAddr(), c2.RemoteAddr())
 		wg.Add(1)
 		go func(n int) {
 			defer wg.Done()
 			splice(c1, c2)
+			open.remove(c1, c2)
 			logf(5, "connection #%d closed", n)
 		}(n)
+	}
+}
+
+// connections holds the accepted connections that are still open, so that a stop can close them.
+type connections struct {
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+func newConnections() *connections {
+	return &connections{conns: make(map[net.Conn]struct{})}
+}
+
+// add records the connections, or closes them and returns false once closeAll has run.
+func (c *connections) add(conns ...net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		for _, conn := range conns {
+			conn.Close()
+		}
+		return false
+	}
+	for _, conn := range conns {
+		c.conns[conn] = struct{}{}
+	}
+	return true
+}
+
+func (c *connections) remove(conns ...net.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range conns {
+		delete(c.conns, conn)
+	}
+}
+
+// closeAll closes every recorded connection and every one added later.
+func (c *connections) closeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for conn := range c.conns {
+		conn.Close()
 	}
 }
 
