@@ -37,8 +37,10 @@ pub const DRIVER_NAME_PLACEHOLDER: &str = "dra-kubelet-plugin-driver-name";
 pub const NAME_PLACEHOLDER: &str = "dra-kubelet-plugin";
 
 /// The command of the pods that only wait, the test pods and the proxy pods (whose manifest says
-/// the same): sleep until SIGTERM, then exit at once (upstream's `InfiniteSleepCommand`).
-pub const INFINITE_SLEEP: &str = "trap exit TERM; while true; do sleep 1; done";
+/// the same): sleep until SIGTERM, then exit at once. Upstream's `InfiniteSleepCommand` runs
+/// `sleep 1` in the foreground, so its shell takes the trap only once that sleep ends (up to 1 s
+/// into every deletion); here the shell waits in `wait`, which the trapped signal interrupts.
+pub const INFINITE_SLEEP: &str = "trap exit TERM; while true; do sleep 1 & wait; done";
 
 /// Label that marks the proxy pods (test pod cleanup skips them).
 pub const PART_OF_LABEL: (&str, &str) = ("app.kubernetes.io/part-of", "dra-test-driver");

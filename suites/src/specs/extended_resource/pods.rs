@@ -73,8 +73,9 @@ async fn extended_resource_test(b: &Builder, resources: &[String], env: &[&str])
             "env|grep container_1_request_0=true",
             // Upstream's loop, with the test pods' `trap exit TERM` (harness::builder::INFINITE_SLEEP):
             // the sidecar's shell, PID 1, would ignore SIGTERM and hold the pod's deletion for
-            // its 30 s grace period.
-            "trap exit TERM; while true; do env; env|grep container_1_request_0=true; echo $?; sleep 5; done",
+            // its 30 s grace period. It sleeps in the background and waits, so that the trap
+            // ends the sleep at once rather than after up to 5 s.
+            "trap exit TERM; while true; do env; env|grep container_1_request_0=true; echo $?; sleep 5 & wait; done",
             "env|grep container_3_request_0=true",
         ],
     )?;
