@@ -1,7 +1,9 @@
 //! The order in which specs start, as ginkgo orders them: shuffled with a seed the run prints,
 //! so that no spec can rely on another having run before it, and `--seed N` repeats an order.
 //! By default the top-level containers are shuffled and the specs inside each keep their
-//! registration order; `--randomize-all` shuffles every spec.
+//! registration order; `--randomize-all` shuffles every spec. Specs of a higher priority
+//! ([`crate::Registry::with_priority`]) come before those of a lower one, each priority in the
+//! seed's order.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -16,6 +18,12 @@ pub(crate) fn default_seed() -> u64 {
 
 /// Puts `specs` into the order this seed gives.
 pub(crate) fn shuffle(specs: &mut [Arc<SpecDef>], seed: u64, randomize_all: bool) {
+    shuffle_ignoring_priority(specs, seed, randomize_all);
+    // Stable: the seed's order within each priority.
+    specs.sort_by_key(|s| std::cmp::Reverse(s.info.priority()));
+}
+
+fn shuffle_ignoring_priority(specs: &mut [Arc<SpecDef>], seed: u64, randomize_all: bool) {
     let mut rng = StdRng::seed_from_u64(seed);
     if randomize_all {
         specs.sort_by_key(|s| s.info.index());
@@ -100,5 +108,53 @@ mod tests {
             a[2] - a[0] != 2 || order.iter().position(|t| t == "a 1") < order.iter().position(|t| t == "a 0")
         });
         assert!(split, "--randomize-all never moved a spec out of its container's order");
+    }
+
+    #[test]
+    fn higher_priorities_start_first_and_each_priority_keeps_the_seeds_order() {
+        // "b" (priority 2 for "b 1" alone, 1 for the rest) and "y" (1) before everything else.
+        let prioritized = || {
+            let mut reg = Registry::new();
+            for c in ["a", "b", "c"] {
+                let priority = i32::from(c == "b");
+                reg.with_priority(priority, |r| {
+                    r.describe(c, |r| {
+                        for s in 0..3 {
+                            let spec = r.it(&format!("{s}"), async |_| Ok(()));
+                            if c == "b" && s == 1 {
+                                spec.priority(2);
+                            }
+                        }
+                    });
+                });
+            }
+            reg.it("x", async |_| Ok(()));
+            reg.with_priority(1, |r| {
+                r.it("y", async |_| Ok(()));
+            });
+            reg.it("z", async |_| Ok(())).priority(-1);
+            reg.into_parts().0.into_iter().map(Arc::new).collect::<Vec<_>>()
+        };
+        let mut seen = std::collections::HashSet::new();
+        for seed in 0..20 {
+            for all in [false, true] {
+                let mut specs = prioritized();
+                shuffle(&mut specs, seed, all);
+                let order: Vec<&str> = specs.iter().map(|s| s.info.full_text()).collect();
+                assert_eq!(order[0], "b 1", "seed {seed}: {order:?}");
+                let mut ones = order[1..4].to_vec();
+                ones.sort_unstable();
+                assert_eq!(ones, ["b 0", "b 2", "y"], "seed {seed}: {order:?}");
+                assert_eq!(order[order.len() - 1], "z", "seed {seed}: {order:?}");
+                // Within a priority, the order is the seed's, as without priorities.
+                let mut plain = specs.clone();
+                shuffle_ignoring_priority(&mut plain, seed, all);
+                let zeros: Vec<&str> =
+                    plain.iter().filter(|s| s.info.priority() == 0).map(|s| s.info.full_text()).collect();
+                assert_eq!(order[4..order.len() - 1], zeros[..], "seed {seed}");
+                seen.insert(zeros.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>());
+            }
+        }
+        assert!(seen.len() > 1, "the priority-0 specs kept one order over 20 seeds");
     }
 }

@@ -21,6 +21,8 @@ pub struct SpecInfo {
     pub(super) alone: Option<String>,
     /// What the spec asserts, for `--list -v` ([`crate::SpecHandle::description`]).
     pub(super) description: Option<String>,
+    /// Specs of a higher priority start first ([`crate::Registry::with_priority`]).
+    pub(super) priority: i32,
 }
 
 impl SpecInfo {
@@ -74,6 +76,12 @@ impl SpecInfo {
     /// Why the spec runs alone although it is not `[Serial]`, if it was declared so.
     pub fn alone_because(&self) -> Option<&str> {
         self.alone.as_deref()
+    }
+
+    /// Its priority: the run starts specs of a higher priority before those of a lower one, in
+    /// the seed's order within one priority (ginkgo's `SpecPriority`). 0 unless declared.
+    pub fn priority(&self) -> i32 {
+        self.priority
     }
 
     /// What the spec asserts, if it was described ([`SpecHandle::description`](crate::SpecHandle::description)).

@@ -68,6 +68,8 @@ pub struct Registry {
     top_level: (usize, Option<usize>),
     /// The feature gates of the Kubernetes version the texts are for ([`Registry::for_version`]).
     gates: Option<&'static GateTable>,
+    /// The priority of the specs registered now ([`Registry::with_priority`]).
+    priority: i32,
 }
 
 /// A hook run for every spec before its body ([`Registry::before_each`]).
@@ -276,6 +278,7 @@ impl Registry {
             timeout: None,
             alone: None,
             description: None,
+            priority: self.priority,
         };
         info.render();
         let body: Body = Arc::new(move |ctx| body(ctx).boxed());
@@ -339,6 +342,18 @@ impl Registry {
         }
     }
 
+    /// Gives every spec `body` registers the priority `priority` (ginkgo's `SpecPriority`
+    /// decorator): a run starts specs of a higher priority before those of a lower one, and
+    /// shuffles only within one priority. For specs that end long after they start (a long
+    /// body, or a deferred check that waits on a cluster timer), so that their waits pass while
+    /// shorter specs run instead of at the end of the run. Specs are 0 unless declared;
+    /// [`SpecHandle::priority`] overrides it for one spec.
+    pub fn with_priority(&mut self, priority: i32, body: impl FnOnce(&mut Registry)) {
+        let outer = std::mem::replace(&mut self.priority, priority);
+        body(self);
+        self.priority = outer;
+    }
+
     /// Runs `hook` for every spec once its [`Ctx`] exists, before its body (a suite-wide
     /// `BeforeEach`), e.g. to register [`ArtifactSource`](crate::ArtifactSource)s of the kinds
     /// the suite works with.
@@ -399,6 +414,12 @@ impl SpecHandle<'_> {
     /// What the spec asserts, in a sentence or two; `--list -v` prints it under the spec's text.
     pub fn description(self, text: impl Into<String>) -> Self {
         self.registry.specs[self.index].info.description = Some(text.into());
+        self
+    }
+
+    /// Sets this spec's priority (see [`Registry::with_priority`]).
+    pub fn priority(self, priority: i32) -> Self {
+        self.registry.specs[self.index].info.priority = priority;
         self
     }
 

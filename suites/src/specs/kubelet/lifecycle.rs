@@ -30,6 +30,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::checks::{self, only_node};
+use crate::specs::LONG_PRIORITY;
 
 /// Longest downtime of a sequential update after which the slices must still be the old ones
 /// (upstream: 25 s, below the kubelet's 30 s wiping delay).
@@ -51,12 +52,14 @@ const LONG_NAME_LEN: usize = 34;
 /// Registers the specs (inside the `kubelet` context).
 pub fn register(r: &mut Registry) {
     r.it("runs pod after driver starts", runs_pod_after_driver_starts);
-    r.it("rolling update", rolling_update).label("KubeletMinVersion:1.33");
+    r.it("rolling update", rolling_update).label("KubeletMinVersion:1.33").priority(LONG_PRIORITY);
     r.it("rolling update with long driver name", rolling_update_with_long_driver_name)
-        .label("KubeletMinVersion:1.33");
+        .label("KubeletMinVersion:1.33")
+        .priority(LONG_PRIORITY);
     r.it("failed update", failed_update).label("KubeletMinVersion:1.33");
     r.it("sequential update with pods replacing each other", sequential_update)
-        .labels(["KubeletMinVersion:1.33", "Slow"]);
+        .labels(["KubeletMinVersion:1.33", "Slow"])
+        .priority(LONG_PRIORITY);
 }
 
 async fn runs_pod_after_driver_starts(ctx: Ctx) -> SpecResult {

@@ -22,6 +22,7 @@ use serde_json::json;
 use super::checks::{
     self, POD_DELETE_TIMEOUT, POD_START_SLOW_TIMEOUT, generated_claim, stays, wait_succeeded,
 };
+use crate::specs::LONG_PRIORITY;
 
 /// How long the slices may take to appear, and how long they must then stay unchanged
 /// (upstream: `Eventually` and `Consistently` with 20 s each).
@@ -29,11 +30,12 @@ const SLICES_SETTLE: Duration = Duration::from_secs(20);
 
 /// Registers the specs (inside the `kubelet` context).
 pub fn register(r: &mut Registry) {
-    r.it("must manage ResourceSlices", manage_slices);
+    r.it("must manage ResourceSlices", manage_slices).priority(LONG_PRIORITY);
     r.it("supports init containers with external claims", init_containers_external_claim);
     r.it("removes reservation from claim when pod is done", removes_reservation);
     r.it("deletes generated claims when pod is done", deletes_generated_claims);
-    r.it("does not delete generated claims when pod is restarting", keeps_claims_of_restarting_pod);
+    r.it("does not delete generated claims when pod is restarting", keeps_claims_of_restarting_pod)
+        .priority(LONG_PRIORITY);
 }
 
 /// 1 to 4 nodes, one device each, a driver registered with their kubelets.

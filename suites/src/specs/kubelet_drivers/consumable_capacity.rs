@@ -26,7 +26,10 @@ use kube::{ResourceExt as _, runtime::watcher};
 use serde_json::json;
 
 use super::gates;
-use crate::specs::kubelet::checks::{self, stays};
+use crate::specs::{
+    LONG_PRIORITY,
+    kubelet::checks::{self, stays},
+};
 
 /// The device.
 const DEVICE: &str = "consumable-device-1";
@@ -38,6 +41,7 @@ const STAYS_PENDING: Duration = Duration::from_secs(20);
 pub fn register(r: &mut Registry) {
     r.it("must allow multiple allocations and consume capacity", consume_capacity)
         .label("KubeletMinVersion:1.34")
+        .priority(LONG_PRIORITY)
         .requires(gates::api_server_requirement(
             "DRAConsumableCapacity",
             "it drops allowMultipleAllocations and capacity requests",
