@@ -22,7 +22,8 @@ const START_GRACE: Duration = Duration::from_secs(10);
 /// Shell functions shared by the start and stop scripts. `matching ARG` prints the PIDs of the
 /// processes that have exactly `ARG` as one of their arguments (`/proc/*/cmdline`);
 /// `stop_matching ARG` sends them SIGTERM, SIGKILL after 5 s, and waits until they are gone
-/// (zombies have an empty cmdline, so they count as gone).
+/// (zombies have an empty cmdline, so they count as gone), looking every 20 ms: a proxy ends
+/// within milliseconds of its SIGTERM, and every stop of a driver's plugins waits for this.
 const FUNCTIONS: &str = r#"
 matching() {
   for d in /proc/[0-9]*; do
@@ -36,17 +37,18 @@ stop_matching() {
   i=0
   while [ -n "$(matching "$1")" ]; do
     i=$((i+1))
-    [ "$i" -eq 50 ] && kill -9 $(matching "$1") 2>/dev/null
-    if [ "$i" -ge 100 ]; then echo "still running with $1: $(matching "$1")" >&2; return 1; fi
-    sleep 0.1
+    [ "$i" -eq 250 ] && kill -9 $(matching "$1") 2>/dev/null
+    if [ "$i" -ge 500 ]; then echo "still running with $1: $(matching "$1")" >&2; return 1; fi
+    sleep 0.02
   done
 }
 "#;
 
 /// `$1` binary, `$2` verbosity, `$3` socket, `$4` proxy endpoint, `$5` a socket to wait for
-/// first (empty: none), at most 50 × 0.1 s: shorter than [`START_GRACE`], so a stop during the
-/// wait still sees the start marker and kills the proxy. The script's own arguments never contain
-/// `--endpoint=<socket>` as one word, so it cannot match itself.
+/// first (empty: none), looked for every 20 ms, at most 250 times (about 5 s): shorter than
+/// [`START_GRACE`], so a stop during the wait still sees the start marker and kills the proxy.
+/// The script's own arguments never contain `--endpoint=<socket>` as one word, so it cannot
+/// match itself.
 ///
 /// The proxy runs as the script's child, not in its place: the container runtime kills an exec'd
 /// process when its exec stream breaks, and every exec stream of a node breaks when its kubelet
@@ -61,7 +63,7 @@ pid=$(matching "--endpoint=$3" | head -n 1)
 if [ -z "$pid" ]; then
   if [ -n "$5" ]; then
     i=0
-    while [ ! -S "$5" ] && [ "$i" -lt 50 ]; do i=$((i+1)); sleep 0.1; done
+    while [ ! -S "$5" ] && [ "$i" -lt 250 ]; do i=$((i+1)); sleep 0.02; done
     [ -S "$5" ] || echo "$5 did not appear within 5s; starting anyway" >&2
   fi
   (trap '' PIPE; exec "$1" "--v=$2" "--endpoint=$3" "--proxy-endpoint=$4") &
