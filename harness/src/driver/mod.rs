@@ -292,12 +292,22 @@ impl Driver {
         };
 
         let rs_name = format!("dra-test-driver{}{}", config.name_suffix, config.instance_suffix);
-        let pods: BTreeMap<String, Pod> = if config.with_kubelet {
+        let proxy_pods = async {
+            if !config.with_kubelet {
+                return Ok(BTreeMap::new());
+            }
             let sa = service_account.clone().unwrap_or_default();
-            deploy_proxy(ctx, &admin, &namespace, &name, &rs_name, nodes, &config, &sa).await?
-        } else {
-            BTreeMap::new()
+            deploy_proxy(ctx, &admin, &namespace, &name, &rs_name, nodes, &config, &sa).await
         };
+        // RBAC and the admission policy take effect while the proxy pods start.
+        let permissions = async {
+            let (Some(sa), Some(node)) = (&service_account, nodes.names().first()) else { return Ok(()) };
+            let probe_pod = format!("{rs_name}-permission-probe");
+            let identity =
+                Impersonation::kubelet_plugin(&namespace, sa, node, &probe_pod, &random_uid()).client(&admin)?;
+            Driver::wait_permissions_effective(identity, &name, node).await
+        };
+        let (pods, ()): (BTreeMap<String, Pod>, ()) = futures::try_join!(proxy_pods, permissions)?;
 
         let mut per_node = BTreeMap::new();
         for node in nodes.names() {
@@ -348,10 +358,6 @@ impl Driver {
                 per_node,
             }),
         };
-
-        if driver.inner.service_account.is_some() {
-            driver.wait_permissions_effective().await?;
-        }
 
         if driver.inner.config.with_kubelet {
             driver.start_plugins(ctx).await?;

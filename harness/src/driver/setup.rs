@@ -102,19 +102,23 @@ impl Driver {
         })
     }
 
-    /// Waits until RBAC and the admission policy are in effect: the first node's identity may
-    /// create (dry run) a slice on its node, and may not create one on another node.
-    pub(super) async fn wait_permissions_effective(&self) -> Result<(), DriverError> {
-        let Some((node, state)) = self.inner.per_node.iter().next() else { return Ok(()) };
-        let Some(client) = state.client.clone() else { return Ok(()) };
-        let api: Api<ResourceSlice> = Api::all(client);
+    /// Waits until RBAC and the admission policy are in effect for `identity`, a plugin's
+    /// identity on `node` (the policy looks only at its node): it may create (dry run) a slice
+    /// on its node, and may not create one on another node. It needs no proxy pod, so it runs
+    /// while they start.
+    pub(super) async fn wait_permissions_effective(
+        identity: kube::Client,
+        driver: &str,
+        node: &str,
+    ) -> Result<(), DriverError> {
+        let api: Api<ResourceSlice> = Api::all(identity);
         let probe = |node_name: &str| -> ResourceSlice {
             serde_json::from_value(json!({
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceSlice",
                 "metadata": { "generateName": "dra-e2e-permission-probe-" },
                 "spec": {
-                    "driver": self.inner.name,
+                    "driver": driver,
                     "nodeName": node_name,
                     "pool": { "name": "probe", "generation": 1, "resourceSliceCount": 1 },
                 },
@@ -124,7 +128,7 @@ impl Driver {
         let own = probe(node);
         let other = probe("dra-e2e-permission-probe-node");
         let dry = PostParams { dry_run: true, ..Default::default() };
-        let what = format!("RBAC and ResourceSlice policy of driver {} to take effect", self.inner.name);
+        let what = format!("RBAC and ResourceSlice policy of driver {driver} to take effect");
         wait::poll(what, PERMISSIONS_TIMEOUT, Duration::from_millis(200), || {
             let (api, own, other, dry) = (api.clone(), own.clone(), other.clone(), dry.clone());
             async move {
