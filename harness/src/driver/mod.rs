@@ -303,8 +303,8 @@ impl Driver {
         let permissions = async {
             let (Some(sa), Some(node)) = (&service_account, nodes.names().first()) else { return Ok(()) };
             let probe_pod = format!("{rs_name}-permission-probe");
-            let identity =
-                Impersonation::kubelet_plugin(&namespace, sa, node, &probe_pod, &random_uid()).client(&admin)?;
+            let identity = Impersonation::kubelet_plugin(&namespace, sa, node, &probe_pod, &random_uid())
+                .client(&admin)?;
             Driver::wait_permissions_effective(identity, &name, node).await
         };
         let (pods, ()): (BTreeMap<String, Pod>, ()) = futures::try_join!(proxy_pods, permissions)?;
