@@ -307,7 +307,7 @@ impl Driver {
                 .client(&admin)?;
             Driver::wait_permissions_effective(identity, &name, node).await
         };
-        let (pods, ()): (BTreeMap<String, Pod>, ()) = futures::try_join!(proxy_pods, permissions)?;
+        let (pods, ()) = futures::try_join!(proxy_pods, permissions)?;
 
         let mut per_node = BTreeMap::new();
         for node in nodes.names() {

@@ -235,12 +235,7 @@ async fn a_proxy_waits_for_the_socket_it_comes_after_at_most_five_seconds() {
     assert!(!reg.exists());
     let _dra = std::os::unix::net::UnixListener::bind(&dra).unwrap();
     waits.wait_starts(1, TIMEOUT).await.unwrap();
-    within("reg.sock to appear", async {
-        while !reg.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_for_path(&reg, "reg.sock to appear").await;
     gives_up.wait_starts(1, TIMEOUT).await.unwrap();
     within("stop", waits.stop()).await.unwrap();
     within("stop", gives_up.stop()).await.unwrap();
@@ -262,12 +257,7 @@ async fn a_terminated_proxy_ends_the_connections_it_splices() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    within("the proxy's socket", async {
-        while !socket.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_for_path(&socket, "the proxy's socket").await;
     let mut kubelet_side = tokio::net::UnixStream::connect(&socket).await.unwrap();
     let mut tunnel_side = within("the proxy's port", async {
         loop {

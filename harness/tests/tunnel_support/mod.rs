@@ -49,6 +49,16 @@ pub fn hostpathplugin() -> PathBuf {
         .clone()
 }
 
+/// Waits (at most [`crate::common::TIMEOUT`]) until `path` exists, naming `what` on timeout.
+pub async fn wait_for_path(path: &Path, what: &str) {
+    within(what, async {
+        while !path.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 /// A free TCP port on 127.0.0.1 (released again; good enough for tests).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

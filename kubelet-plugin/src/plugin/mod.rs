@@ -226,16 +226,15 @@ impl std::fmt::Debug for KubeletPlugin {
 
 type Layered = tower::util::Either<crate::calls::CallsLayer, tower::layer::util::Identity>;
 
-fn server_builder(
-    calls: &Calls,
-    record: bool,
-) -> tonic::transport::Server<tower::layer::util::Stack<Layered, tower::layer::util::Identity>> {
+/// Every server's layers: the calls recorded if asked.
+type Layers = tower::layer::util::Stack<Layered, tower::layer::util::Identity>;
+
+fn server_builder(calls: &Calls, record: bool) -> tonic::transport::Server<Layers> {
     // No timeouts or keep-alive limits: tunnel connections may sit idle.
     tonic::transport::Server::builder().layer(tower::util::option_layer(record.then(|| calls.layer())))
 }
 
-type DraRouter =
-    tonic::transport::server::Router<tower::layer::util::Stack<Layered, tower::layer::util::Identity>>;
+type DraRouter = tonic::transport::server::Router<Layers>;
 
 /// The DRA server of forward mode: a [`forward::Forwarder`] per service the driver advertised.
 fn forward_router(forward: &Forward, calls: &Calls, record: bool) -> DraRouter {
@@ -351,9 +350,7 @@ impl KubeletPlugin {
     fn serve(
         &self,
         name: &'static str,
-        router: tonic::transport::server::Router<
-            tower::layer::util::Stack<Layered, tower::layer::util::Identity>,
-        >,
+        router: tonic::transport::server::Router<Layers>,
         listener: Listener,
     ) -> Result<(), PluginError> {
         let what = match &listener {
