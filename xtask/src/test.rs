@@ -21,6 +21,7 @@ use crate::{e2e, local, overrides::OverrideArgs, progress::human};
 mod background;
 mod budget;
 mod cluster_tests;
+mod disk;
 mod driver_lane;
 pub(crate) mod kind_lane;
 pub(crate) mod report;
@@ -179,12 +180,15 @@ fn clip(text: &str, max: usize) -> String {
 /// Runs the steps and prints the summary.
 pub async fn run(args: TestOptions) -> Result<ExitCode> {
     let repo = crate::repo::repo_root();
+    let interrupted = interrupt_flag();
+    let disk = disk::DiskWatch::start(&disk::paths(&repo), disk::FLOOR, interrupted.clone());
     let mut outcomes = Vec::new();
     let mut step = |name: &str, result: Result<()>, started: StepStart| {
         if let Err(e) = &result {
             eprintln!("==> step failed: {name}: {e:#}");
         }
-        outcomes.push(table::Outcome { name: name.to_string(), result, cost: started.cost() });
+        let (cost, lowest_free) = (started.cost(), disk.take_lowest());
+        outcomes.push(table::Outcome { name: name.to_string(), result, cost, lowest_free });
     };
 
     if args.lane == TestLane::Kind && (args.no_cluster || args.keep_cluster) {
@@ -199,7 +203,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         )
         .into());
     }
-    let interrupted = interrupt_flag();
+    eprintln!("==> {}", disk.describe());
     let go_on = || !interrupted.load(Ordering::SeqCst);
     let local_lanes = !args.no_cluster && args.lane != TestLane::Kind;
     // `--lane driver`: the local cluster and the driver lane, nothing else.
@@ -335,6 +339,9 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         lane.run(&repo, &interrupted, background.as_mut(), &mut step).await;
     }
     drop(background); // stops a build still running (after an interrupt)
+    if let Some(why) = disk.fell_below_floor() {
+        step("the disk kept its floor of free space", Err(anyhow::anyhow!("{why}")), StepStart::now());
+    }
     if !go_on() {
         eprintln!("==> interrupted: the steps after the one that was running did not run");
     }
