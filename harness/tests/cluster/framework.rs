@@ -442,25 +442,8 @@ async fn selftest_binary() -> PathBuf {
                     ])
                     .current_dir(env!("CARGO_MANIFEST_DIR"))
                     .stderr(Stdio::inherit());
-                // Variables cargo sets for this test process only; inherited, they
-                // would make build scripts (ring's) rerun and rebuild half the tree.
-                for (name, _) in std::env::vars_os() {
-                    let name = name.to_string_lossy();
-                    if name.starts_with("CARGO_PKG_")
-                        || name.starts_with("CARGO_BIN_")
-                        || [
-                            "CARGO_MANIFEST_DIR",
-                            "CARGO_MANIFEST_PATH",
-                            "CARGO_CRATE_NAME",
-                            "CARGO_PRIMARY_PACKAGE",
-                            "CARGO_TARGET_TMPDIR",
-                            "CARGO_RUSTC_CURRENT_DIR",
-                            "OUT_DIR",
-                        ]
-                        .contains(&name.as_ref())
-                    {
-                        cargo.env_remove(name.as_ref());
-                    }
+                for name in crate::cargo_env::test_only_vars() {
+                    cargo.env_remove(name);
                 }
                 let output = cargo.output().unwrap();
                 assert!(output.status.success(), "building the framework_selftest example failed");

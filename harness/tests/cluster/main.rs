@@ -7,6 +7,7 @@ mod common;
 #[path = "../tunnel_support/mod.rs"]
 mod tunnel_support;
 
+mod cargo_env;
 mod driver;
 mod faults;
 mod framework;

@@ -36,11 +36,13 @@ async fn restart_kubelet(node: &str) -> Result<(), String> {
         "DRA_E2E_RESTART_KUBELET is not set: give the command that restarts a node's kubelet, with {node} for the node (`cargo xtask cluster restart kubelet-{node}` on the local cluster)".to_owned()
     })?;
     let command = template.replace("{node}", node);
-    let status = tokio::process::Command::new("sh")
-        .args(["-c", &command])
-        .status()
-        .await
-        .map_err(|e| format!("cannot run {command:?}: {e}"))?;
+    // `cargo xtask …` from here must not see the variables cargo set for this test.
+    let mut restart = tokio::process::Command::new("sh");
+    for name in crate::cargo_env::test_only_vars() {
+        restart.env_remove(name);
+    }
+    let status =
+        restart.args(["-c", &command]).status().await.map_err(|e| format!("cannot run {command:?}: {e}"))?;
     if !status.success() {
         return Err(format!("{command:?} failed ({status})"));
     }
