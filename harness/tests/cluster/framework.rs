@@ -434,8 +434,11 @@ async fn selftest_binary() -> PathBuf {
                 cargo
                     .args([
                         "build",
-                        "-p",
-                        "harness",
+                        // The workspace's feature unification, as every other build of the
+                        // run: `-p harness` alone would build the harness library with other
+                        // dependencies, and the next workspace build would rebuild it and
+                        // everything above it.
+                        "--workspace",
                         "--example",
                         "framework_selftest",
                         "--message-format=json",
