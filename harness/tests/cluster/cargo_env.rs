@@ -1,7 +1,8 @@
 //! The variables cargo sets for a test process only. A cargo started from a test (a build, or
 //! `cargo xtask …`) must not inherit them: build scripts that track them (ring's tracks
 //! `CARGO_MANIFEST_DIR`) would run again and rebuild half the tree, and the next build outside
-//! the test would rebuild it back (about three minutes each on two cores).
+//! the test would rebuild it back (about 30 s each on two cores with incremental caches, about
+//! three minutes without).
 
 /// The names of the variables in this process's environment that cargo set for the test only.
 pub fn test_only_vars() -> Vec<String> {

@@ -8,7 +8,7 @@
 use std::{
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex,
+        Arc, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
@@ -85,7 +85,7 @@ pub struct DiskWatch {
     /// The lowest free space since the last [`DiskWatch::take_lowest`].
     lowest: Arc<AtomicU64>,
     /// The sentence that says the disk fell below the floor, once it did.
-    low: Arc<Mutex<Option<String>>>,
+    low: Arc<OnceLock<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -95,7 +95,7 @@ impl DiskWatch {
     pub fn start(paths: &[PathBuf], floor: u64, stop: Arc<AtomicBool>) -> Self {
         let filesystems = filesystems(paths);
         let lowest = Arc::new(AtomicU64::new(NONE));
-        let low = Arc::new(Mutex::new(None));
+        let low = Arc::new(OnceLock::new());
         let task = {
             let (filesystems, lowest, low) = (filesystems.clone(), lowest.clone(), low.clone());
             tokio::spawn(async move {
@@ -104,8 +104,7 @@ impl DiskWatch {
                     every.tick().await;
                     let Some((free, path)) = least_free(&filesystems) else { continue };
                     lowest.fetch_min(free, Ordering::SeqCst);
-                    let mut low = low.lock().unwrap_or_else(|e| e.into_inner());
-                    if free < floor && low.is_none() {
+                    if free < floor && low.get().is_none() {
                         let why = format!(
                             "the disk of {} has {} free, under the run's floor of {}: no further step starts \
                              (free space, for example an old target directory or ~/.cache/go-build, and run again)",
@@ -115,7 +114,7 @@ impl DiskWatch {
                         );
                         eprintln!("==> {why}");
                         stop.store(true, Ordering::SeqCst);
-                        *low = Some(why);
+                        let _ = low.set(why);
                     }
                 }
             })
@@ -145,7 +144,7 @@ impl DiskWatch {
 
     /// Why the run stopped starting steps, if the disk fell below the floor.
     pub fn fell_below_floor(&self) -> Option<String> {
-        self.low.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.low.get().cloned()
     }
 }
 
