@@ -1,5 +1,5 @@
 //! The run: scheduling and one spec's life (the runner, its tasks and their end), the clean-ups and
-//! deferred checks, artifacts, captured logs, phases, the order of specs and what each is doing now.
+//! deferred checks, what the specs of a run share, artifacts, captured logs, phases, the order of specs and what each is doing now.
 
 pub(crate) mod artifacts;
 pub(crate) mod capture;
@@ -11,5 +11,6 @@ pub(crate) mod order;
 pub(crate) mod panic;
 pub(crate) mod phases;
 pub(crate) mod runner;
+pub(crate) mod shared;
 pub(crate) mod spec_end;
 pub(crate) mod spec_tasks;

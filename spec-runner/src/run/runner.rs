@@ -29,6 +29,7 @@ use crate::{
     run::options::RunOptions,
     run::order,
     run::phases::{Phases, SetupMark},
+    run::shared::RunShared,
     run::spec_end::{
         Execution, body_outcome, stop_body, with_disruptions, with_failures, write_failure_files,
     },
@@ -55,6 +56,8 @@ struct Env {
     interrupt: CancellationToken,
     /// What happened to the cluster meanwhile, named in failed specs' messages.
     disruptions: Option<Disruptions>,
+    /// What the specs share, and what removes it when the run ends.
+    run_shared: Arc<RunShared>,
 }
 
 /// Runs the selected specs of `registry` against `backend`.
@@ -148,6 +151,7 @@ pub async fn run_with_backend(
         disruptions,
         options,
         interrupt,
+        run_shared: Arc::default(),
     });
     let (serial, parallel): (Vec<_>, Vec<_>) = specs.iter().cloned().partition(|s| s.info.runs_alone());
     let mut not_run = 0;
@@ -157,7 +161,8 @@ pub async fn run_with_backend(
         }
         let mut started_specs = HashSet::new();
         let round = Instant::now();
-        report.specs.extend(run_attempt(&env, &serial, &parallel, attempt, &mut started_specs).await);
+        let last = attempt == env.options.repeat;
+        report.specs.extend(run_attempt(&env, &serial, &parallel, attempt, last, &mut started_specs).await);
         report.round_times.push(round.elapsed());
         let reason = if env.interrupt.is_cancelled() {
             "not run: the run was interrupted"
@@ -183,6 +188,14 @@ pub async fn run_with_backend(
                 deferred: Vec::new(),
             });
         }
+    }
+    let problems = env.run_shared.finish().await;
+    if !problems.is_empty() {
+        let problems = problems.join("; ");
+        report.error = Some(match report.error.take() {
+            Some(e) => format!("{e}; {problems}"),
+            None => problems,
+        });
     }
     report.specs.sort_by_key(|s| (s.attempt, s.index));
     report.interrupted = env.interrupt.is_cancelled();
@@ -224,6 +237,7 @@ async fn run_attempt(
     serial: &[Arc<SpecDef>],
     parallel: &[Arc<SpecDef>],
     attempt: u32,
+    last: bool,
     started: &mut HashSet<usize>,
 ) -> Vec<SpecReport> {
     let procs = u32::try_from(env.options.procs.max(1)).unwrap_or(u32::MAX);
@@ -254,7 +268,16 @@ async fn run_attempt(
             run_tries(env.clone(), spec.clone(), attempt, slot, settled, queued),
         );
     }
-    tasks.finish().await;
+    // In the last attempt, once every slot is free again and no spec can be retried, no spec
+    // runs a body or a clean-up any more: the run-end clean-ups run beside the last deferred
+    // checks (the kubelet's 30 s before it wipes a departed driver's slices, say).
+    let run_ends = async {
+        if last && env.options.flake_attempts == 1 {
+            let _every_slot = semaphore.acquire_many(procs).await;
+            env.run_shared.run_ends().await;
+        }
+    };
+    tokio::join!(tasks.finish(), run_ends);
     tasks.reports
 }
 
@@ -537,6 +560,7 @@ async fn execute(
         artifacts_dir: dir.to_owned(),
         deadline,
         setup: setup_mark.clone(),
+        run: env.run_shared.clone(),
     });
 
     for hook in &env.hooks.before_each {

@@ -70,6 +70,7 @@ struct Inner {
     fail_now: CancellationToken,
     fail_message: Mutex<Option<String>>,
     setup: Arc<SetupMark>,
+    run: Arc<crate::run::shared::RunShared>,
 }
 
 tokio::task_local! {
@@ -110,6 +111,7 @@ pub(crate) struct CtxParts {
     pub(crate) artifacts_dir: PathBuf,
     pub(crate) deadline: Instant,
     pub(crate) setup: Arc<SetupMark>,
+    pub(crate) run: Arc<crate::run::shared::RunShared>,
 }
 
 impl Ctx {
@@ -133,6 +135,7 @@ impl Ctx {
                 fail_now: CancellationToken::new(),
                 fail_message: Mutex::new(None),
                 setup: p.setup,
+                run: p.run,
             }),
         }
     }
@@ -347,6 +350,25 @@ impl Ctx {
     /// last such mark, the `body` phase from there. A spec that never marks has no set-up phase.
     pub fn setup_done(&self) {
         self.inner.setup.mark();
+    }
+
+    /// The run's value of type `T`, shared by every spec of the run: made with `T::default()`
+    /// by the first spec that asks for it (so its first use does the work, e.g. creating
+    /// objects, and registers their removal with [`Ctx::defer_to_run_end`]).
+    pub fn run_shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        self.inner.run.get::<T>()
+    }
+
+    /// Registers a clean-up for the end of the run, for what a [`Ctx::run_shared`] value
+    /// created: it runs once no spec of the run can run a body or a clean-up any more (beside
+    /// the last deferred checks), also after an interrupt, last registered first, within
+    /// `timeout`; one that fails fails the run. Unlike [`Ctx::defer`] it does not run when this
+    /// spec ends.
+    pub fn defer_to_run_end<F>(&self, what: impl Into<String>, timeout: Duration, cleanup: F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.inner.run.push(what.into(), timeout, Box::pin(cleanup));
     }
 
     /// Adds files to this spec's artifacts if it fails (e.g. recorded gRPC calls).
