@@ -39,6 +39,23 @@ use crate::{
 pub const DRA_PORT: u16 = 9001;
 /// The pod port of the registration socket's proxy.
 pub const REGISTRATION_PORT: u16 = 9002;
+/// The pod ports of one plugin's two proxy processes: [`DRA_PORT`] and [`REGISTRATION_PORT`] in a
+/// driver's own proxy pod, others in a pod that several drivers share (see
+/// [`crate::driver`]'s shared proxy pods).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxyPorts {
+    /// The DRA socket's proxy.
+    pub dra: u16,
+    /// The registration socket's proxy.
+    pub registration: u16,
+}
+
+impl Default for ProxyPorts {
+    fn default() -> Self {
+        ProxyPorts { dra: DRA_PORT, registration: REGISTRATION_PORT }
+    }
+}
+
 /// The kubelet's plugin directory; a driver's DRA socket is `<this>/<driver>/dra.sock`.
 pub const PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 /// The kubelet's plugin registry directory; a driver's registration socket is
@@ -210,6 +227,8 @@ pub struct ProxiedPluginSpec {
     /// Forward mode: pass the DRA and health calls on to this target (see
     /// [`PluginBuilder::forward`](crate::plugin::PluginBuilder::forward)); `None`: serve them.
     pub forward: Option<Forward>,
+    /// The pod ports of the two proxy processes ([`ProxyPorts::default`] in a driver's own pod).
+    pub ports: ProxyPorts,
 }
 
 impl fmt::Debug for ProxiedPluginSpec {
@@ -249,8 +268,17 @@ pub struct ProxiedPlugin {
 impl ProxiedPlugin {
     /// Starts the proxy processes, the tunnels and the plugin.
     pub async fn start(spec: ProxiedPluginSpec) -> Result<ProxiedPlugin, ProxiedError> {
-        let ProxiedPluginSpec { client, pod, plugin: config, claims, calls, health, claim_state, forward } =
-            spec;
+        let ProxiedPluginSpec {
+            client,
+            pod,
+            plugin: config,
+            claims,
+            calls,
+            health,
+            claim_state,
+            forward,
+            ports,
+        } = spec;
         let pod = PodRef::from_pod(&pod)?;
         let driver = config.driver_name.clone();
         let (dra, registration) = sockets(&config);
@@ -281,10 +309,10 @@ impl ProxiedPlugin {
         let watch = PodWatch::start(client.clone(), pod.clone());
         let mut sockets = Vec::new();
         let paths = (dra.clone(), registration.clone());
-        let registration_proxy = ProxyProcessConfig::new(registration, REGISTRATION_PORT).after_socket(&dra);
-        let dra_proxy = ProxyProcessConfig::new(dra, DRA_PORT);
+        let registration_proxy = ProxyProcessConfig::new(registration, ports.registration).after_socket(&dra);
+        let dra_proxy = ProxyProcessConfig::new(dra, ports.dra);
         for (config, port, sender) in
-            [(dra_proxy, DRA_PORT, dra_tx), (registration_proxy, REGISTRATION_PORT, reg_tx)]
+            [(dra_proxy, ports.dra, dra_tx), (registration_proxy, ports.registration, reg_tx)]
         {
             let dialer = PortForwardDialer::new(client.clone(), pod.clone(), port);
             let tunnel = Tunnel::start(Arc::new(dialer), sender, tunnel_config.clone());

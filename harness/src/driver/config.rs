@@ -107,6 +107,10 @@ pub struct DriverConfig {
     ///
     /// [`SliceController`]: crate::slice_controller::SliceController
     pub reconcile_pool: Option<String>,
+    /// Deploy the driver's own proxy ReplicaSet even where it could use the run's shared proxy
+    /// pods (see [`DriverConfig::shares_proxy_pods`]): for specs that act on the proxy pods
+    /// (delete one and watch the plugin move to its replacement, say).
+    pub own_proxy_pods: bool,
 }
 
 impl DriverConfig {
@@ -133,6 +137,7 @@ impl DriverConfig {
             replacement_timeout: PROXY_REPLACEMENT_TIMEOUT,
             device_metadata: None,
             reconcile_pool: None,
+            own_proxy_pods: false,
         }
     }
 
@@ -220,6 +225,28 @@ impl DriverConfig {
         self.image = image.into();
         self
     }
+
+    /// Sets [`DriverConfig::own_proxy_pods`].
+    pub fn own_proxy_pods(mut self, on: bool) -> Self {
+        self.own_proxy_pods = on;
+        self
+    }
+
+    /// Whether the plugins run in the run's shared proxy pods (one per node, started by the
+    /// first driver that needs it and kept until the run ends) instead of a ReplicaSet of the
+    /// driver's own. Drivers with kubelet share them unless they need a pod of their own: a
+    /// second instance of a driver or a rolling update (sockets and pod UIDs per instance),
+    /// forward mode (it looks at its pod), another image or kubelet root directory, or
+    /// [`DriverConfig::own_proxy_pods`].
+    pub fn shares_proxy_pods(&self) -> bool {
+        self.with_kubelet
+            && !self.own_proxy_pods
+            && !self.rolling_update
+            && self.instance_suffix.is_empty()
+            && self.forward.is_none()
+            && self.image == DEFAULT_PROXY_IMAGE
+            && self.kubelet_root_dir == DEFAULT_KUBELET_ROOT_DIR
+    }
 }
 
 #[cfg(test)]
@@ -248,6 +275,18 @@ mod tests {
         // sha256("abc") starts with ba7816bf8f01cfea.
         assert_eq!(deployment_id(&"abc".repeat(14), "").len(), 20);
         assert_eq!(service_account_name("x"), "dra-kubelet-plugin-x-service-account");
+    }
+
+    #[test]
+    fn only_plain_kubelet_drivers_share_proxy_pods() {
+        let plain = || DriverConfig::kubelet(crate::driver::resources::node_local(1));
+        assert!(plain().shares_proxy_pods());
+        assert!(!DriverConfig::control_plane(crate::driver::resources::node_local(1)).shares_proxy_pods());
+        assert!(!plain().own_proxy_pods(true).shares_proxy_pods());
+        assert!(!plain().rolling_update(true).shares_proxy_pods());
+        assert!(!plain().instance_suffix("-new").shares_proxy_pods());
+        assert!(!plain().image("other:1").shares_proxy_pods());
+        assert!(!plain().kubelet_root_dir("/var/lib/k").shares_proxy_pods());
     }
 
     #[test]

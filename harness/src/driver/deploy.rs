@@ -194,6 +194,16 @@ pub(super) async fn scale_proxy_down(
     Ok(())
 }
 
+/// Whether `pod` runs (phase `Running`) and is ready (condition `Ready`).
+pub(super) fn is_running_and_ready(pod: &Pod) -> bool {
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") && ready
+}
+
 pub(super) fn available_replicas(rs: &ReplicaSet) -> i32 {
     rs.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0)
 }

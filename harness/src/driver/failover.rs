@@ -65,16 +65,10 @@ fn pod_display(pod: &Pod) -> String {
 /// Whether `pod` may replace the lost pod `lost_uid` on `node`: another pod, on that node, not
 /// being deleted, running and ready.
 fn is_replacement(pod: &Pod, node: &str, lost_uid: Option<&str>) -> bool {
-    let ready = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
     pod.metadata.uid.as_deref() != lost_uid
         && pod.metadata.deletion_timestamp.is_none()
         && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
-        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        && ready
+        && is_running_and_ready(pod)
 }
 
 /// RFC 3339 UTC of `t` (seconds).
@@ -134,6 +128,10 @@ impl Driver {
                 };
                 let Some(gone) = gone else { return };
                 let reason = gone.await;
+                if let Some(shared) = &this.inner.shared {
+                    ctx.fail_now(this.lost_shared_pod(shared, &node, &reason));
+                    return;
+                }
                 if let Err(message) = this.move_plugin(&node, reason).await {
                     ctx.fail_now(message);
                     return;
@@ -141,6 +139,20 @@ impl Driver {
             }
         });
         *lock(&state.supervisor) = Some(tokio_util::task::AbortOnDropHandle::new(task));
+    }
+
+    /// A shared proxy pod was lost: nothing replaces it within the spec, so the run's next
+    /// driver on the node starts another one. Returns the spec's failure.
+    fn lost_shared_pod(&self, shared: &SharedProxies, node: &str, reason: &str) -> String {
+        let Some(state) = self.inner.per_node.get(node) else { return reason.to_owned() };
+        let lost = lock(&state.pod).clone().unwrap_or_default();
+        shared.forget(node, lost.metadata.uid.as_deref());
+        format!(
+            "shared proxy pod {} on node {node}, which the kubelet plugin of driver {} used, was lost at {} ({reason})",
+            pod_display(&lost),
+            self.inner.name,
+            rfc3339(SystemTime::now())
+        )
     }
 
     /// Moves the plugin of `node` from its lost pod to the replacement: stops the plugin of the

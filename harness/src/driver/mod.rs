@@ -4,9 +4,10 @@
 //!
 //! Two modes:
 //! - **with kubelet** ([`DriverConfig::kubelet`]): RBAC and policy from
-//!   `manifests/plugin-permissions.yaml`, the proxy ReplicaSet pinned to the chosen nodes, one
-//!   [`ProxiedPlugin`] per pod acting as the pod's ServiceAccount, registration with each
-//!   node's kubelet awaited;
+//!   `manifests/plugin-permissions.yaml`, one [`ProxiedPlugin`] per node acting as the driver's
+//!   ServiceAccount bound to its proxy pod, registration with each node's kubelet awaited. The
+//!   proxy pods are the run's shared ones (one per node, see [`DriverConfig::shares_proxy_pods`]),
+//!   or a ReplicaSet of the driver's own pinned to the chosen nodes, as upstream deploys;
 //! - **without kubelet** ([`DriverConfig::control_plane`]): only ResourceSlices (and RBAC and
 //!   policy if asked for with [`DriverConfig::rbac`]); no pods, no plugins. For specs that
 //!   need only the API server, scheduler and controllers.
@@ -21,15 +22,21 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A proxy pod that goes away while the spec runs (deleted, evicted) is replaced by its
-//! ReplicaSet, and the node's plugin moves to the replacement: see [`Driver::proxy_moves`] and
-//! [`PROXY_REPLACEMENT_TIMEOUT`] (without a ready replacement in time the spec fails at once).
+//! A proxy pod of the driver's own that goes away while the spec runs (deleted, evicted) is
+//! replaced by its ReplicaSet, and the node's plugin moves to the replacement: see
+//! [`Driver::proxy_moves`] and [`PROXY_REPLACEMENT_TIMEOUT`] (without a ready replacement in time
+//! the spec fails at once). A shared proxy pod that goes away fails the spec at once.
+//!
+//! The proxy pods of a driver's own ReplicaSet are ones the driver waits for on every start
+//! (about a second) and a later serial spec waits to be gone; the shared ones start once per
+//! node and run: see `shared_proxy.rs`.
 //!
 //! Teardown is registered on the [`Ctx`] while setting up, so it runs in reverse order also
 //! after a failed set-up: stop the plugins, scale the proxy pods to zero, delete RBAC and policy,
 //! delete the driver's slices when no kubelet will, then wait until every slice of the driver is
 //! gone.
 
+mod artifacts;
 mod config;
 mod deploy;
 mod error;
@@ -42,17 +49,16 @@ mod republish;
 pub mod resources;
 mod setup;
 mod shared_claims;
+mod shared_proxy;
 mod teardown;
 
 use std::{
     collections::BTreeMap,
     fmt,
-    path::Path,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
-use async_trait::async_trait;
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
     apps::v1::ReplicaSet,
@@ -79,14 +85,14 @@ pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
 
-use self::{deploy::*, error::api_error};
+use self::{artifacts::DriverArtifacts, deploy::*, error::api_error, shared_proxy::SharedProxies};
 
 use crate::{
     calls::{CallLog, Calls, FaultGuard, Method},
-    framework::{ArtifactSource, Ctx},
+    framework::Ctx,
     manifests::{self, INSTANCE_LABEL},
     plugin::{ClaimId, HealthState, KubeClaims, MetadataConfig, PluginConfig},
-    proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec},
+    proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec, ProxyPorts},
     wait::{self, Attempt, Verdict, WaitError},
 };
 
@@ -131,6 +137,11 @@ struct Inner {
     deployment_id: String,
     service_account: Option<String>,
     per_node: BTreeMap<String, NodeState>,
+    /// The run's shared proxy pods, when the plugins run in them (see
+    /// [`DriverConfig::shares_proxy_pods`]).
+    shared: Option<Arc<SharedProxies>>,
+    /// The pod ports of each node's two proxy processes.
+    ports: ProxyPorts,
 }
 
 /// A running test driver. Cheap to clone; clones are the same driver.
@@ -146,41 +157,6 @@ impl fmt::Debug for Driver {
             .field("nodes", &self.inner.nodes.names())
             .field("with_kubelet", &self.inner.config.with_kubelet)
             .finish_non_exhaustive()
-    }
-}
-
-/// Writes the driver's ResourceSlices and each node's recorded gRPC calls into a failed spec's
-/// artifacts.
-struct DriverArtifacts {
-    name: String,
-    driver: String,
-    client: kube::Client,
-    calls: Vec<(String, Calls)>,
-}
-
-#[async_trait]
-impl ArtifactSource for DriverArtifacts {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn collect(&self, dir: &Path) -> anyhow::Result<()> {
-        let slices = crate::suite::list_dra_objects(&self.client, "ResourceSlice", "resourceslices", None)
-            .await
-            .map(|slices| {
-                let ours = |s: &kube::api::DynamicObject| {
-                    s.data.pointer("/spec/driver").and_then(|d| d.as_str()) == Some(self.driver.as_str())
-                };
-                slices.into_iter().filter(ours).collect::<Vec<_>>()
-            });
-        let slices = crate::framework::write_list(dir, "resourceslices.yaml", slices).await;
-        for (node, calls) in &self.calls {
-            let log: CallLog = calls.log();
-            tokio::fs::write(dir.join(format!("grpc-calls-{node}.json")), serde_json::to_vec_pretty(&log)?)
-                .await?;
-            tokio::fs::write(dir.join(format!("grpc-calls-{node}.txt")), log.to_string()).await?;
-        }
-        slices.map_err(|e| anyhow::anyhow!(e))
     }
 }
 
@@ -292,85 +268,69 @@ impl Driver {
         };
 
         let rs_name = format!("dra-test-driver{}{}", config.name_suffix, config.instance_suffix);
-        let proxy_pods = async {
-            if !config.with_kubelet {
-                return Ok(BTreeMap::new());
+        let shared = config.shares_proxy_pods().then(|| ctx.run_shared::<SharedProxies>());
+        let ports = shared.as_ref().map(|s| s.ports()).unwrap_or_default();
+        // RBAC and the admission policy take effect while the proxy pods start and the kubelets
+        // register the plugins: only publishing needs them.
+        let probe = match (&service_account, nodes.names().first()) {
+            (Some(sa), Some(node)) => {
+                let probe_pod = format!("{rs_name}-permission-probe");
+                let identity = Impersonation::kubelet_plugin(&namespace, sa, node, &probe_pod, &random_uid())
+                    .client(&admin)?;
+                Some((identity, name.clone(), node.clone()))
             }
-            let sa = service_account.clone().unwrap_or_default();
-            deploy_proxy(ctx, &admin, &namespace, &name, &rs_name, nodes, &config, &sa).await
+            _ => None,
         };
-        // RBAC and the admission policy take effect while the proxy pods start.
-        let permissions = async {
-            let (Some(sa), Some(node)) = (&service_account, nodes.names().first()) else { return Ok(()) };
-            let probe_pod = format!("{rs_name}-permission-probe");
-            let identity = Impersonation::kubelet_plugin(&namespace, sa, node, &probe_pod, &random_uid())
-                .client(&admin)?;
-            Driver::wait_permissions_effective(identity, &name, node).await
+        let permissions = async move {
+            let Some((identity, driver, node)) = probe else { return Ok(()) };
+            Driver::wait_permissions_effective(identity, &driver, &node).await
         };
-        let (pods, ()) = futures::try_join!(proxy_pods, permissions)?;
-
-        let mut per_node = BTreeMap::new();
-        for node in nodes.names() {
-            let pod = pods.get(node).cloned();
-            let client = match &service_account {
-                Some(sa) => {
-                    let (pod_name, pod_uid) = match &pod {
-                        Some(p) => (
-                            p.metadata.name.clone().unwrap_or_default(),
-                            p.metadata.uid.clone().unwrap_or_default(),
-                        ),
-                        // No pod without kubelet: an identity as if there was one.
-                        None => (format!("{rs_name}-{}", node.replace('.', "-")), random_uid()),
-                    };
-                    Some(
-                        Impersonation::kubelet_plugin(&namespace, sa, node, &pod_name, &pod_uid)
-                            .client(&admin)?,
-                    )
+        let deploy = async {
+            let pods = match &shared {
+                _ if !config.with_kubelet => BTreeMap::new(),
+                Some(shared) => shared.pods(ctx, nodes.names(), &config).await?,
+                None => {
+                    let sa = service_account.clone().unwrap_or_default();
+                    deploy_proxy(ctx, &admin, &namespace, &name, &rs_name, nodes, &config, &sa).await?
                 }
-                None => None,
             };
-            per_node.insert(
-                node.clone(),
-                NodeState {
-                    calls: calls.get(node).cloned().unwrap_or_default(),
-                    health: HealthState::new(),
-                    client,
-                    pod: Mutex::new(pod),
-                    plugin: Mutex::new(None),
-                    claims: Mutex::new(None),
-                    plugin_config: Mutex::new(None),
-                    supervisor: Mutex::new(None),
-                    moves: Mutex::new(Vec::new()),
-                },
-            );
-        }
-
-        let driver = Driver {
-            inner: Arc::new(Inner {
-                name,
-                namespace,
-                config,
-                nodes: nodes.clone(),
-                admin,
-                stream: ctx.stream_client().clone(),
-                deployment_id: id,
-                service_account,
-                per_node,
-            }),
+            let per_node = node_states(&NodeIdentity {
+                admin: &admin,
+                namespace: &namespace,
+                service_account: service_account.as_deref(),
+                rs_name: &rs_name,
+                nodes: nodes.names(),
+                pods: &pods,
+                calls: &calls,
+            })?;
+            let driver = Driver {
+                inner: Arc::new(Inner {
+                    name,
+                    namespace,
+                    config,
+                    nodes: nodes.clone(),
+                    admin,
+                    stream: ctx.stream_client().clone(),
+                    deployment_id: id,
+                    service_account,
+                    per_node,
+                    shared,
+                    ports,
+                }),
+            };
+            if driver.inner.config.with_kubelet {
+                driver.start_plugins(ctx).await?;
+                // Devices only once every kubelet knows the plugin. A pod waiting for devices is
+                // scheduled about a second after they appear; a kubelet that gets it before the
+                // plugin registered refuses it ("DRA driver … is not registered") and tries
+                // again only at the pod's next resync, 60-90 s later (its sync ends without an
+                // error). Upstream's plugin serves its registration socket before it publishes,
+                // so it registers first.
+                driver.wait_registered().await?;
+            }
+            Ok::<_, DriverError>(driver)
         };
-
-        if driver.inner.config.with_kubelet {
-            driver.start_plugins(ctx).await?;
-        }
-
-        // Devices only once every kubelet knows the plugin. A pod waiting for devices is
-        // scheduled about a second after they appear; a kubelet that gets it before the plugin
-        // registered refuses it ("DRA driver … is not registered") and tries again only at the
-        // pod's next resync, 60-90 s later (its sync ends without an error). Upstream's plugin
-        // serves its registration socket before it publishes, so it registers first.
-        if driver.inner.config.with_kubelet {
-            driver.wait_registered().await?;
-        }
+        let ((), driver) = futures::try_join!(permissions, deploy)?;
         driver.publish_node_local(&resources).await?;
         if driver.inner.config.with_kubelet {
             driver.republish_on_registration(ctx, &resources);
@@ -557,6 +517,58 @@ impl Driver {
     pub async fn wait_gone(&self, timeout: Duration) -> Result<(), WaitError> {
         wait_slices_gone(&Api::all(self.inner.admin.clone()), &self.inner.name, timeout).await
     }
+}
+
+/// What the per-node state of a driver is made from.
+struct NodeIdentity<'a> {
+    admin: &'a kube::Client,
+    namespace: &'a str,
+    service_account: Option<&'a str>,
+    rs_name: &'a str,
+    nodes: &'a [String],
+    pods: &'a BTreeMap<String, Pod>,
+    calls: &'a BTreeMap<String, Calls>,
+}
+
+/// Each node's state: its call log, its proxy pod (with kubelet) and, with RBAC, the plugin's
+/// client, which acts as the driver's ServiceAccount bound to that pod and node.
+fn node_states(p: &NodeIdentity<'_>) -> Result<BTreeMap<String, NodeState>, DriverError> {
+    let mut per_node = BTreeMap::new();
+    for node in p.nodes {
+        let pod = p.pods.get(node).cloned();
+        let client = match p.service_account {
+            Some(sa) => {
+                let (pod_name, pod_uid) = match &pod {
+                    Some(pod) => (
+                        pod.metadata.name.clone().unwrap_or_default(),
+                        pod.metadata.uid.clone().unwrap_or_default(),
+                    ),
+                    // No pod without kubelet: an identity as if there was one.
+                    None => (format!("{}-{}", p.rs_name, node.replace('.', "-")), random_uid()),
+                };
+                Some(
+                    Impersonation::kubelet_plugin(p.namespace, sa, node, &pod_name, &pod_uid)
+                        .client(p.admin)?,
+                )
+            }
+            None => None,
+        };
+        per_node.insert(
+            node.clone(),
+            NodeState {
+                calls: p.calls.get(node).cloned().unwrap_or_default(),
+                health: HealthState::new(),
+                client,
+                pod: Mutex::new(pod),
+                plugin: Mutex::new(None),
+                claims: Mutex::new(None),
+                plugin_config: Mutex::new(None),
+                supervisor: Mutex::new(None),
+                moves: Mutex::new(Vec::new()),
+            },
+        );
+    }
+    Ok(per_node)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -3,7 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::NodeAffinity};
+use k8s_openapi::{
+    api::{
+        apps::v1::ReplicaSet,
+        core::v1::{NodeAffinity, Pod},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use serde_json::json;
 
 use crate::manifests::{INSTANCE_LABEL, ManifestError, proxy_replicaset};
@@ -31,6 +37,14 @@ pub struct ProxyParams<'a> {
 pub fn plugin_data_dir(kubelet_root_dir: &str, driver: &str) -> String {
     format!("{}/plugins/{driver}", kubelet_root_dir.trim_end_matches('/'))
 }
+
+/// The kubelet's plugin directory, every driver's data directory in it: `<kubelet root>/plugins`.
+pub fn plugins_dir(kubelet_root_dir: &str) -> String {
+    format!("{}/plugins", kubelet_root_dir.trim_end_matches('/'))
+}
+
+/// The value of the instance label of the shared proxy pods.
+pub const SHARED_INSTANCE: &str = "dra-e2e-shared-proxy";
 
 /// The kubelet's plugin registry directory: `<kubelet root>/plugins_registry`.
 pub fn registry_dir(kubelet_root_dir: &str) -> String {
@@ -104,6 +118,52 @@ pub fn replicaset(p: &ProxyParams<'_>) -> Result<ReplicaSet, ManifestError> {
     Ok(rs)
 }
 
+/// A proxy pod that the drivers of a run share on `node`: the ReplicaSet's pod template with
+/// the kubelet's whole plugin directory mounted (each driver's data directory is created by its
+/// proxy process), the instance label [`SHARED_INSTANCE`], required node affinity on `node`, no
+/// anti-affinity, and the namespace's default ServiceAccount without a token (the plugins act as
+/// their own driver's ServiceAccount, see [`super::Impersonation::kubelet_plugin`]).
+pub fn shared_pod(node: &str, image: &str, kubelet_root_dir: &str) -> Result<Pod, ManifestError> {
+    let nodes = [node.to_owned()];
+    let rs = replicaset(&ProxyParams {
+        name_suffix: "",
+        instance: SHARED_INSTANCE,
+        driver: "",
+        nodes: &nodes,
+        service_account: "default",
+        image,
+        kubelet_root_dir,
+    })?;
+    let broken =
+        |reason: &str| ManifestError::Parse { index: 0, kind: "ReplicaSet", reason: reason.to_owned() };
+    let template = rs.spec.template.ok_or_else(|| broken("no pod template"))?;
+    let mut spec = template.spec.ok_or_else(|| broken("no pod template spec"))?;
+    let plugins = plugins_dir(kubelet_root_dir);
+    if let Some(m) =
+        spec.containers.first_mut().and_then(|c| c.volume_mounts.as_mut()).and_then(|m| m.get_mut(0))
+    {
+        m.mount_path = plugins.clone();
+    }
+    if let Some(hp) = spec.volumes.as_mut().and_then(|v| v.get_mut(0)).and_then(|v| v.host_path.as_mut()) {
+        hp.path = plugins;
+    }
+    if let Some(affinity) = spec.affinity.as_mut() {
+        affinity.pod_anti_affinity = None;
+    }
+    spec.service_account_name = None;
+    spec.automount_service_account_token = Some(false);
+    let base = rs.metadata.name.unwrap_or_default();
+    Ok(Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{base}-shared-")),
+            labels: template.metadata.and_then(|m| m.labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        ..Pod::default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +216,31 @@ mod tests {
             paths,
             ["/var/lib/kubelet/plugins/ns.k8s.io", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"]
         );
+    }
+
+    #[test]
+    fn a_shared_pod_mounts_the_whole_plugin_directory_on_its_node() {
+        let pod = shared_pod("n1", "img:1", "/var/lib/kubelet/").unwrap();
+        assert_eq!(pod.metadata.generate_name.as_deref(), Some("dra-test-driver-shared-"));
+        assert_eq!(pod.metadata.labels.as_ref().unwrap()[INSTANCE_LABEL], SHARED_INSTANCE);
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.service_account_name, None);
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let affinity = spec.affinity.unwrap();
+        assert!(affinity.pod_anti_affinity.is_none());
+        let required =
+            affinity.node_affinity.unwrap().required_during_scheduling_ignored_during_execution.unwrap();
+        assert_eq!(
+            required.node_selector_terms[0].match_expressions.as_ref().unwrap()[0].values.as_deref().unwrap(),
+            ["n1"]
+        );
+        let c = &spec.containers[0];
+        assert_eq!(c.image.as_deref(), Some("img:1"));
+        let mounts: Vec<_> =
+            c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+        assert_eq!(mounts, ["/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/cdi"]);
+        let paths: Vec<_> =
+            spec.volumes.unwrap().iter().map(|v| v.host_path.as_ref().unwrap().path.clone()).collect();
+        assert_eq!(paths, ["/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"]);
     }
 }

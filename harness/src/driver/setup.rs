@@ -93,6 +93,7 @@ impl Driver {
             calls: state.calls.clone(),
             health: state.health.clone(),
             claim_state,
+            ports: inner.ports,
         })
         .await
         .map_err(|source| DriverError::Plugin {

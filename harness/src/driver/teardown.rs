@@ -5,7 +5,8 @@ use super::*;
 impl Driver {
     /// Upstream's `TearDown` in the middle of a spec (e.g. to replace this instance by another
     /// one of the same driver): stops every node's plugin, so that its sockets go away and the
-    /// kubelets unregister it, then scales the proxy pods to zero. RBAC, policy and the
+    /// kubelets unregister it, then scales its own proxy pods to zero (shared ones stay for the
+    /// run's other drivers). RBAC, policy and the
     /// ResourceSlices stay; the teardown registered by [`Driver::start`] still runs at the end
     /// and finds nothing left to stop. Without kubelet this does nothing.
     pub async fn stop(&self) -> Result<(), DriverError> {

@@ -44,7 +44,9 @@ stop_matching() {
 }
 "#;
 
-/// `$1` binary, `$2` verbosity, `$3` socket, `$4` proxy endpoint, `$5` a socket to wait for
+/// `$1` binary, `$2` verbosity, `$3` socket (its directory is created when missing: a pod that
+/// several drivers share mounts the kubelet's whole plugin directory), `$4` proxy endpoint, `$5`
+/// a socket to wait for
 /// first (empty: none), looked for every 20 ms, at most 250 times (about 5 s): shorter than
 /// [`START_GRACE`], so a stop during the wait still sees the start marker and kills the proxy.
 /// The script's own arguments never contain `--endpoint=<socket>` as one word, so it cannot
@@ -66,6 +68,7 @@ if [ -z "$pid" ]; then
     while [ ! -S "$5" ] && [ "$i" -lt 250 ]; do i=$((i+1)); sleep 0.02; done
     [ -S "$5" ] || echo "$5 did not appear within 5s; starting anyway" >&2
   fi
+  mkdir -p "${3%/*}"
   (trap '' PIPE; exec "$1" "--v=$2" "--endpoint=$3" "--proxy-endpoint=$4") &
   pid=$!
 fi

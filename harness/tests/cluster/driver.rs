@@ -18,6 +18,8 @@ use harness::{
 };
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+    apps::v1::ReplicaSet,
+    authentication::v1::SelfSubjectReview,
     core::v1::{Namespace, Pod},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
     resource::v1::{DeviceClass, ResourceSlice},
@@ -207,7 +209,8 @@ async fn kubelet_body(ctx: Ctx, created: Created) -> SpecResult {
     ] {
         created.add(kind, name);
     }
-    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    let config = DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true);
+    let driver = Driver::start(&ctx, &nodes, config).await?;
     let node = nodes.names()[0].clone();
 
     // One proxy pod per node, with the plugin directory at the same path as on the node.
@@ -256,6 +259,78 @@ async fn kubelet_body(ctx: Ctx, created: Created) -> SpecResult {
     )
     .await?;
     Ok(())
+}
+
+/// Two drivers on one node: their plugins run in the run's one shared proxy pod of the node,
+/// outside the spec's namespace, each on ports of its own and as its own ServiceAccount.
+async fn shared_body(ctx: Ctx, created: Created) -> SpecResult {
+    let nodes = Nodes::select(&ctx, 1, 1).await?;
+    let node = nodes.names()[0].clone();
+    let first = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    record_driver(&created, &ctx, &first);
+    let second =
+        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1)).name_suffix("-second"))
+            .await?;
+    record_driver(&created, &ctx, &second);
+    let pod = first.proxy_pod(&node).unwrap();
+    assert_eq!(second.proxy_pod(&node).unwrap().uid(), pod.uid(), "one shared pod per node");
+    let shared_namespace = pod.namespace().unwrap();
+    assert!(shared_namespace.starts_with("dra-e2e-proxies-"), "{shared_namespace}");
+    // Removed when the run ends.
+    created.add("Namespace", shared_namespace);
+    let own = Api::<ReplicaSet>::namespaced(ctx.client().clone(), ctx.namespace())
+        .list(&ListParams::default())
+        .await?;
+    assert!(own.items.is_empty(), "no ReplicaSet of the drivers' own: {:?}", own.items);
+    let mounts: Vec<_> = pod.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| m.mount_path.clone())
+        .collect();
+    assert_eq!(mounts[0], "/var/lib/kubelet/plugins");
+    assert!(first.is_registered(&node) && second.is_registered(&node));
+    // Each plugin acts as its own driver's ServiceAccount, bound to the shared pod on its node.
+    for driver in [&first, &second] {
+        let client = driver.client(&node).unwrap().clone();
+        let review = Api::<SelfSubjectReview>::all(client)
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await?;
+        let user = review.status.and_then(|s| s.user_info).unwrap();
+        let sa = format!("system:serviceaccount:{}:{}", ctx.namespace(), driver.service_account().unwrap());
+        assert_eq!(user.username.as_deref(), Some(sa.as_str()));
+        let extra = user.extra.unwrap();
+        assert_eq!(extra["authentication.kubernetes.io/pod-name"], [pod.name_any()]);
+        assert_eq!(extra["authentication.kubernetes.io/pod-uid"], [pod.uid().unwrap()]);
+        assert_eq!(extra["authentication.kubernetes.io/node-name"], std::slice::from_ref(&node));
+    }
+
+    // A pod with a claim of the second driver runs, prepared by the second plugin only.
+    let b = Builder::start(&ctx, &second, Some(json!({"x": "y"}))).await?;
+    created.add("DeviceClass", b.class_name());
+    let (test_pod, template) = b.pod_inline();
+    b.create_template(&template).await?;
+    b.create_pod(&test_pod).await?;
+    b.test_pod(&test_pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
+    assert_eq!(second.calls(&node).count(harness::calls::Method::NodePrepareResources), 1);
+    assert_eq!(first.calls(&node).count(harness::calls::Method::NodePrepareResources), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster: run via cargo xtask test"]
+async fn kubelet_drivers_share_the_runs_proxy_pods_and_the_run_removes_them() {
+    let created = Created::default();
+    let c = created.clone();
+    let mut reg = Registry::new();
+    reg.describe("[driver]", |r| {
+        r.it("drivers sharing proxy pods", move |ctx: Ctx| shared_body(ctx, c.clone()));
+    });
+    let (report, output, client) = run(reg).await;
+    assert_eq!(report.failed(), 0, "{output}");
+    assert_eq!(report.passed(), 1, "{output}");
+    assert_nothing_left(&client, &created).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

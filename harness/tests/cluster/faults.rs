@@ -69,7 +69,9 @@ async fn proxy_pod_deleted_body(ctx: Ctx, created: Created) -> SpecResult {
     record(&created, &ctx);
     let nodes = Nodes::select(&ctx, 1, 1).await?;
     let node = nodes.names()[0].clone();
-    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    let driver =
+        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true))
+            .await?;
     let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
     created.add("DeviceClass", b.class_name());
     let calls = driver.calls(&node).clone();
@@ -194,7 +196,9 @@ async fn dropped_connections_body(ctx: Ctx, created: Created, api: String) -> Sp
     record(&created, &ctx);
     let nodes = Nodes::select(&ctx, 1, 1).await?;
     let node = nodes.names()[0].clone();
-    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(2))).await?;
+    let driver =
+        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(2)).own_proxy_pods(true))
+            .await?;
     let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
     created.add("DeviceClass", b.class_name());
     let calls = driver.calls(&node).clone();
@@ -264,7 +268,7 @@ async fn tunnels_and_proxies_come_back_after_their_connections_are_closed() {
 async fn not_replaced_body(ctx: Ctx, created: Created) -> SpecResult {
     record(&created, &ctx);
     let nodes = Nodes::select(&ctx, 1, 1).await?;
-    let mut config = DriverConfig::kubelet(resources::node_local(1));
+    let mut config = DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true);
     config.replacement_timeout = Duration::from_secs(10);
     Driver::start(&ctx, &nodes, config).await?;
     // Nothing replaces the pod: its ReplicaSet is scaled to zero and deletes it.
@@ -373,7 +377,9 @@ async fn lost_after_prepare_body(ctx: Ctx, created: Created) -> SpecResult {
     record(&created, &ctx);
     let nodes = Nodes::select(&ctx, 1, 1).await?;
     let node = nodes.names()[0].clone();
-    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    let driver =
+        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true))
+            .await?;
     let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
     created.add("DeviceClass", b.class_name());
     let calls = driver.calls(&node).clone();
@@ -444,7 +450,9 @@ async fn lost_during_unprepare_body(ctx: Ctx, created: Created) -> SpecResult {
     record(&created, &ctx);
     let nodes = Nodes::select(&ctx, 1, 1).await?;
     let node = nodes.names()[0].clone();
-    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1))).await?;
+    let driver =
+        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true))
+            .await?;
     let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
     created.add("DeviceClass", b.class_name());
     let calls = driver.calls(&node).clone();

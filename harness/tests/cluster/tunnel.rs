@@ -26,7 +26,7 @@ use harness::{
     calls::{Calls, Method},
     plugin::{ClaimState, HealthState, KubeletPlugin, Listener, MemoryClaims, PluginConfig, PluginListeners},
     podexec::{PodExec, PodFiles, ProxyProcess, ProxyProcessConfig, Runner},
-    proxied::{self, ProxiedPlugin, ProxiedPluginSpec},
+    proxied::{self, ProxiedPlugin, ProxiedPluginSpec, ProxyPorts},
     tunnel::{PodRef, PortForwardDialer, Tunnel, tunnel_client},
 };
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
@@ -419,6 +419,7 @@ async fn real_kubelet_registers_a_proxied_plugin() {
         health: HealthState::new(),
         claim_state: ClaimState::default(),
         forward: None,
+        ports: ProxyPorts::default(),
     };
 
     let proxied = ProxiedPlugin::start(spec()).await.unwrap();
