@@ -9,30 +9,15 @@ use std::{
     time::Duration,
 };
 
-use harness::framework::{
-    Ctx, FailureKind, Outcome, Output, Registry, RunOptions, RunReport, Selection, init_tracing,
-    run_with_backend,
-};
+use harness::framework::{Ctx, FailureKind, Outcome, Registry, RunReport};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 mod fake_cluster;
-use fake_cluster::{FakeCluster, Journal};
+use fake_cluster::{Journal, run_recorded};
 
 async fn run(reg: Registry, journal: &Journal, procs: usize, interrupt: CancellationToken) -> RunReport {
-    init_tracing();
-    let dir = tempfile::tempdir().unwrap();
-    let (output, _buffer) = Output::capture();
-    let options = RunOptions {
-        procs,
-        default_timeout: Duration::from_secs(30),
-        artifacts: dir.path().join("artifacts"),
-        output,
-        seed: Some(7),
-        ..RunOptions::default()
-    };
-    run_with_backend(reg, &Selection::all(), options, Arc::new(FakeCluster::recording(journal)), interrupt)
-        .await
+    run_recorded(reg, journal, procs, interrupt).await
 }
 
 /// The bodies that started, and a way to wait for a set of them.

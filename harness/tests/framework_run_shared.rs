@@ -12,29 +12,15 @@ use std::{
     time::Duration,
 };
 
-use harness::framework::{
-    Ctx, Output, Registry, RunOptions, RunReport, Selection, init_tracing, run_with_backend,
-};
+use harness::framework::{Ctx, Registry, RunReport};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 mod fake_cluster;
-use fake_cluster::{FakeCluster, Journal};
+use fake_cluster::{Journal, run_recorded};
 
 async fn run(reg: Registry, journal: &Journal, procs: usize) -> RunReport {
-    init_tracing();
-    let dir = tempfile::tempdir().unwrap();
-    let (output, _buffer) = Output::capture();
-    let options = RunOptions {
-        procs,
-        default_timeout: Duration::from_secs(30),
-        artifacts: dir.path().join("artifacts"),
-        output,
-        seed: Some(7),
-        ..RunOptions::default()
-    };
-    let backend = Arc::new(FakeCluster::recording(journal));
-    run_with_backend(reg, &Selection::all(), options, backend, CancellationToken::new()).await
+    run_recorded(reg, journal, procs, CancellationToken::new()).await
 }
 
 /// A run's shared value: how many specs used it, and whether its run-end clean-up is registered.

@@ -79,6 +79,31 @@ pub(crate) async fn assert_nothing_left(client: &Client, created: &Created) {
     }
 }
 
+/// Runs `body` as the one spec `[driver] name` of a run: it must pass, and nothing it recorded
+/// in its [`Created`] may be left after the run.
+async fn run_alone_and_check<F, Fut>(name: &str, body: F)
+where
+    F: Fn(Ctx, Created) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = SpecResult> + Send + 'static,
+{
+    let created = Created::default();
+    let c = created.clone();
+    let mut reg = Registry::new();
+    reg.describe("[driver]", |r| {
+        r.it(name, move |ctx: Ctx| body(ctx, c.clone()));
+    });
+    let (report, output, client) = run(reg).await;
+    assert_eq!(report.failed(), 0, "{output}");
+    assert_eq!(report.passed(), 1, "{output}");
+    assert_nothing_left(&client, &created).await;
+}
+
+/// The mount paths of a pod's first container.
+fn mount_paths(pod: &Pod) -> Vec<String> {
+    let mounts = pod.spec.as_ref().unwrap().containers[0].volume_mounts.as_ref().unwrap();
+    mounts.iter().map(|m| m.mount_path.clone()).collect()
+}
+
 /// Records the cluster-scoped objects of a driver with RBAC.
 fn record_driver(created: &Created, ctx: &Ctx, driver: &Driver) {
     let id = driver.deployment_id();
@@ -184,16 +209,7 @@ async fn control_plane_body(ctx: Ctx, created: Created) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
 async fn control_plane_driver_with_rbac_publishes_as_the_plugin_and_cleans_up() {
-    let created = Created::default();
-    let c = created.clone();
-    let mut reg = Registry::new();
-    reg.describe("[driver]", |r| {
-        r.it("control plane driver with RBAC", move |ctx: Ctx| control_plane_body(ctx, c.clone()));
-    });
-    let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
-    assert_nothing_left(&client, &created).await;
+    run_alone_and_check("control plane driver with RBAC", control_plane_body).await;
 }
 
 async fn kubelet_body(ctx: Ctx, created: Created) -> SpecResult {
@@ -220,13 +236,7 @@ async fn kubelet_body(ctx: Ctx, created: Created) -> SpecResult {
     assert_eq!(pods.items.len(), 1);
     let pod = &pods.items[0];
     assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(node.as_str()));
-    let mounts: Vec<_> = pod.spec.as_ref().unwrap().containers[0]
-        .volume_mounts
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|m| m.mount_path.clone())
-        .collect();
+    let mounts = mount_paths(pod);
     assert_eq!(mounts[0], format!("/var/lib/kubelet/plugins/{}", driver.name()));
     assert_eq!(driver.proxy_pod(&node).unwrap().name_any(), pod.name_any());
 
@@ -282,13 +292,7 @@ async fn shared_body(ctx: Ctx, created: Created) -> SpecResult {
         .list(&ListParams::default())
         .await?;
     assert!(own.items.is_empty(), "no ReplicaSet of the drivers' own: {:?}", own.items);
-    let mounts: Vec<_> = pod.spec.as_ref().unwrap().containers[0]
-        .volume_mounts
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|m| m.mount_path.clone())
-        .collect();
+    let mounts = mount_paths(&pod);
     assert_eq!(mounts[0], "/var/lib/kubelet/plugins");
     assert!(first.is_registered(&node) && second.is_registered(&node));
     // Each plugin acts as its own driver's ServiceAccount, bound to the shared pod on its node.
@@ -321,29 +325,11 @@ async fn shared_body(ctx: Ctx, created: Created) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
 async fn kubelet_drivers_share_the_runs_proxy_pods_and_the_run_removes_them() {
-    let created = Created::default();
-    let c = created.clone();
-    let mut reg = Registry::new();
-    reg.describe("[driver]", |r| {
-        r.it("drivers sharing proxy pods", move |ctx: Ctx| shared_body(ctx, c.clone()));
-    });
-    let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
-    assert_nothing_left(&client, &created).await;
+    run_alone_and_check("drivers sharing proxy pods", shared_body).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
 async fn kubelet_driver_deploys_proxy_pods_and_cleans_up() {
-    let created = Created::default();
-    let c = created.clone();
-    let mut reg = Registry::new();
-    reg.describe("[driver]", |r| {
-        r.it("kubelet driver", move |ctx: Ctx| kubelet_body(ctx, c.clone()));
-    });
-    let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
-    assert_nothing_left(&client, &created).await;
+    run_alone_and_check("kubelet driver", kubelet_body).await;
 }

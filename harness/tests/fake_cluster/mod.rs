@@ -9,9 +9,34 @@ use std::{
 
 use async_trait::async_trait;
 use harness::framework::{
-    ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, NamespaceRequest, NodeInfo, PreflightError,
-    SpecNamespace,
+    ArtifactRequest, ClusterBackend, ClusterError, ClusterInfo, NamespaceRequest, NodeInfo, Output,
+    PreflightError, Registry, RunOptions, RunReport, Selection, SpecNamespace, init_tracing,
+    run_with_backend,
 };
+use tokio_util::sync::CancellationToken;
+
+/// Runs `reg` at `-p procs` against a [`FakeCluster`] recording into `journal` (seed 7, specs'
+/// timeout 30 s, output captured and dropped).
+pub async fn run_recorded(
+    reg: Registry,
+    journal: &Journal,
+    procs: usize,
+    interrupt: CancellationToken,
+) -> RunReport {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (output, _buffer) = Output::capture();
+    let options = RunOptions {
+        procs,
+        default_timeout: Duration::from_secs(30),
+        artifacts: dir.path().join("artifacts"),
+        output,
+        seed: Some(7),
+        ..RunOptions::default()
+    };
+    run_with_backend(reg, &Selection::all(), options, Arc::new(FakeCluster::recording(journal)), interrupt)
+        .await
+}
 
 /// What the runner asked the backend for, in order: `create <ns>`, `delete <ns>`, `gone <ns>`.
 #[derive(Default, Clone)]
