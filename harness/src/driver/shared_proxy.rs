@@ -24,7 +24,10 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::{
+    api::core::v1::{Namespace, Pod},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::{
     Api,
     api::{DeleteParams, ListParams, PostParams},
@@ -108,8 +111,10 @@ impl SharedProxies {
             .get_or_try_init(|| async {
                 let name = format!("dra-e2e-proxies-{}", &random_uid()[..8]);
                 let api: Api<Namespace> = Api::all(ctx.client().clone());
-                let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))
-                    .unwrap_or_default();
+                let ns = Namespace {
+                    metadata: ObjectMeta { name: Some(name.clone()), ..ObjectMeta::default() },
+                    ..Namespace::default()
+                };
                 api.create(&PostParams::default(), &ns)
                     .await
                     .map_err(api_error(format!("create namespace {name} for the shared proxy pods")))?;

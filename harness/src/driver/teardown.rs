@@ -16,6 +16,10 @@ impl Driver {
         }
         tracing::info!(driver = %inner.name, instance = %inner.config.instance_suffix, "stopping driver");
         self.stop_plugins().await;
+        if inner.shared.is_some() {
+            // The run's shared pods stay for its other drivers.
+            return Ok(());
+        }
         let rs_api: Api<ReplicaSet> = Api::namespaced(inner.admin.clone(), &inner.namespace);
         let rs_name = format!("dra-test-driver{}{}", inner.config.name_suffix, inner.config.instance_suffix);
         scale_proxy_down(&rs_api, &rs_name, &inner.name).await
