@@ -3,8 +3,9 @@
 
 use super::*;
 
-/// Runs `command` in a container and collects stdout, stderr and the exit status (kube's
-/// `Api::exec`; stdout and stderr are drained and the status taken before joining).
+/// Runs `command` in a container and collects stdout, stderr and the exit status, within
+/// [`EXEC_TIMEOUT`]. Through [`PodExec`](crate::podexec::PodExec): a command whose stream broke
+/// (the node's kubelet restarted) ends at once and runs again, so `command` must only read.
 pub async fn exec(
     client: &kube::Client,
     namespace: &str,
@@ -12,47 +13,28 @@ pub async fn exec(
     container: &str,
     command: &[&str],
 ) -> Result<ExecOutput, BuilderError> {
-    let fail = |reason: String| BuilderError::Exec {
-        pod: format!("{namespace}/{pod}"),
+    use crate::podexec::{ExitStatus, PodExec, Runner as _};
+    let target = crate::tunnel::PodRef {
+        namespace: namespace.to_owned(),
+        name: pod.to_owned(),
+        uid: None,
         container: container.to_owned(),
-        command: command.iter().map(|s| s.to_string()).collect(),
-        reason,
     };
-    let run = async {
-        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let params = AttachParams::default().container(container).stdin(false).stdout(true).stderr(true);
-        let mut process = api.exec(pod, command.to_vec(), &params).await.map_err(|e| fail(e.to_string()))?;
-        let stdout = process.stdout();
-        let stderr = process.stderr();
-        let status = process.take_status();
-        let read = |stream: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>>| async move {
-            let mut buf = Vec::new();
-            if let Some(mut s) = stream {
-                s.read_to_end(&mut buf).await?;
-            }
-            Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
-        };
-        let (out, err) = tokio::join!(read(stdout), read(stderr));
-        let status = match status {
-            Some(status) => status.await,
-            None => None,
-        };
-        process.join().await.map_err(|e| fail(e.to_string()))?;
-        let (success, message) = match status {
-            Some(s) => (s.status.as_deref() == Some("Success"), s.message.unwrap_or_default()),
-            None => (false, "no exit status received".to_owned()),
-        };
-        Ok(ExecOutput {
-            stdout: out.map_err(|e| fail(format!("reading stdout: {e}")))?,
-            stderr: err.map_err(|e| fail(format!("reading stderr: {e}")))?,
-            success,
-            message,
-        })
+    let runner = PodExec::new(client.clone(), target).timeout(EXEC_TIMEOUT);
+    let output = runner.output(command.iter().map(|s| s.to_string()).collect()).await.map_err(|e| {
+        BuilderError::Exec {
+            pod: format!("{namespace}/{pod}"),
+            container: container.to_owned(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            reason: e.to_string(),
+        }
+    })?;
+    let message = match &output.status {
+        ExitStatus::Code(0) => String::new(),
+        ExitStatus::Code(code) => format!("command terminated with non-zero exit code {code}"),
+        ExitStatus::Other(what) => what.clone(),
     };
-    match tokio::time::timeout(EXEC_TIMEOUT, run).await {
-        Ok(result) => result,
-        Err(_) => Err(fail(format!("did not finish within {EXEC_TIMEOUT:?}"))),
-    }
+    Ok(ExecOutput { stdout: output.stdout, stderr: output.stderr, success: output.status.success(), message })
 }
 
 /// What an exec in a container produced.

@@ -42,11 +42,10 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, ResourceExt as _,
-    api::{AttachParams, DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
     runtime::watcher,
 };
 use serde_json::json;
-use tokio::io::AsyncReadExt as _;
 
 mod checks;
 mod env;

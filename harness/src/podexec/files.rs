@@ -17,10 +17,15 @@ pub const MAX_FILE_SIZE: usize = 90 * 1024;
 /// stdin to `dd` sometimes wrote nothing, kubernetes#112834; argv avoids both stdin and quoting).
 const WRITE_SCRIPT: &str = r#"umask 022 && printf '%s' "$1" | base64 -d > "$2""#;
 
+/// Renames `$1` to `$2`; done already (`$1` gone, `$2` there) counts as done: a rename whose exec
+/// stream broke after it ran is run again (see [`Runner::output`]).
+const RENAME_SCRIPT: &str =
+    r#"mv -f -- "$1" "$2" 2>/dev/null || { [ ! -e "$1" ] && [ -e "$2" ]; } || mv -f -- "$1" "$2""#;
+
 /// [`FileOps`] through commands: write = `sh -c '… base64 -d > "$2"' sh <base64> <path>`,
-/// rename = `mv -f -- <from> <to>`, remove = `rm -f -- <path>`, `mkdir -p -- <path>`,
-/// `rm -rf -- <path>`. Paths are separate arguments,
-/// never part of shell text.
+/// rename = `mv -f -- <from> <to>` (done already counts as done), remove = `rm -f -- <path>`,
+/// `mkdir -p -- <path>`, `rm -rf -- <path>`. Paths are separate arguments, never part of shell
+/// text. Each may run twice (see [`Runner::output`]) and ends the same.
 #[derive(Clone)]
 pub struct PodFiles {
     runner: Arc<dyn Runner>,
@@ -71,7 +76,11 @@ impl FileOps for PodFiles {
     }
 
     async fn rename(&self, from: &Path, to: &Path) -> Result<(), FileOpsError> {
-        let argv = ["mv", "-f", "--"].into_iter().map(String::from).chain([arg(from), arg(to)]).collect();
+        let argv = ["sh", "-c", RENAME_SCRIPT, "sh"]
+            .into_iter()
+            .map(String::from)
+            .chain([arg(from), arg(to)])
+            .collect();
         self.run("rename", from, argv).await
     }
 
@@ -115,6 +124,19 @@ mod tests {
         files.remove(&path).await.unwrap();
         assert!(!path.exists());
         files.remove(&path).await.unwrap();
+        // Every operation may run twice and ends the same.
+        let tmp = tmp_path(&path);
+        files.write(&tmp, b"v").await.unwrap();
+        files.write(&tmp, b"v").await.unwrap();
+        files.rename(&tmp, &path).await.unwrap();
+        files.rename(&tmp, &path).await.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"v");
+        assert!(!tmp.exists());
+        files.remove(&path).await.unwrap();
+        // A rename of nothing to nothing is no rename.
+        let err = files.rename(&tmp, &path).await.unwrap_err();
+        assert_eq!(err.op, "rename");
+        assert!(err.reason.contains("No such file"), "{err}");
         let deep = dir.path().join("-a b").join("c");
         files.mkdir_all(&deep).await.unwrap();
         write_atomically(&files, &deep.join("f"), b"x").await.unwrap();

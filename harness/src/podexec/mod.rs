@@ -13,10 +13,16 @@
 //! breaks between the kubelet and the runtime does end it: the runtime kills the exec'd process
 //! when the node's kubelet restarts, so [`ProxyProcess`] runs the proxy as a child of the exec'd
 //! script, which outlives it.
+//!
+//! A node's kubelet restart breaks every exec stream through it. Such a stream ends here at once
+//! with an error ([`collect`] explains why that needs care with kube's streams), and
+//! [`Runner::output`]'s commands must be idempotent: [`PodExec`] runs a command again whose stream
+//! broke, since it cannot know whether the command ran.
 
 mod files;
 mod local;
 mod proxy;
+mod stream;
 
 use std::{fmt, time::Duration};
 
@@ -27,9 +33,11 @@ use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, BufReader};
 
 pub use files::{MAX_FILE_SIZE, PodFiles};
 pub use local::LocalRunner;
-pub use proxy::{ProxyProcess, ProxyProcessConfig};
+pub use proxy::{ProxyControl, ProxyProcess, ProxyProcessConfig};
+pub use stream::{Collected, collect};
 
-use crate::tunnel::PodRef;
+use crate::tunnel::{PodRef, check_pod};
+use stream::follow;
 
 /// How long a command run with [`Runner::output`] may take by default.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -130,7 +138,8 @@ pub enum PodExecError {
 /// Runs commands somewhere (a pod's container, or this machine).
 #[async_trait]
 pub trait Runner: Send + Sync + fmt::Debug + 'static {
-    /// Runs `argv` to completion (within the runner's timeout) and collects its output.
+    /// Runs `argv` to completion (within the runner's timeout) and collects its output. `argv`
+    /// must be idempotent: a runner may run it again when its stream broke (see [`PodExec`]).
     async fn output(&self, argv: Vec<String>) -> Result<ExecOutput, PodExecError>;
 
     /// Runs `argv` until it ends, passing each output line to `on_line` and logging it at debug
@@ -235,7 +244,16 @@ async fn read_all(reader: Option<impl AsyncRead + Unpin>) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// How long [`PodExec`] waits at most before it runs a command again whose stream broke.
+const MAX_RETRY_DELAY: Duration = Duration::from_millis(500);
+
 /// Runs commands in one container of a pod through the API server's exec.
+///
+/// [`Runner::output`] runs a command again when its stream broke or could not be opened for a
+/// reason that passes (the node's kubelet restarting: its streams break, and then it refuses
+/// them or does not know the pod yet), until the command's timeout is used up; a command whose
+/// pod is gone is not run again. A stream that breaks ends at once with
+/// [`PodExecError::Stream`] instead of waiting (see [`collect`]).
 #[derive(Clone)]
 pub struct PodExec {
     pods: Api<Pod>,
@@ -249,13 +267,20 @@ impl fmt::Debug for PodExec {
     }
 }
 
+/// Whether a failed attempt may be made again.
+enum Again {
+    Yes,
+    No,
+}
+
 impl PodExec {
     /// Commands in `pod.container` of `pod`, with the admin `client`.
     pub fn new(client: kube::Client, pod: PodRef) -> Self {
         PodExec { pods: Api::namespaced(client, &pod.namespace), pod, timeout: DEFAULT_EXEC_TIMEOUT }
     }
 
-    /// Limits [`Runner::output`] commands to `timeout` (default [`DEFAULT_EXEC_TIMEOUT`]).
+    /// Limits [`Runner::output`] commands to `timeout` (default [`DEFAULT_EXEC_TIMEOUT`]),
+    /// runs again included.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -266,47 +291,79 @@ impl PodExec {
         &self.pod
     }
 
-    async fn attach(&self, argv: &[String]) -> Result<kube::api::AttachedProcess, PodExecError> {
+    async fn attach(&self, argv: &[String]) -> Result<kube::api::AttachedProcess, (PodExecError, Again)> {
         let params =
             AttachParams::default().container(&self.pod.container).stdin(false).stdout(true).stderr(true);
-        self.pods.exec(&self.pod.name, argv.to_vec(), &params).await.map_err(|e| PodExecError::Start {
-            command: show_command(argv),
-            place: self.place(),
-            reason: e.to_string(),
+        let attached = self.pods.exec(&self.pod.name, argv.to_vec(), &params).await;
+        attached.map_err(|e| {
+            let again = match &e {
+                // Refused by a kubelet that does not know the pod (yet), or by the API server:
+                // the pod decides.
+                kube::Error::Api(status) if status.code == 404 => Again::Yes,
+                kube::Error::Api(status) if status.code >= 500 || status.code == 429 => Again::Yes,
+                kube::Error::Api(_) => Again::No,
+                // No answer, a broken connection, a failed upgrade.
+                _ => Again::Yes,
+            };
+            let error = PodExecError::Start {
+                command: show_command(argv),
+                place: self.place(),
+                reason: e.to_string(),
+            };
+            (error, again)
         })
     }
 
     fn lost(&self, argv: &[String], reason: impl fmt::Display) -> PodExecError {
         PodExecError::Stream { command: show_command(argv), place: self.place(), reason: reason.to_string() }
     }
+
+    /// One run of `argv`: its output, or the failure and whether to run it again.
+    async fn attempt(&self, argv: &[String]) -> Result<ExecOutput, (PodExecError, Again)> {
+        let process = self.attach(argv).await?;
+        let collected = collect(process).await;
+        let status = collected.status.map_err(|reason| (self.lost(argv, reason), Again::Yes))?;
+        Ok(ExecOutput {
+            stdout: String::from_utf8_lossy(&collected.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&collected.stderr).into_owned(),
+            status: exit_status(&status),
+        })
+    }
 }
 
 #[async_trait]
 impl Runner for PodExec {
     async fn output(&self, argv: Vec<String>) -> Result<ExecOutput, PodExecError> {
-        let run = async {
-            let mut process = self.attach(&argv).await?;
-            let status = process.take_status();
-            let (stdout, stderr, status) =
-                tokio::join!(read_all(process.stdout()), read_all(process.stderr()), async {
-                    match status {
-                        Some(status) => status.await,
-                        None => None,
-                    }
-                });
-            if let Err(e) = process.join().await {
-                tracing::debug!(command = %show_command(&argv), error = %e, "exec stream ended with an error");
-            }
-            let status = status.ok_or_else(|| self.lost(&argv, "the stream ended without an exit status"))?;
-            Ok(ExecOutput { stdout, stderr, status: exit_status(&status) })
-        };
-        let output = tokio::time::timeout(self.timeout, run).await.map_err(|_| PodExecError::Timeout {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let timed_out = || PodExecError::Timeout {
             command: show_command(&argv),
             place: self.place(),
             timeout: self.timeout,
-        })??;
-        tracing::trace!(command = %show_command(&argv), ?output, "exec done");
-        Ok(output)
+        };
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let (error, again) = match tokio::time::timeout_at(deadline, self.attempt(&argv)).await {
+                Err(_) => return Err(timed_out()),
+                Ok(Ok(output)) => {
+                    tracing::trace!(command = %show_command(&argv), ?output, "exec done");
+                    return Ok(output);
+                }
+                Ok(Err(failed)) => failed,
+            };
+            if matches!(again, Again::No) {
+                return Err(error);
+            }
+            if let Err(gone) = check_pod(&self.pods, &self.pod).await {
+                tracing::debug!(command = %show_command(&argv), %error, %gone, "exec failed; its pod is gone");
+                return Err(error);
+            }
+            if tokio::time::Instant::now() + delay >= deadline {
+                return Err(error);
+            }
+            tracing::debug!(command = %show_command(&argv), %error, retry_in = ?delay, "exec failed; running it again");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
+        }
     }
 
     async fn run_logged(
@@ -316,24 +373,15 @@ impl Runner for PodExec {
         on_line: &OnLine,
     ) -> Result<ExitStatus, PodExecError> {
         // Only starting is bounded: the process itself may run for as long as it likes.
-        let mut process = tokio::time::timeout(self.timeout, self.attach(&argv)).await.map_err(|_| {
-            PodExecError::Timeout { command: show_command(&argv), place: self.place(), timeout: self.timeout }
-        })??;
-        let status = process.take_status();
-        let (_, _, status) = tokio::join!(
-            log_lines(process.stdout(), name, "stdout", on_line),
-            log_lines(process.stderr(), name, "stderr", on_line),
-            async {
-                match status {
-                    Some(status) => status.await,
-                    None => None,
-                }
-            }
-        );
-        if let Err(e) = process.join().await {
-            tracing::debug!(process = name, error = %e, "exec stream ended with an error");
-        }
-        let status = status.ok_or_else(|| self.lost(&argv, "the stream ended without an exit status"))?;
+        let process = tokio::time::timeout(self.timeout, self.attach(&argv))
+            .await
+            .map_err(|_| PodExecError::Timeout {
+                command: show_command(&argv),
+                place: self.place(),
+                timeout: self.timeout,
+            })?
+            .map_err(|(error, _)| error)?;
+        let status = follow(process, name, on_line).await.map_err(|reason| self.lost(&argv, reason))?;
         Ok(exit_status(&status))
     }
 

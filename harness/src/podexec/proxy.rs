@@ -24,7 +24,13 @@ const START_GRACE: Duration = Duration::from_secs(10);
 /// `stop_matching ARG` sends them SIGTERM, SIGKILL after 5 s, and waits until they are gone
 /// (zombies have an empty cmdline, so they count as gone), looking every 20 ms: a proxy ends
 /// within milliseconds of its SIGTERM, and every stop of a driver's plugins waits for this.
+/// `log_of SOCKET` prints the proxy's log file: in the container's `/tmp`, named after the socket
+/// (its slashes made colons), so that no script has it among its arguments (only the `tail`s
+/// that follow it do, which `stop_matching` finds so).
 const FUNCTIONS: &str = r#"
+log_of() {
+  printf '/tmp/dra-e2e-proxy%s.log' "$(printf '%s' "$1" | tr / :)"
+}
 matching() {
   for d in /proc/[0-9]*; do
     if tr '\000' '\n' < "$d/cmdline" 2>/dev/null | grep -qxF -e "$1"; then echo "${d#/proc/}"; fi
@@ -46,38 +52,49 @@ stop_matching() {
 
 /// `$1` binary, `$2` verbosity, `$3` socket (its directory is created when missing: a pod that
 /// several drivers share mounts the kubelet's whole plugin directory), `$4` proxy endpoint, `$5`
-/// a socket to wait for
-/// first (empty: none), looked for every 20 ms, at most 250 times (about 5 s): shorter than
-/// [`START_GRACE`], so a stop during the wait still sees the start marker and kills the proxy.
-/// The script's own arguments never contain `--endpoint=<socket>` as one word, so it cannot
-/// match itself.
+/// a socket to wait for first (empty: none), looked for every 20 ms, at most 250 times (about
+/// 5 s): shorter than [`START_GRACE`], so a stop during the wait still sees the start marker and
+/// kills the proxy. The script's own arguments never contain `--endpoint=<socket>` as one word,
+/// so it cannot match itself.
 ///
-/// The proxy runs as the script's child, not in its place: the container runtime kills an exec'd
-/// process when its exec stream breaks, and every exec stream of a node breaks when its kubelet
-/// restarts. The child survives that (with SIGPIPE ignored, so that its next log line to the
-/// broken stream does not kill it either: a Go program then gets EPIPE), so the restarted kubelet
-/// finds the plugin's sockets served. The script watches it and prints
-/// [`ALIVE_MARKER`] every [`HEARTBEAT`]; a stream that stays silent longer than
+/// The proxy runs as the script's child, not in its place, and writes its log to a file
+/// ([`FUNCTIONS`]' `log_of`) that the script follows with `tail`: the container runtime kills an
+/// exec'd process when its exec stream breaks, and every exec stream of a node breaks when its
+/// kubelet restarts. The child survives that, and since its output is a file, not the broken
+/// stream, its next log line does not kill it: a Go program dies of SIGPIPE when it writes to a
+/// broken stdout or stderr even with SIGPIPE ignored (the Go runtime respects an inherited
+/// SIG_IGN only for SIGHUP and SIGINT; checked: `(trap '' PIPE; /hostpathplugin … 2>&1) | true`
+/// exits with 141), which is how proxies died a few seconds after a kubelet restart. So the
+/// restarted kubelet finds the plugin's sockets served. The script prints [`ALIVE_MARKER`] every
+/// [`HEARTBEAT`] while its proxy runs; a stream that stays silent longer than
 /// [`HEARTBEAT_TIMEOUT`] is dead, and the next start adopts the proxy that still runs instead of
-/// starting another (its log lines then no longer reach this process).
+/// starting another, and follows its log from there on.
 const START_SCRIPT: &str = r#"
+log=$(log_of "$3")
 pid=$(matching "--endpoint=$3" | head -n 1)
+from=0
 if [ -z "$pid" ]; then
   if [ -n "$5" ]; then
     i=0
     while [ ! -S "$5" ] && [ "$i" -lt 250 ]; do i=$((i+1)); sleep 0.02; done
     [ -S "$5" ] || echo "$5 did not appear within 5s; starting anyway" >&2
   fi
-  mkdir -p "${3%/*}"
-  (trap '' PIPE; exec "$1" "--v=$2" "--endpoint=$3" "--proxy-endpoint=$4") &
+  mkdir -p "${3%/*}" "${log%/*}"
+  : > "$log"
+  "$1" "--v=$2" "--endpoint=$3" "--proxy-endpoint=$4" >>"$log" 2>&1 </dev/null &
   pid=$!
+  from=+1
 fi
 echo "dra-e2e-proxy-started $pid"
+tail -n "$from" -f "$log" 2>/dev/null &
+follower=$!
 while kill -0 "$pid" 2>/dev/null; do
   echo "dra-e2e-proxy-alive"
   sleep 2
 done
 wait "$pid" 2>/dev/null
+sleep 0.1
+kill "$follower" 2>/dev/null
 echo "proxy $pid ended"
 "#;
 
@@ -85,12 +102,21 @@ echo "proxy $pid ended"
 const ALIVE_MARKER: &str = "dra-e2e-proxy-alive";
 /// How often the start script says that its proxy runs.
 const HEARTBEAT: Duration = Duration::from_secs(2);
-/// How long a start may stay silent before its exec stream counts as broken.
+/// How long a start may stay silent before its exec stream counts as broken (longer than the
+/// start script's wait for [`ProxyProcessConfig::after_socket`], during which it says nothing).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first delay before a start whose exec failed is tried again (doubling up to
+/// [`MAX_ATTACH_DELAY`]): the kubelet that refused it may be back in a moment.
+const FIRST_ATTACH_DELAY: Duration = Duration::from_millis(250);
+/// The longest delay before a failed start is tried again.
+const MAX_ATTACH_DELAY: Duration = Duration::from_secs(2);
 
-/// `$1` socket.
+/// `$1` socket: stops its proxy, removes the socket, stops whatever follows the proxy's log and
+/// removes the log.
 const STOP_SCRIPT: &str = r#"
-stop_matching "--endpoint=$1" && rm -f -- "$1"
+stop_matching "--endpoint=$1" && rm -f -- "$1" || exit 1
+log=$(log_of "$1")
+stop_matching "$log" && rm -f -- "$log"
 "#;
 
 /// What to run for one socket.
@@ -167,18 +193,43 @@ impl ProxyProcessConfig {
     }
 }
 
+/// What the run loop of a [`ProxyProcess`] is asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Control {
+    /// Keep the proxy running.
+    Run,
+    /// Leave it alone: a [`ProxyControl::hold`] stops it.
+    Hold,
+}
+
 /// Keeps `hostpathplugin --endpoint=<socket> --proxy-endpoint=<endpoint>` running through a
 /// [`Runner`] (restarted with backoff when it ends) until [`ProxyProcess::stop`], which kills it
 /// and removes the socket. Closing an exec stream does not kill the remote process, so the
-/// process is found and killed by its `--endpoint=<socket>` argument; a start kills a stale
-/// instance for the same socket first.
+/// process is found and killed by its `--endpoint=<socket>` argument; a start adopts an instance
+/// for the same socket that still runs (its exec stream broke). A start whose exec failed is
+/// tried again within [`MAX_ATTACH_DELAY`]. [`ProxyControl::restart`] kills it and starts it
+/// again at once: a fresh listener, without the connections queued on the old one.
 #[derive(Debug)]
 pub struct ProxyProcess {
-    config: ProxyProcessConfig,
-    runner: Arc<dyn Runner>,
+    control: ProxyControl,
     cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
+}
+
+/// Restarts the process of a [`ProxyProcess`] from another task ([`ProxyProcess::control`]).
+#[derive(Clone, Debug)]
+pub struct ProxyControl {
+    inner: Arc<ControlShared>,
+}
+
+#[derive(Debug)]
+struct ControlShared {
+    config: ProxyProcessConfig,
+    runner: Arc<dyn Runner>,
     starts: watch::Receiver<u64>,
+    control: watch::Sender<Control>,
+    /// Whether the run loop has let go of the proxy (after a [`Control::Hold`]).
+    idle: watch::Receiver<bool>,
 }
 
 impl ProxyProcess {
@@ -186,37 +237,38 @@ impl ProxyProcess {
     pub fn start(runner: Arc<dyn Runner>, config: ProxyProcessConfig) -> ProxyProcess {
         let cancel = CancellationToken::new();
         let (starts_tx, starts) = watch::channel(0);
-        let task = tokio::spawn(run(runner.clone(), config.clone(), cancel.clone(), starts_tx));
-        ProxyProcess { config, runner, cancel, task: Some(task), starts }
+        let (control, control_rx) = watch::channel(Control::Run);
+        let (idle_tx, idle) = watch::channel(false);
+        let looped = RunLoop { runner: runner.clone(), config: config.clone(), cancel: cancel.clone() };
+        let task = tokio::spawn(looped.run(starts_tx, control_rx, idle_tx));
+        let control =
+            ProxyControl { inner: Arc::new(ControlShared { config, runner, starts, control, idle }) };
+        ProxyProcess { control, cancel, task: Some(task) }
     }
 
     /// The configuration.
     pub fn config(&self) -> &ProxyProcessConfig {
-        &self.config
+        &self.control.inner.config
     }
 
     /// How often the process was started so far.
     pub fn starts(&self) -> u64 {
-        *self.starts.borrow()
+        self.control.starts()
     }
 
     /// Changes whenever the process was (re)started: a tunnel can dial right away then.
     pub fn started(&self) -> watch::Receiver<u64> {
-        self.starts.clone()
+        self.control.inner.starts.clone()
     }
 
     /// Waits until the process was started at least `n` times.
     pub async fn wait_starts(&self, n: u64, timeout: Duration) -> Result<(), PodExecError> {
-        let mut rx = self.starts.clone();
-        let _waiting = crate::framework::waiting(format!("start #{n} of a proxied process"), Some(timeout));
-        match tokio::time::timeout(timeout, rx.wait_for(|s| *s >= n)).await {
-            Ok(Ok(_)) => Ok(()),
-            _ => Err(PodExecError::Timeout {
-                command: format!("start #{n} of {}", show_command(&self.config.start_command()[4..])),
-                place: self.runner.place(),
-                timeout,
-            }),
-        }
+        self.control.wait_starts(n, timeout).await
+    }
+
+    /// A handle that restarts the process from another task.
+    pub fn control(&self) -> ProxyControl {
+        self.control.clone()
     }
 
     /// Stops restarting, kills the process and removes its socket.
@@ -227,9 +279,69 @@ impl ProxyProcess {
         {
             task.abort();
         }
-        self.runner.checked(self.config.stop_command()).await?;
-        tracing::debug!(socket = %self.config.socket, place = %self.runner.place(), "proxy process stopped");
+        let shared = &self.control.inner;
+        shared.runner.checked(shared.config.stop_command()).await?;
+        tracing::debug!(socket = %shared.config.socket, place = %shared.runner.place(), "proxy process stopped");
         Ok(())
+    }
+}
+
+impl ProxyControl {
+    /// How often the process was started so far.
+    pub fn starts(&self) -> u64 {
+        *self.inner.starts.borrow()
+    }
+
+    /// Waits until the process was started at least `n` times.
+    pub async fn wait_starts(&self, n: u64, timeout: Duration) -> Result<(), PodExecError> {
+        let shared = &self.inner;
+        let mut rx = shared.starts.clone();
+        let _waiting = crate::framework::waiting(format!("start #{n} of a proxied process"), Some(timeout));
+        match tokio::time::timeout(timeout, rx.wait_for(|s| *s >= n)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(PodExecError::Timeout {
+                command: format!("start #{n} of {}", show_command(&shared.config.start_command()[4..])),
+                place: shared.runner.place(),
+                timeout,
+            }),
+        }
+    }
+
+    /// Kills the process and starts it again at once ([`ProxyControl::hold`], then
+    /// [`ProxyControl::resume`]): a fresh listener, without the connections queued on the old
+    /// one.
+    pub async fn restart(&self, timeout: Duration) -> Result<(), PodExecError> {
+        if let Err(e) = self.hold().await {
+            self.release();
+            return Err(e);
+        }
+        self.resume(timeout).await
+    }
+
+    /// Kills the process, removes its socket and keeps it stopped until
+    /// [`ProxyControl::resume`] (or [`ProxyControl::release`]). A start in flight gets a few
+    /// seconds to get far enough to be killed.
+    pub async fn hold(&self) -> Result<(), PodExecError> {
+        let shared = &self.inner;
+        shared.control.send_replace(Control::Hold);
+        let mut idle = shared.idle.clone();
+        let _ = tokio::time::timeout(START_GRACE + Duration::from_secs(1), idle.wait_for(|idle| *idle)).await;
+        shared.runner.checked(shared.config.stop_command()).await?;
+        tracing::debug!(socket = %shared.config.socket, place = %shared.runner.place(), "proxy process held");
+        Ok(())
+    }
+
+    /// Starts the process again after [`ProxyControl::hold`] and waits (at most `timeout`)
+    /// until it started.
+    pub async fn resume(&self, timeout: Duration) -> Result<(), PodExecError> {
+        let before = self.starts();
+        self.release();
+        self.wait_starts(before + 1, timeout).await
+    }
+
+    /// Lets the process run again after [`ProxyControl::hold`], without waiting.
+    pub fn release(&self) {
+        self.inner.control.send_replace(Control::Run);
     }
 }
 
@@ -239,32 +351,107 @@ impl Drop for ProxyProcess {
         if let Some(task) = self.task.take() {
             task.abort();
             tracing::warn!(
-                socket = %self.config.socket,
-                place = %self.runner.place(),
+                socket = %self.control.inner.config.socket,
+                place = %self.control.inner.runner.place(),
                 "proxy process dropped without stop(); it may keep running there"
             );
         }
     }
 }
 
-async fn run(
+/// How one start of the script ended.
+enum Attempt {
+    /// The exec ended (the proxy ended, or the script failed); `started`: after the start marker.
+    Ended { started: bool, result: Result<super::ExitStatus, PodExecError> },
+    /// The stream went silent after the start: broken, the proxy may still run.
+    Silent(Duration),
+    /// Told to stop, or to hold.
+    Interrupted,
+}
+
+/// The task that keeps one proxy running.
+struct RunLoop {
     runner: Arc<dyn Runner>,
     config: ProxyProcessConfig,
     cancel: CancellationToken,
-    starts: watch::Sender<u64>,
-) {
-    let argv = config.start_command();
-    let name = format!("proxy {}", config.socket);
-    let mut backoff = config.initial_backoff;
-    loop {
-        let began = Instant::now();
+}
+
+impl RunLoop {
+    async fn run(
+        self,
+        starts: watch::Sender<u64>,
+        mut control: watch::Receiver<Control>,
+        idle: watch::Sender<bool>,
+    ) {
+        let name = format!("proxy {}", self.config.socket);
+        let mut backoff = self.config.initial_backoff;
+        let mut attach_delay = FIRST_ATTACH_DELAY;
+        loop {
+            // Held: wait until told to run again.
+            idle.send_replace(*control.borrow_and_update() == Control::Hold);
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                held = control.wait_for(|c| *c == Control::Run) => if held.is_err() { return },
+            }
+            idle.send_replace(false);
+            let began = Instant::now();
+            let delay = match self.attempt(&name, &starts, &mut control).await {
+                Attempt::Interrupted if self.cancel.is_cancelled() => return,
+                Attempt::Interrupted => continue,
+                Attempt::Silent(quiet) => {
+                    // The stream broke without ending (the node's kubelet restarted, say); the
+                    // proxy may still run: the next start adopts it, at once.
+                    tracing::info!(process = %name, silent_for = ?quiet, "proxy process's exec stream went silent; attaching again");
+                    backoff = self.config.initial_backoff;
+                    continue;
+                }
+                Attempt::Ended { started: false, result } => {
+                    let error =
+                        result.err().map(|e| e.to_string()).unwrap_or_else(|| "no start marker".into());
+                    tracing::info!(process = %name, %error, retry_in = ?attach_delay, "proxy process did not start; trying again");
+                    let delay = attach_delay;
+                    attach_delay = (attach_delay * 2).min(MAX_ATTACH_DELAY);
+                    delay
+                }
+                Attempt::Ended { started: true, result: Err(e) } => {
+                    // The stream broke; the proxy may still run: adopt it at once.
+                    tracing::info!(process = %name, error = %e, "proxy process's exec stream broke; attaching again");
+                    attach_delay = FIRST_ATTACH_DELAY;
+                    continue;
+                }
+                Attempt::Ended { started: true, result: Ok(status) } => {
+                    let ran = began.elapsed();
+                    tracing::info!(process = %name, %status, ?ran, retry_in = ?backoff, "proxy process ended; restarting it");
+                    attach_delay = FIRST_ATTACH_DELAY;
+                    if ran >= self.config.max_backoff {
+                        backoff = self.config.initial_backoff;
+                    }
+                    let delay = backoff;
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                    delay
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.cancel.cancelled() => return,
+                _ = control.changed() => {}
+            }
+        }
+    }
+
+    /// One start of the script, followed until it ends, goes silent or is interrupted.
+    async fn attempt(
+        &self,
+        name: &str,
+        starts: &watch::Sender<u64>,
+        control: &mut watch::Receiver<Control>,
+    ) -> Attempt {
+        let argv = self.config.start_command();
         let started = Arc::new(AtomicBool::new(false));
         // When the script last said something: its heartbeat proves that the stream still works.
         let heard = Arc::new(std::sync::Mutex::new(Instant::now()));
         let on_line = {
-            let started = started.clone();
-            let starts = starts.clone();
-            let heard = heard.clone();
+            let (started, starts, heard) = (started.clone(), starts.clone(), heard.clone());
             move |line: &str| {
                 *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
                 if line.starts_with(STARTED_MARKER) && !started.swap(true, Ordering::AcqRel) {
@@ -277,23 +464,23 @@ async fn run(
             loop {
                 tokio::time::sleep(HEARTBEAT).await;
                 let last = *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if started.load(Ordering::Acquire) && last.elapsed() > HEARTBEAT_TIMEOUT {
+                if last.elapsed() > HEARTBEAT_TIMEOUT {
                     return last.elapsed();
                 }
             }
         };
-        let running = runner.run_logged(argv.clone(), &name, &on_line);
+        let running = self.runner.run_logged(argv, name, &on_line);
         tokio::pin!(running);
-        let ended = tokio::select! {
-            ended = &mut running => ended,
-            quiet = silent => {
-                // The stream broke without ending (the node's kubelet restarted, say); the proxy
-                // may still run: the next start adopts it, at once.
-                tracing::info!(process = %name, silent_for = ?quiet, "proxy process's exec stream went silent; attaching again");
-                backoff = config.initial_backoff;
-                continue;
+        let interrupted = async {
+            tokio::select! {
+                _ = self.cancel.cancelled() => {}
+                _ = control.wait_for(|c| *c == Control::Hold) => {}
             }
-            _ = cancel.cancelled() => {
+        };
+        tokio::select! {
+            result = &mut running => Attempt::Ended { started: started.load(Ordering::Acquire), result },
+            quiet = silent => Attempt::Silent(quiet),
+            () = interrupted => {
                 if !started.load(Ordering::Acquire) {
                     // Let a start in flight get far enough to be killed by the stop command.
                     let mut rx = starts.subscribe();
@@ -306,25 +493,8 @@ async fn run(
                     })
                     .await;
                 }
-                return;
-            }
-        };
-        let ran = began.elapsed();
-        match ended {
-            Ok(status) => {
-                tracing::info!(process = %name, %status, ?ran, retry_in = ?backoff, "proxy process ended; restarting it")
-            }
-            Err(e) => {
-                tracing::info!(process = %name, error = %e, ?ran, retry_in = ?backoff, "proxy process failed; restarting it")
+                Attempt::Interrupted
             }
         }
-        if ran >= config.max_backoff {
-            backoff = config.initial_backoff;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = cancel.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(config.max_backoff);
     }
 }

@@ -48,29 +48,26 @@
 //! waits until every transport is torn down and every task of the tunnel has ended.
 
 mod connection;
+mod control;
 mod dialer;
 mod pod;
+mod supervise;
 
-use std::{
-    future::Future,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
-use futures::future::BoxFuture;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
+pub use control::TunnelControl;
 pub use dialer::{
     DEFAULT_DIAL_TIMEOUT, DialError, Dialed, Dialer, PortForwardDialer, TcpDialer, tunnel_client,
 };
+pub(crate) use pod::check_pod;
 pub use pod::{InvalidPod, PodRef, PodWatch};
 
 use crate::plugin::ConnectionSender;
-use connection::{SharedIo, TunnelConnection, lock};
+use control::Registered;
+use supervise::adopt;
 
 /// Tuning of a [`Tunnel`].
 #[derive(Clone, Debug)]
@@ -125,6 +122,13 @@ pub struct TunnelStats {
     pub open: usize,
     /// Open connections the remote side has not used yet.
     pub idle: usize,
+    /// Connections that proved good and then ended unused, closed from the far side (also
+    /// counted in [`TunnelStats::failures`]): what a restart of the node's kubelet or of the API
+    /// server does to every connection through it. Each leaves a dead connection queued in the
+    /// proxy, which pairs it with a kubelet connection later (see [`TunnelControl`]).
+    pub lost_idle: u64,
+    /// Whether dialing is paused ([`TunnelControl::pause`]).
+    pub paused: bool,
 }
 
 /// Why a tunnel stopped dialing.
@@ -185,6 +189,9 @@ pub(crate) struct Shared {
     /// Stops dialing and closes every connection.
     stop: CancellationToken,
     tracker: TaskTracker,
+    /// The open connections (see [`TunnelControl::pause`]), and the next one's id.
+    open: std::sync::Mutex<Vec<Registered>>,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -247,6 +254,8 @@ impl Tunnel {
             }),
             stop: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            open: std::sync::Mutex::new(Vec::new()),
+            next_id: std::sync::atomic::AtomicU64::new(0),
         });
         tracing::debug!(target = %shared.target, idle = shared.config.idle, "tunnel started");
         shared.tracker.spawn(run(shared.clone(), dialer, consumer));
@@ -327,6 +336,11 @@ impl Tunnel {
         RetryHandle { shared: self.shared.clone() }
     }
 
+    /// A handle that pauses and resumes the tunnel from another task (see [`TunnelControl`]).
+    pub fn control(&self) -> TunnelControl {
+        TunnelControl { shared: self.shared.clone() }
+    }
+
     /// Stops dialing, closes every connection (handed over or not) and waits until every
     /// transport is torn down and every task of the tunnel has ended. Returns the final counters.
     pub async fn close(self) -> Result<TunnelStats, TunnelError> {
@@ -386,7 +400,7 @@ async fn run(shared: Arc<Shared>, dialer: Arc<dyn Dialer>, consumer: ConnectionS
     let end = loop {
         let next = {
             let state = rx.borrow_and_update();
-            if state.stats.idle >= config.idle || state.stats.open >= config.max_open {
+            if state.stats.paused || state.stats.idle >= config.idle || state.stats.open >= config.max_open {
                 Next::Wait
             } else {
                 match state.retry_at {
@@ -483,117 +497,6 @@ fn dial_failed(shared: &Shared, error: &str) {
         consecutive = shared.failed(s);
     });
     tracing::debug!(target = %shared.target, consecutive, retry_in = ?delay, %error, "dial failed");
-}
-
-/// Wraps a dialed connection for hand-over and starts its supervisor.
-fn adopt(shared: &Arc<Shared>, dialed: Dialed) -> TunnelConnection {
-    let Dialed { connection, failure, teardown } = dialed;
-    let confirmed_now = failure.is_none();
-    shared.update(|s| {
-        s.stats.open += 1;
-        s.stats.idle += 1;
-        if confirmed_now {
-            shared.reset_backoff(s);
-        }
-    });
-    let io: SharedIo = Arc::new(std::sync::Mutex::new(Some(connection)));
-    let kill = shared.stop.child_token();
-    let used = Arc::new(AtomicBool::new(false));
-    let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
-    let wrapper = TunnelConnection::new(io.clone(), &kill, used.clone(), shared.clone(), dropped_tx);
-    shared.tracker.spawn(supervise(
-        shared.clone(),
-        Supervised { io, kill, used, dropped: dropped_rx, failure, teardown },
-    ));
-    wrapper
-}
-
-struct Supervised {
-    io: SharedIo,
-    kill: CancellationToken,
-    used: Arc<AtomicBool>,
-    dropped: tokio::sync::oneshot::Receiver<()>,
-    failure: Option<BoxFuture<'static, Option<String>>>,
-    teardown: Option<BoxFuture<'static, ()>>,
-}
-
-enum Event {
-    Dropped,
-    Killed,
-    Failure(Option<String>),
-    Settled,
-}
-
-/// Follows one connection until it is dropped or killed, then tears its transport down and
-/// updates the counters (a connection that ends unused counts as a failure).
-async fn supervise(shared: Arc<Shared>, conn: Supervised) {
-    let Supervised { io, kill, used, mut dropped, mut failure, teardown } = conn;
-    let settle = tokio::time::sleep(shared.config.settle);
-    tokio::pin!(settle);
-    let mut settling = failure.is_some();
-    // Whether it was ever good (established and not failed): only the end of those is news.
-    let mut confirmed = failure.is_none();
-    let mut failure_message = None;
-    let ended = loop {
-        let event = tokio::select! {
-            biased;
-            _ = &mut dropped => Event::Dropped,
-            _ = kill.cancelled() => Event::Killed,
-            message = async { match failure.as_mut() { Some(f) => f.await, None => std::future::pending().await } } => {
-                Event::Failure(message)
-            }
-            _ = &mut settle, if settling => Event::Settled,
-        };
-        match event {
-            Event::Dropped => break "closed (its consumer dropped it: end of stream or an error)",
-            Event::Killed => break "killed",
-            Event::Settled => {
-                settling = false;
-                confirmed = true;
-                shared.confirmed();
-            }
-            Event::Failure(message) => {
-                failure = None;
-                settling = false;
-                if let Some(message) = message {
-                    tracing::debug!(target = %shared.target, error = %message, "tunnel connection failed");
-                    failure_message = Some(message);
-                    // Make the consumer drop it now rather than on a later EOF.
-                    kill.cancel();
-                }
-            }
-        }
-    };
-    kill.cancel();
-    drop(lock(&io).take());
-    if let Some(teardown) = teardown
-        && tokio::time::timeout(shared.config.close_grace, teardown).await.is_err()
-    {
-        tracing::debug!(target = %shared.target, grace = ?shared.config.close_grace, "transport did not close in time; aborted");
-    }
-    let was_used = used.load(Ordering::Acquire);
-    let stopping = shared.stop.is_cancelled() && failure_message.is_none();
-    let mut consecutive = 0;
-    shared.update(|s| {
-        s.stats.open = s.stats.open.saturating_sub(1);
-        if !was_used {
-            s.stats.idle = s.stats.idle.saturating_sub(1);
-            if !stopping {
-                consecutive = shared.failed(s);
-            }
-        }
-    });
-    if !stopping {
-        // The dial loop replaces it (with backoff after failures): say why it went.
-        let cause = failure_message.as_deref().unwrap_or(ended);
-        if was_used {
-            tracing::info!(target = %shared.target, %cause, "tunnel connection ended after use; it is replaced");
-        } else if confirmed {
-            tracing::info!(target = %shared.target, %cause, consecutive, "idle tunnel connection ended; it is replaced");
-        } else {
-            tracing::debug!(target = %shared.target, %cause, consecutive, "tunnel connection ended before it was used");
-        }
-    }
 }
 
 #[cfg(test)]
