@@ -20,7 +20,11 @@ const STARTED_MARKER: &str = "dra-e2e-proxy-started";
 const START_GRACE: Duration = Duration::from_secs(10);
 
 /// Shell functions shared by the start and stop scripts. `matching ARG` prints the PIDs of the
-/// processes that have exactly `ARG` as one of their arguments (`/proc/*/cmdline`);
+/// processes that have exactly `ARG` as one of their arguments (`/proc/*/cmdline`, its
+/// NUL-separated arguments read by one `grep -z`: a shared proxy pod runs a few processes per
+/// plugin, and forking per process made a start or stop take over 30 s on a loaded node; the
+/// pattern comes on stdin, so that the `grep`, which a shell may exec in the place of the
+/// subshell whose PID the glob listed, does not match itself);
 /// `stop_matching ARG` sends them SIGTERM, SIGKILL after 5 s, and waits until they are gone
 /// (zombies have an empty cmdline, so they count as gone), looking every 20 ms: a proxy ends
 /// within milliseconds of its SIGTERM, and every stop of a driver's plugins waits for this.
@@ -32,8 +36,9 @@ log_of() {
   printf '/tmp/dra-e2e-proxy%s.log' "$(printf '%s' "$1" | tr / :)"
 }
 matching() {
-  for d in /proc/[0-9]*; do
-    if tr '\000' '\n' < "$d/cmdline" 2>/dev/null | grep -qxF -e "$1"; then echo "${d#/proc/}"; fi
+  for f in $(printf '%s\n' "$1" | grep -lzxF -f - /proc/[0-9]*/cmdline 2>/dev/null); do
+    f=${f#/proc/}
+    echo "${f%/cmdline}"
   done
 }
 stop_matching() {

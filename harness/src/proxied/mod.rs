@@ -26,6 +26,8 @@ use std::{fmt, future::Future, sync::Arc, time::Duration};
 use futures::FutureExt as _;
 use k8s_openapi::api::core::v1::Pod;
 
+pub use reset::{ProxyResets, SocketControl};
+
 pub use paths::{
     PLUGINS_DIR, REGISTRY_DIR, UNIX_PATH_MAX, dra_socket, dra_socket_file, registration_socket,
     rolling_update_registration_file, sockets,
@@ -140,8 +142,8 @@ pub struct ProxiedPlugin {
     sockets: Vec<ProxiedSocket>,
     paths: (String, String),
     watch: PodWatch,
-    /// Restarts the proxies when their tunnels lost their queued connections (see `reset`).
-    resets: tokio::task::JoinHandle<()>,
+    /// Restarts the proxies when their tunnels lost their queued connections.
+    resets: ProxyResets,
 }
 
 impl ProxiedPlugin {
@@ -199,9 +201,9 @@ impl ProxiedPlugin {
             let retry = retry_on_start(&tunnel, &proxy);
             sockets.push(ProxiedSocket { tunnel, proxy, retry });
         }
-        let [dra_socket, reg_socket] = [&sockets[0], &sockets[1]]
-            .map(|s| reset::SocketControl { tunnel: s.tunnel.control(), proxy: s.proxy.control() });
-        let resets = reset::supervise(dra_socket, reg_socket, format!("{driver} in pod {}", pod.display()));
+        let [dra_socket, reg_socket] =
+            [&sockets[0], &sockets[1]].map(|s| SocketControl::new(&s.tunnel, &s.proxy));
+        let resets = ProxyResets::start(dra_socket, reg_socket, format!("{driver} in pod {}", pod.display()));
         tracing::info!(%driver, pod = %pod.display(), dra = %paths.0, registration = %paths.1, "proxied plugin started");
         Ok(ProxiedPlugin { plugin, pod, sockets, paths, watch, resets })
     }
@@ -243,8 +245,7 @@ impl ProxiedPlugin {
     pub async fn stop_checked(self) -> Result<(), StopError> {
         let ProxiedPlugin { plugin, pod, sockets, paths: _, watch, resets } = self;
         // A restart of the proxies in flight ends here; stopping them comes next anyway.
-        resets.abort();
-        let _ = resets.await;
+        resets.stop().await;
         plugin.stop().await;
         // The sockets one beside the other; each closes its tunnel, then stops its proxy.
         let stops = sockets.into_iter().map(|ProxiedSocket { tunnel, proxy, retry }| async move {

@@ -15,11 +15,11 @@
 
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::{
-    podexec::{PodExecError, ProxyControl},
-    tunnel::TunnelControl,
+    podexec::{PodExecError, ProxyControl, ProxyProcess},
+    tunnel::{Tunnel, TunnelControl},
 };
 
 /// How long after the first lost connection the others of the same break are counted too.
@@ -27,14 +27,19 @@ const SETTLE: Duration = Duration::from_millis(300);
 /// How long one proxy may take to start again (its exec waits for the node's kubelet).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// One socket of a plugin: its tunnel and its proxy.
+/// One socket of a plugin, for [`ProxyResets`]: its tunnel and its proxy.
 #[derive(Clone, Debug)]
-pub(super) struct SocketControl {
-    pub(super) tunnel: TunnelControl,
-    pub(super) proxy: ProxyControl,
+pub struct SocketControl {
+    tunnel: TunnelControl,
+    proxy: ProxyControl,
 }
 
 impl SocketControl {
+    /// The socket whose connections `tunnel` makes to `proxy`.
+    pub fn new(tunnel: &Tunnel, proxy: &ProxyProcess) -> Self {
+        SocketControl { tunnel: tunnel.control(), proxy: proxy.control() }
+    }
+
     fn lost(&self) -> u64 {
         self.tunnel.stats().lost_idle
     }
@@ -46,10 +51,33 @@ impl SocketControl {
     }
 }
 
-/// Watches the two sockets' tunnels and restarts their proxies after a loss (see the
-/// [module docs](self)) until a tunnel stops dialing; `plugin` names the plugin in logs.
-pub(super) fn supervise(dra: SocketControl, registration: SocketControl, plugin: String) -> JoinHandle<()> {
-    tokio::spawn(async move {
+/// Restarts a plugin's proxies when their tunnels lost the connections queued in them (see the
+/// [module docs](self)), until a tunnel stops dialing or this is dropped or stopped.
+#[derive(Debug)]
+pub struct ProxyResets {
+    task: AbortOnDropHandle<()>,
+}
+
+impl ProxyResets {
+    /// Watches the plugin's two sockets; `plugin` names it in logs.
+    pub fn start(dra: SocketControl, registration: SocketControl, plugin: impl Into<String>) -> Self {
+        ProxyResets {
+            task: AbortOnDropHandle::new(tokio::spawn(supervise(dra, registration, plugin.into()))),
+        }
+    }
+
+    /// Stops watching and waits until the task ended. A restart in flight ends where it is (a
+    /// tunnel may stay paused, a proxy held): for a plugin that stops.
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// Watches the two sockets' tunnels and restarts their proxies after a loss until a tunnel stops
+/// dialing.
+async fn supervise(dra: SocketControl, registration: SocketControl, plugin: String) {
+    {
         let mut seen = (dra.lost(), registration.lost());
         loop {
             let lost = tokio::select! {
@@ -75,7 +103,7 @@ pub(super) fn supervise(dra: SocketControl, registration: SocketControl, plugin:
             // with the old listeners.
             seen = (dra.lost(), registration.lost());
         }
-    })
+    }
 }
 
 /// Restarts the proxies of the sockets that are `dirty` (DRA, registration), in a plugin's

@@ -244,3 +244,81 @@ async fn retry_now_skips_the_backoff() {
     assert_eq!(began.elapsed(), Duration::ZERO);
     tunnel.close().await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn idle_connections_the_far_side_closes_count_as_lost() {
+    let dialer = Arc::new(FakeDialer::default());
+    let (tunnel, mut incoming) = start(&dialer, config(2));
+    tunnel.wait_for("2 idle", T, |s| s.idle == 2).await.unwrap();
+    let lost = tunnel.control().lost_idle_above(0);
+    // The far side ends both (a kubelet restart ends every port-forward through it); the
+    // consumer reads the end and drops them.
+    drop((dialer.peer(0), dialer.peer(1)));
+    for _ in 0..2 {
+        let mut connection = incoming.next().await.unwrap().unwrap();
+        assert_eq!(connection.read(&mut [0; 1]).await.unwrap(), 0);
+    }
+    assert!(tokio::time::timeout(T, lost).await.unwrap().unwrap() >= 1);
+    let stats = tunnel.wait_for("both lost, replaced", T, |s| s.lost_idle == 2 && s.idle == 2).await.unwrap();
+    assert_eq!((stats.failures, stats.used), (2, 0), "{stats:?}");
+
+    // A used connection that ends is neither a failure nor lost.
+    let mut used = incoming.next().await.unwrap().unwrap();
+    let mut peer = dialer.peer(2);
+    peer.write_all(b"x").await.unwrap();
+    used.read_exact(&mut [0; 1]).await.unwrap();
+    drop(peer);
+    assert_eq!(used.read(&mut [0; 1]).await.unwrap(), 0);
+    drop(used);
+    let stats = tunnel.wait_for("a replacement", T, |s| s.used == 1 && s.open == 2).await.unwrap();
+    assert_eq!((stats.failures, stats.lost_idle), (2, 2), "{stats:?}");
+    tunnel.close().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_never_proved_good_is_not_lost() {
+    // A port-forward whose transport ended before the settle time, without a message.
+    let (ended, failed) = oneshot::channel::<String>();
+    let dialer = Arc::new(FakeDialer::with([Outcome::Failing(failed)]));
+    let (tunnel, mut incoming) = start(&dialer, config(1));
+    let mut connection = incoming.next().await.unwrap().unwrap();
+    drop(ended);
+    drop(dialer.peer(0));
+    assert_eq!(connection.read(&mut [0; 1]).await.unwrap(), 0);
+    drop(connection);
+    let stats = tunnel.wait_for("a replacement", T, |s| s.dials == 2 && s.idle == 1).await.unwrap();
+    assert_eq!((stats.failures, stats.lost_idle), (1, 0), "{stats:?}");
+    tunnel.close().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn pause_closes_the_unused_connections_uncounted_and_dials_nothing_until_resumed() {
+    let dialer = Arc::new(FakeDialer::default());
+    let (tunnel, mut incoming) = start(&dialer, config(2));
+    tunnel.wait_for("2 idle", T, |s| s.idle == 2).await.unwrap();
+    let mut used = incoming.next().await.unwrap().unwrap();
+    let mut peer = dialer.peer(0);
+    peer.write_all(b"x").await.unwrap();
+    used.read_exact(&mut [0; 1]).await.unwrap();
+    tunnel.wait_for("a replacement", T, |s| s.idle == 2 && s.open == 3).await.unwrap();
+
+    let control = tunnel.control();
+    control.pause();
+    let stats = tunnel.wait_for("the unused ones closed", T, |s| s.open == 1).await.unwrap();
+    assert_eq!((stats.idle, stats.failures, stats.lost_idle, stats.paused), (0, 0, 0, true), "{stats:?}");
+    // Their far side sees them end; nothing is dialed while paused.
+    assert_eq!(dialer.peer(1).read(&mut [0; 1]).await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(tunnel.stats().dials, 3);
+    // The connection in use goes on.
+    peer.write_all(b"y").await.unwrap();
+    used.read_exact(&mut [0; 1]).await.unwrap();
+
+    let began = Instant::now();
+    control.resume();
+    let stats = tunnel.wait_for("2 idle again", T, |s| s.idle == 2).await.unwrap();
+    assert_eq!((stats.dials, stats.failures, stats.paused), (5, 0, false), "{stats:?}");
+    assert_eq!(began.elapsed(), Duration::ZERO, "resumed without a backoff");
+    drop(used);
+    tunnel.close().await.unwrap();
+}

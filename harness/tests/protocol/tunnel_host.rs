@@ -11,6 +11,7 @@ use harness::{
     calls::Method,
     grpc::registration,
     plugin::{LocalDirFiles, MemoryClaims},
+    proxied::{ProxyResets, SocketControl},
     tunnel::{TcpDialer, Tunnel, TunnelConfig},
 };
 
@@ -280,4 +281,77 @@ async fn a_terminated_proxy_ends_the_connections_it_splices() {
     assert_eq!(within("EOF on the kubelet's side", kubelet_side.read(&mut byte)).await.unwrap(), 0);
     assert_eq!(within("EOF on the tunnel's side", tunnel_side.read(&mut byte)).await.unwrap(), 0);
     assert!(!socket.exists(), "the proxy left its socket behind");
+}
+
+/// One GetInfo as the kubelet's registration makes it (1 s), without retries: `Err` with why.
+async fn get_info_once(socket: &std::path::Path) -> Result<registration::PluginInfo, String> {
+    let path = socket.to_path_buf();
+    let endpoint = tonic::transport::Endpoint::from_static("http://[::]:50051");
+    let connect = endpoint.connect_with_connector(tower::service_fn(move |_: http::Uri| {
+        let path = path.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(path).await?,
+            ))
+        }
+    }));
+    let call = async {
+        let channel = connect.await.map_err(|e| format!("connect: {e}"))?;
+        let mut client = registration::registration_client::RegistrationClient::new(channel);
+        client.get_info(registration::InfoRequest {}).await.map(|r| r.into_inner()).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(1), call).await.map_err(|_| "no answer within 1 s".to_owned())?
+}
+
+/// Waits until both proxies were started `n` times and both tunnels hold 10 idle connections.
+async fn refilled(chain: &Chain, n: u64) {
+    for socket in [&chain.dra, &chain.registration] {
+        socket.proxy.wait_starts(n, TIMEOUT).await.unwrap();
+        socket.tunnel.wait_for("10 idle connections", TIMEOUT, |s| s.idle >= 10 && !s.paused).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_of_the_way_to_the_proxies_leaves_dead_connections_until_they_restart() {
+    // Each tunnel reaches its proxy through a relay that stands in for the port-forwards through
+    // a node's kubelet: cutting it is what a kubelet restart does to them.
+    let chain =
+        Chain::start_with(Arc::new(claims(2)), Arc::new(LocalDirFiles), TunnelConfig::default(), true).await;
+    chain.ready(10).await;
+    assert_eq!(get_info_once(&chain.registration.path).await.unwrap().name, DRIVER);
+
+    // Without the restarts: the connections the cut ended stay queued in the proxy, in front of
+    // the good ones the tunnel makes again, and the next kubelet connection gets one of them.
+    let lost = chain.registration.tunnel.stats().lost_idle;
+    chain.registration.relay.as_ref().unwrap().cut();
+    chain
+        .registration
+        .tunnel
+        .wait_for("lost connections", TIMEOUT, |s| s.lost_idle >= lost + 9)
+        .await
+        .unwrap();
+    refilled(&chain, 1).await;
+    let dead = get_info_once(&chain.registration.path).await;
+    assert!(dead.is_err(), "a kubelet connection got a good tunnel connection first: {dead:?}");
+
+    // With them: both proxies get a fresh listener, the registration proxy after the DRA proxy,
+    // and the first calls of the next kubelet succeed.
+    let resets = ProxyResets::start(
+        SocketControl::new(&chain.dra.tunnel, &chain.dra.proxy),
+        SocketControl::new(&chain.registration.tunnel, &chain.registration.proxy),
+        "test plugin",
+    );
+    for socket in [&chain.dra, &chain.registration] {
+        socket.relay.as_ref().unwrap().cut();
+    }
+    refilled(&chain, 2).await;
+    let info = get_info_once(&chain.registration.path).await.unwrap();
+    assert_eq!(info.endpoint, chain.dra.path.display().to_string());
+    let dra = DraClient::connect(&chain.dra.path, "v1.DRAPlugin").await;
+    let claim = [claim_ref("claim-0", "uid-0")];
+    within("prepare after the restart", dra.prepare(&claim)).await.unwrap()["uid-0"].clone().unwrap();
+    // One restart each.
+    assert_eq!((chain.dra.proxy.starts(), chain.registration.proxy.starts()), (2, 2));
+    resets.stop().await;
+    chain.stop().await;
 }

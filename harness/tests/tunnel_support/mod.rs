@@ -15,6 +15,7 @@ use harness::{
     tunnel::{TcpDialer, Tunnel, TunnelConfig},
 };
 use tempfile::TempDir;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 
 use crate::common::{DRIVER, NODE, within};
 
@@ -117,22 +118,70 @@ pub fn local_proxy(path: &Path, port: u16) -> ProxyProcessConfig {
         .proxy_endpoint(format!("tcp://127.0.0.1:{port}"))
 }
 
-/// One socket of the chain: its proxy process (a local `hostpathplugin`) and its tunnel.
+/// A TCP relay on this machine to a port, that can end every connection it carries at once,
+/// both ways: the stand-in for the port-forwards through a node's kubelet, which all end when the
+/// kubelet restarts.
+pub struct Relay {
+    port: u16,
+    cut: Arc<std::sync::Mutex<CancellationToken>>,
+    _task: AbortOnDropHandle<()>,
+}
+
+impl Relay {
+    /// Relays a free port to `127.0.0.1:target`.
+    pub async fn start(target: u16) -> Relay {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(std::sync::Mutex::new(CancellationToken::new()));
+        let cuts = cut.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let token = cuts.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = token.cancelled() => {}
+                    }
+                });
+            }
+        });
+        Relay { port, cut, _task: AbortOnDropHandle::new(task) }
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Ends every connection relayed so far (both sides see them close); later ones are relayed.
+    pub fn cut(&self) {
+        let old = std::mem::replace(&mut *self.cut.lock().unwrap(), CancellationToken::new());
+        old.cancel();
+    }
+}
+
+/// One socket of the chain: its proxy process (a local `hostpathplugin`) and its tunnel, which
+/// reaches the proxy directly or through a [`Relay`].
 pub struct Socket {
     pub path: PathBuf,
     pub port: u16,
     pub proxy: ProxyProcess,
     pub tunnel: Tunnel,
+    pub relay: Option<Relay>,
 }
 
 impl Socket {
     /// Starts the proxy for `path` on a free port (once `after` exists, if given) and a TCP
-    /// tunnel to it feeding `sender`.
-    fn start(
+    /// tunnel to it (through a relay if `relayed`) feeding `sender`.
+    async fn start(
         path: PathBuf,
         after: Option<&Path>,
         sender: harness::plugin::ConnectionSender,
         config: TunnelConfig,
+        relayed: bool,
     ) -> Socket {
         let port = free_port();
         let mut proxy_config = local_proxy(&path, port);
@@ -140,8 +189,10 @@ impl Socket {
             proxy_config = proxy_config.after_socket(after.display().to_string());
         }
         let proxy = ProxyProcess::start(Arc::new(LocalRunner::new()), proxy_config);
-        let tunnel = Tunnel::start(Arc::new(TcpDialer::new(([127, 0, 0, 1], port).into())), sender, config);
-        Socket { path, port, proxy, tunnel }
+        let relay = if relayed { Some(Relay::start(port).await) } else { None };
+        let dial = relay.as_ref().map_or(port, Relay::port);
+        let tunnel = Tunnel::start(Arc::new(TcpDialer::new(([127, 0, 0, 1], dial).into())), sender, config);
+        Socket { path, port, proxy, tunnel, relay }
     }
 
     /// The `--endpoint=` argument of its proxy process.
@@ -180,6 +231,16 @@ impl Chain {
     /// tunnel and a `hostpathplugin` proxy; the registration proxy waits for the DRA socket, as
     /// in a proxy pod (and is started first here, to show it).
     pub async fn start(claims: Arc<dyn ClaimSource>, files: Arc<dyn FileOps>, tunnel: TunnelConfig) -> Chain {
+        Self::start_with(claims, files, tunnel, false).await
+    }
+
+    /// [`Chain::start`] with each tunnel going through a [`Relay`] when `relayed`.
+    pub async fn start_with(
+        claims: Arc<dyn ClaimSource>,
+        files: Arc<dyn FileOps>,
+        tunnel: TunnelConfig,
+        relayed: bool,
+    ) -> Chain {
         let dir = tempfile::Builder::new().prefix("dra-tunnel").tempdir().unwrap();
         let plugin_dir = dir.path().join("plugins").join(DRIVER);
         let registry = dir.path().join("plugins_registry");
@@ -201,8 +262,8 @@ impl Chain {
         .start(PluginListeners { registration: reg_listener, dra: dra_listener })
         .await
         .unwrap();
-        let registration = Socket::start(reg_path, Some(&dra_path), reg_tx, tunnel.clone());
-        let dra = Socket::start(dra_path, None, dra_tx, tunnel);
+        let registration = Socket::start(reg_path, Some(&dra_path), reg_tx, tunnel.clone(), relayed).await;
+        let dra = Socket::start(dra_path, None, dra_tx, tunnel, relayed).await;
         Chain { dir, plugin, dra, registration, cdi_dir }
     }
 
