@@ -17,6 +17,18 @@
 //! instance's pod UID: see [`sockets`].
 //!
 //! CDI files go to the pod's `/cdi` (the node's `/var/run/cdi`) through [`PodFiles`].
+//!
+//! # A restart of the node's kubelet
+//!
+//! Every port-forward and exec stream runs through the node's kubelet, so its restart breaks them
+//! all, and the plugin goes on by itself: the exec streams end with an error at once
+//! ([`crate::podexec::collect`]) and a proxy process whose stream broke is adopted by the next
+//! start (it survives: it logs to a file, see [`ProxyProcess`]); CDI file operations run again
+//! (they are idempotent); the tunnels dial again; and since the idle tunnel connections the
+//! restart ended stay queued, dead, in the proxies, [`ProxyResets`] restarts the proxies in a
+//! plugin's start order, after which the restarted kubelet registers the plugin anew on its
+//! first try and finds a clean DRA socket (it also re-registers the sockets it finds in
+//! `plugins_registry` by itself; its first tries meet the dead connections).
 
 mod paths;
 mod reset;

@@ -43,6 +43,10 @@
 //! or directly (port-forward to a pod that does not exist) — ends the tunnel, and [`Tunnel::gone`]
 //! resolves with the reason.
 //!
+//! A good connection that the far side ends while it is unused counts as lost
+//! ([`TunnelStats::lost_idle`]): a kubelet restart does that to all of them, and each stays
+//! queued, dead, in the proxy; [`TunnelControl`] pauses the tunnel while the proxy restarts.
+//!
 //! Handed-over connections get no deadline from the tunnel. Closing ([`Tunnel::close`]) or
 //! dropping the tunnel stops dialing and closes every connection, handed over or not; `close`
 //! waits until every transport is torn down and every task of the tunnel has ended.

@@ -2,7 +2,11 @@
 //! again (through the same proxy pod's registration socket, as a kubelet reconnects to a plugin
 //! that kept running, kubernetes#131770), keeps the claim its running pod holds as its checkpoint
 //! says (no second NodePrepareResources), unprepares it once when the pod goes, and prepares a
-//! new pod's claim. Runs in `cargo xtask test`, which restarts the kubelet through
+//! new pod's claim. Also restarted: while an exec stream runs through it (the stream ends with an
+//! error, and commands run during the restart succeed), while it registers a plugin (it registers
+//! the plugin again), and while a claim's NodePrepareResources is held (the claim is prepared
+//! once, the pod runs with its devices, the claim is unprepared once). The node is the last
+//! usable one (kind-worker3 on the local cluster). Runs in `cargo xtask test`, which restarts the kubelet through
 //! `DRA_E2E_RESTART_KUBELET` (a command with `{node}` in it, `cargo xtask cluster restart
 //! kubelet-{node}` on the local cluster), or by hand:
 //!
@@ -13,19 +17,28 @@
 //! ```
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use harness::{
     builder::Builder,
-    calls::{ClaimCalls, Method},
+    calls::{Calls, ClaimCalls, Method},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, SpecResult},
+    plugin::{ClaimState, HealthState, MemoryClaims, PluginConfig},
+    podexec::{PodExec, PodExecError, Runner as _},
+    proxied::{ProxiedPlugin, ProxiedPluginSpec, ProxyPorts},
+    tunnel::{PodRef, tunnel_client},
 };
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, api::ListParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+    runtime::{conditions, wait::await_condition},
+};
 use serde_json::json;
 
 use crate::run::run_one_spec;
+use crate::tunnel::{TestNamespace, config_and_client, proxy_pod_on};
 
 /// How long the restarted kubelet gets to register the plugin again, and to unprepare a claim.
 const KUBELET_WAIT: Duration = Duration::from_secs(90);
@@ -134,4 +147,166 @@ async fn body(ctx: Ctx) -> SpecResult {
 #[ignore = "restarts a node's kubelet: run via cargo xtask test"]
 async fn a_restarted_kubelet_registers_the_plugin_again_and_keeps_its_claims() {
     run_one_spec("[restart]", "kubelet restart", body).await;
+}
+
+/// A pod on `node` that sleeps, in the spec's namespace; its reference for exec, once it runs.
+async fn sleeper_on(ctx: &Ctx, node: &str) -> anyhow::Result<PodRef> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "sleeper"},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "sleeper",
+                "image": "registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+            }],
+        }
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    tokio::time::timeout(
+        KUBELET_WAIT,
+        await_condition(pods.clone(), "sleeper", conditions::is_pod_running()),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("pod sleeper did not run within {KUBELET_WAIT:?}"))??;
+    Ok(PodRef::from_pod(&pods.get("sleeper").await?)?)
+}
+
+async fn exec_body(ctx: Ctx) -> SpecResult {
+    let list = Api::<Node>::all(ctx.client().clone()).list(&ListParams::default()).await?;
+    let node = last_usable_node(&list.items)?;
+    let exec = PodExec::new(ctx.stream_client().clone(), sleeper_on(&ctx, &node).await?);
+
+    // A command that runs until its stream ends, printing all along.
+    let (ticked, mut ticks) = tokio::sync::watch::channel(0u64);
+    let on_line = move |_: &str| {
+        ticked.send_modify(|n| *n += 1);
+        false
+    };
+    let argv = ["sh", "-c", "while true; do echo tick; sleep 0.2; done"].map(String::from).to_vec();
+    let exec_in_task = exec.clone();
+    let stream = tokio::spawn(async move { exec_in_task.run_logged(argv, "ticks", &on_line).await });
+    tokio::time::timeout(KUBELET_WAIT, ticks.wait_for(|n| *n >= 3)).await??;
+
+    // Commands keep succeeding while the kubelet restarts: a broken or refused stream runs again.
+    let restart = tokio::spawn({
+        let node = node.clone();
+        async move { restart_kubelet(&node).await }
+    });
+    let mut runs = 0;
+    while !restart.is_finished() {
+        let out = exec.checked(["sh", "-c", "echo ran"].map(String::from).to_vec()).await?;
+        assert_eq!(out.stdout, "ran\n");
+        runs += 1;
+    }
+    restart.await?.map_err(anyhow::Error::msg)?;
+    println!("{runs} commands ran during the restart");
+
+    // The long one's stream broke with the kubelet: it ended with an error instead of waiting.
+    let ended = tokio::time::timeout(KUBELET_WAIT, stream)
+        .await
+        .map_err(|_| anyhow::anyhow!("the exec stream through the restarted kubelet did not end"))??;
+    assert!(matches!(ended, Err(PodExecError::Stream { .. })), "{ended:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts a node's kubelet: run via cargo xtask test"]
+async fn an_exec_stream_a_kubelet_restart_breaks_ends_and_commands_run_again() {
+    run_one_spec("[restart]", "exec across a kubelet restart", exec_body).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts a node's kubelet: run via cargo xtask test"]
+async fn a_kubelet_restarted_while_it_registers_a_plugin_registers_it_again() {
+    let (config, admin) = config_and_client().await;
+    let client = tunnel_client(&config).unwrap();
+    let list = Api::<Node>::all(admin.clone()).list(&ListParams::default()).await.unwrap();
+    let node = last_usable_node(&list.items).unwrap();
+    let ns = TestNamespace::create(&admin, "dra-restart-registering").await;
+    let driver = ns.driver();
+    let pod = proxy_pod_on(&admin, &ns, &driver, &node).await;
+    let calls = Calls::new();
+    // The kubelet gets the plugin's info; its NotifyRegistrationStatus is held.
+    let held = calls.block(Method::NotifyRegistrationStatus);
+    let proxied = ProxiedPlugin::start(ProxiedPluginSpec {
+        client,
+        pod,
+        plugin: PluginConfig::new(&driver, &node, "/cdi"),
+        claims: Arc::new(MemoryClaims::new()),
+        calls: calls.clone(),
+        health: HealthState::new(),
+        claim_state: ClaimState::default(),
+        forward: None,
+        ports: ProxyPorts::default(),
+    })
+    .await
+    .unwrap();
+    calls
+        .wait_for(
+            format!("the kubelet of {node} to register the plugin (its NotifyRegistrationStatus held)"),
+            |log| log.blocked(Method::NotifyRegistrationStatus) >= 1,
+            KUBELET_WAIT,
+        )
+        .await
+        .unwrap();
+
+    restart_kubelet(&node).await.unwrap();
+    let infos = calls.count(Method::GetInfo);
+    held.release();
+    let registered = proxied.plugin().wait_registered(KUBELET_WAIT).await;
+    let log = calls.log();
+    registered.unwrap_or_else(|e| panic!("{e}: {log}"));
+    assert!(log.succeeded(Method::NotifyRegistrationStatus) >= 1, "{log}");
+    assert!(log.count(Method::GetInfo) >= infos, "{log}");
+    println!("calls of the kubelet across its restart:\n{log}");
+    proxied.stop_checked().await.unwrap();
+}
+
+async fn prepare_body(ctx: Ctx) -> SpecResult {
+    let list = Api::<Node>::all(ctx.client().clone()).list(&ListParams::default()).await?;
+    let node = last_usable_node(&list.items)?;
+    let nodes = Nodes::from_names(vec![node.clone()], Vec::new());
+    let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(2))).await?;
+    let calls = driver.calls(&node).clone();
+
+    // The kubelet starts preparing the pod's claim; the call is held.
+    let held = calls.block(Method::NodePrepareResources);
+    let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
+    let (pod, template) = b.pod_inline();
+    b.create_template(&template).await?;
+    b.create_pod(&pod).await?;
+    calls
+        .wait_for(
+            format!("the kubelet of {node} to call NodePrepareResources (held)"),
+            |log| log.blocked(Method::NodePrepareResources) >= 1,
+            KUBELET_WAIT,
+        )
+        .await?;
+
+    restart_kubelet(&node).await.map_err(anyhow::Error::msg)?;
+    held.release();
+
+    // The restarted kubelet registers the plugin again and prepares the claim once it may: the
+    // pod runs with its devices.
+    let running = b.test_pod(&pod, &[("admin_x", "y")]).await?;
+    let uid = claim_uid(&b, &running).await?;
+    let history = ClaimCalls::of(&calls.log(), &uid);
+    assert_eq!(history.prepared(), 1, "the claim was not prepared exactly once: {}", calls.log());
+    assert_eq!(history.unprepared(), 0, "{}", calls.log());
+
+    // Unprepared once when the pod goes.
+    b.delete_pod_and_wait(&running).await?;
+    let history = calls.wait_unprepared(&uid, KUBELET_WAIT).await?;
+    assert_eq!((history.prepared(), history.unprepared()), (1, 1), "{}", calls.log());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "restarts a node's kubelet: run via cargo xtask test"]
+async fn a_kubelet_restarted_while_it_prepares_a_claim_prepares_it_once_and_runs_the_pod() {
+    run_one_spec("[restart]", "kubelet restart during NodePrepareResources", prepare_body).await;
 }

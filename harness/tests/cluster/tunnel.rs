@@ -40,7 +40,7 @@ const IMAGE: &str = "registry.k8s.io/sig-storage/hostpathplugin:v1.17.1";
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The admin client and its configuration.
-async fn config_and_client() -> (kube::Config, Client) {
+pub(crate) async fn config_and_client() -> (kube::Config, Client) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "harness=debug".into()),
@@ -60,13 +60,13 @@ async fn client() -> Client {
 }
 
 /// A namespace of this test, deleted when dropped (also after a panic).
-struct TestNamespace {
+pub(crate) struct TestNamespace {
     client: Client,
     name: String,
 }
 
 impl TestNamespace {
-    async fn create(client: &Client, prefix: &str) -> TestNamespace {
+    pub(crate) async fn create(client: &Client, prefix: &str) -> TestNamespace {
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "metadata": {
@@ -89,7 +89,7 @@ impl TestNamespace {
     }
 
     /// The unique driver name of this test.
-    fn driver(&self) -> String {
+    pub(crate) fn driver(&self) -> String {
         format!("{}.k8s.io", self.name)
     }
 }
@@ -143,11 +143,16 @@ fn on_host(node: &str, path: &Path) -> PathBuf {
     path.to_path_buf()
 }
 
-/// A running proxy pod like the driver's: privileged, sleeping, with the plugin directory of
-/// `driver`, the plugin registry and the CDI directory mounted at the node's paths.
+/// A running proxy pod like the driver's on the cluster's first node: see [`proxy_pod_on`].
 async fn proxy_pod(client: &Client, ns: &TestNamespace, driver: &str) -> Pod {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let node = nodes.list(&Default::default()).await.unwrap().items[0].metadata.name.clone().unwrap();
+    proxy_pod_on(client, ns, driver, &node).await
+}
+
+/// A running proxy pod like the driver's on `node`: privileged, sleeping, with the plugin
+/// directory of `driver`, the plugin registry and the CDI directory mounted at the node's paths.
+pub(crate) async fn proxy_pod_on(client: &Client, ns: &TestNamespace, driver: &str, node: &str) -> Pod {
     let plugin_dir = format!("{}/{driver}", proxied::PLUGINS_DIR);
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "proxy"},
