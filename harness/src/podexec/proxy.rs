@@ -107,8 +107,8 @@ echo "proxy $pid ended"
 const ALIVE_MARKER: &str = "dra-e2e-proxy-alive";
 /// How often the start script says that its proxy runs.
 const HEARTBEAT: Duration = Duration::from_secs(2);
-/// How long a start may stay silent before its exec stream counts as broken (longer than the
-/// start script's wait for [`ProxyProcessConfig::after_socket`], during which it says nothing).
+/// How long a start may stay silent after its first line before its exec stream counts as broken
+/// (its script says something every [`HEARTBEAT`] once its proxy runs).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The first delay before a start whose exec failed is tried again (doubling up to
 /// [`MAX_ATTACH_DELAY`]): the kubelet that refused it may be back in a moment.
@@ -454,11 +454,13 @@ impl RunLoop {
         let argv = self.config.start_command();
         let started = Arc::new(AtomicBool::new(false));
         // When the script last said something: its heartbeat proves that the stream still works.
-        let heard = Arc::new(std::sync::Mutex::new(Instant::now()));
+        // Before its first line the stream is not judged (an exec may take long to attach on a
+        // loaded node; a stream that breaks ends by itself).
+        let heard: Arc<std::sync::Mutex<Option<Instant>>> = Arc::new(std::sync::Mutex::new(None));
         let on_line = {
             let (started, starts, heard) = (started.clone(), starts.clone(), heard.clone());
             move |line: &str| {
-                *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+                *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
                 if line.starts_with(STARTED_MARKER) && !started.swap(true, Ordering::AcqRel) {
                     starts.send_modify(|n| *n += 1);
                 }
@@ -469,7 +471,9 @@ impl RunLoop {
             loop {
                 tokio::time::sleep(HEARTBEAT).await;
                 let last = *heard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if last.elapsed() > HEARTBEAT_TIMEOUT {
+                if let Some(last) = last
+                    && last.elapsed() > HEARTBEAT_TIMEOUT
+                {
                     return last.elapsed();
                 }
             }

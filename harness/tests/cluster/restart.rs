@@ -43,6 +43,10 @@ use crate::tunnel::{TestNamespace, config_and_client, proxy_pod_on};
 /// How long the restarted kubelet gets to register the plugin again, and to unprepare a claim.
 const KUBELET_WAIT: Duration = Duration::from_secs(90);
 
+/// Held by each test here for as long as it runs: they restart the same kubelet, and a test
+/// binary runs its tests at the same time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Runs `DRA_E2E_RESTART_KUBELET` for `node` and waits until it returns.
 async fn restart_kubelet(node: &str) -> Result<(), String> {
     let template = std::env::var("DRA_E2E_RESTART_KUBELET").map_err(|_| {
@@ -146,6 +150,7 @@ async fn body(ctx: Ctx) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts a node's kubelet: run via cargo xtask test"]
 async fn a_restarted_kubelet_registers_the_plugin_again_and_keeps_its_claims() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     run_one_spec("[restart]", "kubelet restart", body).await;
 }
 
@@ -216,12 +221,14 @@ async fn exec_body(ctx: Ctx) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts a node's kubelet: run via cargo xtask test"]
 async fn an_exec_stream_a_kubelet_restart_breaks_ends_and_commands_run_again() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     run_one_spec("[restart]", "exec across a kubelet restart", exec_body).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts a node's kubelet: run via cargo xtask test"]
 async fn a_kubelet_restarted_while_it_registers_a_plugin_registers_it_again() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (config, admin) = config_and_client().await;
     let client = tunnel_client(&config).unwrap();
     let list = Api::<Node>::all(admin.clone()).list(&ListParams::default()).await.unwrap();
@@ -308,5 +315,6 @@ async fn prepare_body(ctx: Ctx) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "restarts a node's kubelet: run via cargo xtask test"]
 async fn a_kubelet_restarted_while_it_prepares_a_claim_prepares_it_once_and_runs_the_pod() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     run_one_spec("[restart]", "kubelet restart during NodePrepareResources", prepare_body).await;
 }
