@@ -116,3 +116,101 @@ async fn read_into(pipe: Pipe, buf: &mut Vec<u8>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::SinkExt as _;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, AttachParams};
+    use tokio::io::AsyncReadExt as _;
+    use tokio_tungstenite::tungstenite::{
+        Message,
+        handshake::server::{ErrorResponse, Request, Response},
+        http::HeaderValue,
+    };
+
+    use super::*;
+
+    /// Upper bound for a stream to end; what ends does so at once.
+    const T: Duration = Duration::from_secs(10);
+
+    /// How the peer ends the stream after its stdout.
+    #[derive(Clone, Copy)]
+    enum End {
+        /// The exit status, then a close frame.
+        Status,
+        /// The TCP connection drops without a close frame (a kubelet restart).
+        Break,
+    }
+
+    /// An API server's exec endpoint on 127.0.0.1 that speaks `v5.channel.k8s.io`: it sends
+    /// `stdout` and then ends as `end` says. A client of it.
+    async fn peer(stdout: &'static [u8], end: End) -> (kube::Client, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut ws = tokio_tungstenite::accept_hdr_async(tcp, v5).await.unwrap();
+            ws.send(Message::binary([&[1u8][..], stdout].concat())).await.unwrap();
+            if let End::Status = end {
+                let status = br#"{"metadata":{},"status":"Success"}"#;
+                ws.send(Message::binary([&[3u8][..], status].concat())).await.unwrap();
+                ws.close(None).await.unwrap();
+            }
+            // Dropping the stream closes the TCP connection; no close frame for `Break`.
+        });
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        (kube::Client::try_from(config).unwrap(), served)
+    }
+
+    /// Answers the upgrade with kube's preferred subprotocol.
+    #[allow(clippy::result_large_err)] // tungstenite's callback signature
+    fn v5(_: &Request, mut response: Response) -> Result<Response, ErrorResponse> {
+        let v5 = HeaderValue::from_static("v5.channel.k8s.io");
+        response.headers_mut().insert("Sec-WebSocket-Protocol", v5);
+        Ok(response)
+    }
+
+    async fn exec(client: kube::Client) -> AttachedProcess {
+        let params = AttachParams::default().stdin(false).stdout(true).stderr(true);
+        Api::<Pod>::namespaced(client, "ns").exec("pod", ["cmd"], &params).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_with_a_status_is_read_to_its_end() {
+        let (client, served) = peer(b"all of it\n", End::Status).await;
+        let collected = tokio::time::timeout(T, collect(exec(client).await)).await.unwrap();
+        served.await.unwrap();
+        assert_eq!(collected.stdout, b"all of it\n");
+        assert_eq!(collected.status.unwrap().status.as_deref(), Some("Success"));
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_breaks_ends_at_once_with_what_arrived() {
+        let (client, served) = peer(b"partial", End::Break).await;
+        let collected = tokio::time::timeout(T, collect(exec(client).await))
+            .await
+            .expect("a broken stream must end, not wait for pipes that never close");
+        served.await.unwrap();
+        assert_eq!(collected.stdout, b"partial");
+        let reason = collected.status.unwrap_err();
+        assert!(reason.starts_with("the stream broke:"), "{reason}");
+    }
+
+    /// Why [`collect`] exists: kube 5 leaves the pipes of a broken stream open. When a kube
+    /// release closes them, this fails, and `collect` may read to the end again.
+    #[tokio::test]
+    async fn kube_leaves_the_pipes_of_a_broken_stream_open() {
+        let (client, served) = peer(b"partial", End::Break).await;
+        let mut process = exec(client).await;
+        let mut stdout = process.stdout().unwrap();
+        served.await.unwrap();
+        let mut read = Vec::new();
+        let waited = tokio::time::timeout(Duration::from_secs(1), stdout.read_to_end(&mut read)).await;
+        assert!(waited.is_err(), "stdout ended ({waited:?}): kube closes broken streams' pipes now");
+        assert_eq!(read, b"partial");
+        assert!(process.join().await.is_err());
+    }
+}
