@@ -19,9 +19,12 @@ use serde::Serialize;
 
 use crate::{
     cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
+    cluster::credentials::{self, Credentials},
     cluster::preflight::{ClusterInfo, NodeInfo, PreflightError},
     cluster::reconnect,
+    cluster::resend::CREATE_TOKEN_LABEL,
     cluster::run_identity::MANAGED_BY_LABEL,
+    cluster::transport::{self, Failure, TlsProblem},
     duration,
 };
 
@@ -38,10 +41,6 @@ const DEFAULT_SERVICE_ACCOUNT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Annotation with the spec's full text on its namespace.
 pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
-
-/// Label with a token per namespace create request: a create whose answer was lost (the API
-/// server went away) may still have made the namespace, which is then found by it.
-const CREATE_TOKEN_LABEL: &str = "dra-e2e.k8s.io/create-token";
 
 /// How long removing a namespace that a failed create may have made may take, its being gone
 /// included.
@@ -83,6 +82,8 @@ pub struct KubeBackend {
     /// The same identity, with `TCP_NODELAY` connections, for port-forward and exec.
     stream_client: Client,
     server: String,
+    /// The kubeconfig's credentials, for the sentence of a refusal.
+    credentials: Credentials,
 }
 
 impl KubeBackend {
@@ -114,6 +115,7 @@ impl KubeBackend {
         };
         config.connect_timeout = Some(CONNECT_TIMEOUT);
         let server = config.cluster_url.to_string();
+        let credentials = Credentials::of(&config);
         let bad = |e: kube::Error| PreflightError::Kubeconfig {
             path: kubeconfig.map_or_else(|| "(inferred)".to_owned(), |p| p.display().to_string()),
             reason: root_cause(&e),
@@ -121,12 +123,12 @@ impl KubeBackend {
         let stream_client = nodelay_client(&config).map_err(bad)?;
         let client =
             reconnect::reconnecting(Client::try_from(config).map_err(bad)?, reconnect::RECONNECT_BUDGET);
-        Ok(Self { client, stream_client, server })
+        Ok(Self { client, stream_client, server, credentials })
     }
 
     /// Uses an existing client.
     pub fn new(client: Client, server: impl Into<String>) -> Self {
-        Self { stream_client: client.clone(), client, server: server.into() }
+        Self { stream_client: client.clone(), client, server: server.into(), credentials: Credentials::None }
     }
 
     /// The same backend whose clients stamp every object they create with the run's identity
@@ -136,14 +138,38 @@ impl KubeBackend {
             client: crate::cluster::run_identity::stamp(self.client, run_id),
             stream_client: crate::cluster::run_identity::stamp(self.stream_client, run_id),
             server: self.server,
+            credentials: self.credentials,
         }
     }
 
-    fn classify(&self, error: kube::Error) -> PreflightError {
+    /// Why `error` keeps the run from using the cluster, in one sentence that says what to fix:
+    /// TLS refusals and the API server's `401` and `403` each have their own.
+    pub fn refusal(&self, error: kube::Error) -> PreflightError {
         let server = self.server.clone();
+        if let Failure::Tls(problem) = transport::failure(&error) {
+            return match problem {
+                TlsProblem::ServerNotTrusted { reason, detail } => {
+                    PreflightError::ServerNotTrusted { server, reason: reason.to_owned(), detail }
+                }
+                TlsProblem::ClientCertificateRefused { detail } => {
+                    self.client_certificate_refused(format!("the TLS handshake failed: {detail}"))
+                }
+                TlsProblem::Other { detail } => {
+                    PreflightError::Other { server, reason: format!("the TLS handshake failed: {detail}") }
+                }
+            };
+        }
         match error {
-            kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
-                PreflightError::Unauthorized { server, reason: format!("{} {}", status.code, status.message) }
+            kube::Error::Api(status) if status.code == 401 => {
+                let reason = format!("401 {}", status.message);
+                match self.credentials {
+                    Credentials::ClientCertificate { .. } => self.client_certificate_refused(reason),
+                    Credentials::Token => PreflightError::TokenRefused { server, reason },
+                    Credentials::None => PreflightError::Unauthorized { server, reason },
+                }
+            }
+            kube::Error::Api(status) if status.code == 403 => {
+                PreflightError::Forbidden { server, reason: format!("403 {}", status.message) }
             }
             e @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => {
                 PreflightError::Unreachable { server, reason: root_cause(&e) }
@@ -152,12 +178,35 @@ impl KubeBackend {
         }
     }
 
+    /// The API server refused the kubeconfig's client certificate: expired, or not its CA's.
+    fn client_certificate_refused(&self, reason: String) -> PreflightError {
+        let server = self.server.clone();
+        match self.credentials {
+            Credentials::ClientCertificate { expires: Some(expires) }
+                if expires <= std::time::SystemTime::now() =>
+            {
+                PreflightError::ClientCertificateExpired {
+                    server,
+                    expired: credentials::display_time(expires),
+                    reason,
+                }
+            }
+            Credentials::ClientCertificate { .. } => {
+                PreflightError::ClientCertificateRefused { server, reason }
+            }
+            Credentials::Token | Credentials::None => PreflightError::Unauthorized {
+                server,
+                reason: format!("{reason}; it asks for a client certificate, and the kubeconfig has none"),
+            },
+        }
+    }
+
     async fn discover(&self) -> Result<ClusterInfo, PreflightError> {
         // Asked once, through the client that does not send a request again: an API server
         // that cannot be reached is refused at once with its reason, not waited for.
-        let version = self.stream_client.apiserver_version().await.map_err(|e| self.classify(e))?;
-        let core = self.client.list_core_api_versions().await.map_err(|e| self.classify(e))?;
-        let groups = self.client.list_api_groups().await.map_err(|e| self.classify(e))?;
+        let version = self.stream_client.apiserver_version().await.map_err(|e| self.refusal(e))?;
+        let core = self.client.list_core_api_versions().await.map_err(|e| self.refusal(e))?;
+        let groups = self.client.list_api_groups().await.map_err(|e| self.refusal(e))?;
         let mut api_versions: BTreeSet<String> = core.versions.into_iter().collect();
         for group in groups.groups {
             api_versions.extend(group.versions.into_iter().map(|v| v.group_version));
@@ -172,7 +221,7 @@ impl KubeBackend {
         let nodes = Api::<Node>::all(self.client.clone())
             .list(&ListParams::default())
             .await
-            .map_err(|e| self.classify(e))?;
+            .map_err(|e| self.refusal(e))?;
         info.nodes = nodes.items.into_iter().map(node_info).collect();
         info.api_server_gates = self.api_server_gates().await;
         Ok(info)
