@@ -210,6 +210,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_tls_refusal_is_never_sent_again() {
+        // Answers the first request; refuses every later one as a server of an unknown CA does.
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&sent);
+        let inner = Client::new(
+            tower::service_fn(move |_request: http::Request<Body>| {
+                let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        let namespace = br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"n"}}"#;
+                        return Ok(http::Response::builder()
+                            .status(200)
+                            .body(Body::from(namespace.to_vec()))
+                            .unwrap());
+                    }
+                    let tls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+                    let io = std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, tls));
+                    Err::<http::Response<Body>, _>(Box::new(io) as Box<dyn std::error::Error + Send + Sync>)
+                }
+            }),
+            "default",
+        );
+        let api: Api<Namespace> = Api::all(reconnecting(inner, Duration::from_secs(3600)));
+        api.get("n").await.unwrap();
+        let error = tokio::time::timeout(Duration::from_secs(60), api.get("n")).await.unwrap().unwrap_err();
+        assert!(matches!(transport::failure(&error), Failure::Tls(_)), "{error}");
+        assert_eq!(sent.load(Ordering::SeqCst), 2, "not sent again");
+    }
+
+    #[tokio::test]
     async fn answers_are_the_caller_s_even_errors() {
         let addr = free_addr();
         let posts = Arc::new(AtomicUsize::new(0));

@@ -67,14 +67,17 @@ fn chain<'a>(error: &'a (dyn StdError + 'static)) -> impl Iterator<Item = &'a (d
 }
 
 /// The rustls error `error` is or carries. An `io::Error` hides the error it wraps from
-/// `source()` (it gives that error's source), so it is looked into.
+/// `source()` (it gives that error's source), so it is looked into, as deep as it nests
+/// (hyper-rustls' connector wraps the `io::Error` of tokio-rustls in another).
 fn rustls_error<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rustls::Error> {
-    if let Some(tls) = error.downcast_ref::<rustls::Error>() {
-        return Some(tls);
+    let mut current = error;
+    loop {
+        if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let inner = current.downcast_ref::<std::io::Error>()?.get_ref()?;
+        current = inner;
     }
-    let inner = error.downcast_ref::<std::io::Error>()?.get_ref()?;
-    let inner: &(dyn StdError + 'static) = inner;
-    inner.downcast_ref::<rustls::Error>()
 }
 
 fn tls_problem(error: &rustls::Error) -> TlsProblem {
@@ -114,10 +117,11 @@ fn tls_problem(error: &rustls::Error) -> TlsProblem {
 mod tests {
     use super::*;
 
-    /// An error as hyper-rustls' connector gives it: the rustls error in an `io::Error`.
+    /// An error as hyper-rustls' connector gives it: the rustls error in an `io::Error` in
+    /// another.
     fn wrapped(error: rustls::Error) -> kube::Error {
         let io = std::io::Error::new(std::io::ErrorKind::InvalidData, error);
-        kube::Error::Service(Box::new(io))
+        kube::Error::Service(Box::new(std::io::Error::other(io)))
     }
 
     #[test]
