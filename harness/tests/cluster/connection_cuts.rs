@@ -154,7 +154,7 @@ async fn a_device_class_survives_cuts_of_its_create_update_and_delete() {
     let case = name.as_str();
     let class = DeviceClass {
         metadata: ObjectMeta { name: Some(name.clone()), labels: labels(case), ..ObjectMeta::default() },
-        spec: DeviceClassSpec::default(),
+        spec: Some(DeviceClassSpec::default()),
     };
     let api = Api::<DeviceClass>::all(client);
     let checked = async {
