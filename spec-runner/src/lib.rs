@@ -131,10 +131,9 @@ mod select;
 mod spec;
 
 pub use args::{RunnerArgs, run, run_on, run_versioned};
+pub use cluster::artifact_files::write_list;
 pub use cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
-pub use cluster::kube_backend::{
-    KubeBackend, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client, write_list,
-};
+pub use cluster::kube_backend::{KubeBackend, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client};
 pub use cluster::leftovers::{
     GoneRun, Leftover, LeftoverError, Leftovers, find as find_leftovers, remove as remove_leftovers,
 };

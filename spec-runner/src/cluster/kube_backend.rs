@@ -2,38 +2,34 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    error::Error as StdError,
     path::Path,
     time::Duration,
 };
 
+use crate::{
+    cluster::artifact_files::{pod_logs, write_list},
+    cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
+    cluster::credentials::Credentials,
+    cluster::preflight::{ClusterInfo, NodeInfo, PreflightError},
+    cluster::reconnect,
+    cluster::refusal::{self, root_cause},
+    cluster::resend::CREATE_TOKEN_LABEL,
+    cluster::run_identity::MANAGED_BY_LABEL,
+    duration,
+};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use kube::{
     Api, Client, Config,
-    api::{DeleteParams, ListParams, LogParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
     core::ObjectMeta,
-};
-use serde::Serialize;
-
-use crate::{
-    cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
-    cluster::credentials::{self, Credentials},
-    cluster::preflight::{ClusterInfo, NodeInfo, PreflightError},
-    cluster::reconnect,
-    cluster::resend::CREATE_TOKEN_LABEL,
-    cluster::run_identity::MANAGED_BY_LABEL,
-    cluster::transport::{self, Failure, TlsProblem},
-    duration,
 };
 
 /// How long preflight may take in total (connect, discovery, nodes).
 pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP connect timeout of the client.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Container logs are cut after this many bytes (the API server's `limitBytes`).
-const LOG_LIMIT_BYTES: i64 = 10 << 20;
 
 /// How long a new namespace may wait for its `default` ServiceAccount (upstream's
 /// `ServiceAccountProvisionTimeout`).
@@ -142,63 +138,10 @@ impl KubeBackend {
         }
     }
 
-    /// Why `error` keeps the run from using the cluster, in one sentence that says what to fix:
-    /// TLS refusals and the API server's `401` and `403` each have their own.
+    /// Why `error` keeps the run from using the cluster, in one sentence that says what to fix
+    /// ([`crate::cluster::refusal`]).
     pub fn refusal(&self, error: kube::Error) -> PreflightError {
-        let server = self.server.clone();
-        if let Failure::Tls(problem) = transport::failure(&error) {
-            return match problem {
-                TlsProblem::ServerNotTrusted { reason, detail } => {
-                    PreflightError::ServerNotTrusted { server, reason: reason.to_owned(), detail }
-                }
-                TlsProblem::ClientCertificateRefused { detail } => {
-                    self.client_certificate_refused(format!("the TLS handshake failed: {detail}"))
-                }
-                TlsProblem::Other { detail } => {
-                    PreflightError::Other { server, reason: format!("the TLS handshake failed: {detail}") }
-                }
-            };
-        }
-        match error {
-            kube::Error::Api(status) if status.code == 401 => {
-                let reason = format!("401 {}", status.message);
-                match self.credentials {
-                    Credentials::ClientCertificate { .. } => self.client_certificate_refused(reason),
-                    Credentials::Token => PreflightError::TokenRefused { server, reason },
-                    Credentials::None => PreflightError::Unauthorized { server, reason },
-                }
-            }
-            kube::Error::Api(status) if status.code == 403 => {
-                PreflightError::Forbidden { server, reason: format!("403 {}", status.message) }
-            }
-            e @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => {
-                PreflightError::Unreachable { server, reason: root_cause(&e) }
-            }
-            e => PreflightError::Other { server, reason: root_cause(&e) },
-        }
-    }
-
-    /// The API server refused the kubeconfig's client certificate: expired, or not its CA's.
-    fn client_certificate_refused(&self, reason: String) -> PreflightError {
-        let server = self.server.clone();
-        match self.credentials {
-            Credentials::ClientCertificate { expires: Some(expires) }
-                if expires <= std::time::SystemTime::now() =>
-            {
-                PreflightError::ClientCertificateExpired {
-                    server,
-                    expired: credentials::display_time(expires),
-                    reason,
-                }
-            }
-            Credentials::ClientCertificate { .. } => {
-                PreflightError::ClientCertificateRefused { server, reason }
-            }
-            Credentials::Token | Credentials::None => PreflightError::Unauthorized {
-                server,
-                reason: format!("{reason}; it asks for a client certificate, and the kubeconfig has none"),
-            },
-        }
+        refusal::refusal(&self.server, self.credentials, error)
     }
 
     async fn discover(&self) -> Result<ClusterInfo, PreflightError> {
@@ -281,15 +224,6 @@ fn node_info(node: Node) -> NodeInfo {
         ready: status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True"),
         schedulable: !spec.unschedulable.unwrap_or(false) && !tainted,
     }
-}
-
-/// The innermost cause of an error (the most specific message: "Connection refused (os error 111)").
-fn root_cause(error: &(dyn StdError + 'static)) -> String {
-    let mut current = error;
-    while let Some(source) = current.source() {
-        current = source;
-    }
-    current.to_string()
 }
 
 #[async_trait]
@@ -495,88 +429,6 @@ impl ClusterBackend for KubeBackend {
     }
 }
 
-#[derive(Serialize)]
-struct List<'a, T> {
-    #[serde(rename = "apiVersion")]
-    api_version: &'static str,
-    kind: &'static str,
-    items: &'a [T],
-}
-
-/// Writes `items` as a `v1 List` in YAML, without `managedFields` (as `kubectl get -o yaml`), to
-/// `dir/file`; for artifact sources. The error says what failed (listing, serializing, writing).
-pub async fn write_list<T: Serialize>(
-    dir: &Path,
-    file: &str,
-    items: Result<Vec<T>, kube::Error>,
-) -> Result<(), String> {
-    let items = items.map_err(|e| format!("list failed: {e}"))?;
-    let items: Vec<serde_json::Value> = items
-        .iter()
-        .map(|item| {
-            let mut value = serde_json::to_value(item).map_err(|e| format!("cannot serialize: {e}"))?;
-            if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-                meta.remove("managedFields");
-            }
-            Ok(value)
-        })
-        .collect::<Result<_, String>>()?;
-    let yaml = serde_yaml::to_string(&List { api_version: "v1", kind: "List", items: &items })
-        .map_err(|e| format!("cannot serialize: {e}"))?;
-    tokio::fs::write(dir.join(file), yaml)
-        .await
-        .map_err(|e| format!("cannot write {}: {e}", dir.join(file).display()))
-}
-
-/// `logs/<pod>/<container>.log` for every container (init and ephemeral
-/// ones too), plus `<container>.previous.log` for restarted containers.
-async fn pod_logs(client: &Client, ns: &str, pod: &Pod, logs_dir: &Path) -> Result<(), String> {
-    let Some(name) = pod.metadata.name.as_deref() else { return Ok(()) };
-    let dir = logs_dir.join(name);
-    tokio::fs::create_dir_all(&dir).await.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let spec = pod.spec.clone().unwrap_or_default();
-    let status = pod.status.clone().unwrap_or_default();
-    let mut restarts: BTreeMap<String, i32> = BTreeMap::new();
-    for s in
-        [&status.init_container_statuses, &status.container_statuses, &status.ephemeral_container_statuses]
-            .into_iter()
-            .flatten()
-            .flatten()
-    {
-        restarts.insert(s.name.clone(), s.restart_count);
-    }
-    let containers = spec
-        .init_containers
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.name)
-        .chain(spec.containers.into_iter().map(|c| c.name))
-        .chain(spec.ephemeral_containers.unwrap_or_default().into_iter().map(|c| c.name));
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    for container in containers {
-        let mut runs = vec![(false, format!("{container}.log"))];
-        if restarts.get(&container).copied().unwrap_or(0) > 0 {
-            runs.push((true, format!("{container}.previous.log")));
-        }
-        for (previous, file) in runs {
-            let params = LogParams {
-                container: Some(container.clone()),
-                previous,
-                timestamps: true,
-                limit_bytes: Some(LOG_LIMIT_BYTES),
-                ..LogParams::default()
-            };
-            // A container that never started has no log; say so in the file.
-            let text = api.logs(name, &params).await.unwrap_or_else(|e| format!("(no log: {e})\n"));
-            let path = dir.join(file);
-            tokio::fs::write(&path, text)
-                .await
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        }
-    }
-    Ok(())
-}
-
 /// Waits until the object `name` with `uid` is gone. A failed watch (the API server restarting,
 /// say) is retried each second; the caller bounds the wait.
 pub(crate) async fn await_deleted<K>(api: Api<K>, name: &str, uid: &str)
@@ -633,7 +485,10 @@ async fn until_no_pods(api: Api<Pod>) -> Result<(), kube::runtime::watcher::Erro
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::{
+        error::Error as StdError,
+        sync::{Arc, Mutex},
+    };
 
     use http_body_util::BodyExt as _;
     use kube::client::Body;
