@@ -17,6 +17,12 @@ use support::tls::{Ca, TlsServer, User, kubeconfig};
 /// Far less than the run's client waits for an API server that went away (60 s).
 const BOUND: Duration = Duration::from_secs(30);
 
+/// [`refused`] for a kubeconfig of `server` trusting `ca_pem`, with `user`.
+async fn refused_by(server: &str, ca_pem: &str, user: &User<'_>) -> PreflightError {
+    let dir = tempfile::tempdir().unwrap();
+    refused(&kubeconfig(dir.path(), server, ca_pem, user)).await
+}
+
 /// Preflight through a backend of `kubeconfig`, and the same first request through the run's
 /// client: both refused within [`BOUND`]; preflight's error.
 async fn refused(kubeconfig: &Path) -> PreflightError {
@@ -29,21 +35,17 @@ async fn refused(kubeconfig: &Path) -> PreflightError {
 
 #[tokio::test]
 async fn a_server_that_does_not_listen() {
-    let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let ca = Ca::new("ca");
-    let path = kubeconfig(dir.path(), &format!("https://127.0.0.1:{port}"), ca.pem(), &User::Token("t"));
-    let error = refused(&path).await;
+    let error = refused_by(&format!("https://127.0.0.1:{port}"), ca.pem(), &User::Token("t")).await;
     assert!(matches!(error, PreflightError::Unreachable { .. }), "{error}");
     assert!(error.to_string().contains("Connection refused"), "{error}");
 }
 
 #[tokio::test]
 async fn a_server_whose_certificate_another_ca_signed() {
-    let dir = tempfile::tempdir().unwrap();
     let server = TlsServer::start(&Ca::new("the server's"), None, 200).await;
-    let path = kubeconfig(dir.path(), &server.url(), Ca::new("another").pem(), &User::Token("t"));
-    let error = refused(&path).await;
+    let error = refused_by(&server.url(), Ca::new("another").pem(), &User::Token("t")).await;
     assert!(matches!(error, PreflightError::ServerNotTrusted { .. }), "{error}");
     let text = error.to_string();
     assert!(
@@ -58,12 +60,10 @@ async fn a_server_whose_certificate_another_ca_signed() {
 
 #[tokio::test]
 async fn an_expired_client_certificate_refused_with_401() {
-    let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("ca");
     let server = TlsServer::start(&ca, None, 401).await;
     let expired = ca.client("admin", (2021, 3, 4));
-    let path = kubeconfig(dir.path(), &server.url(), ca.pem(), &User::Certificate(&expired));
-    let error = refused(&path).await;
+    let error = refused_by(&server.url(), ca.pem(), &User::Certificate(&expired)).await;
     assert!(matches!(error, PreflightError::ClientCertificateExpired { .. }), "{error}");
     assert!(
         error
@@ -75,46 +75,38 @@ async fn an_expired_client_certificate_refused_with_401() {
 
 #[tokio::test]
 async fn an_expired_client_certificate_refused_in_the_handshake() {
-    let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("ca");
     let server = TlsServer::start(&ca, Some(&ca), 200).await;
     let expired = ca.client("admin", (2021, 3, 4));
-    let path = kubeconfig(dir.path(), &server.url(), ca.pem(), &User::Certificate(&expired));
-    let error = refused(&path).await;
+    let error = refused_by(&server.url(), ca.pem(), &User::Certificate(&expired)).await;
     assert!(matches!(error, PreflightError::ClientCertificateExpired { .. }), "{error}");
     assert!(error.to_string().contains("CertificateExpired"), "{error}");
 }
 
 #[tokio::test]
 async fn a_client_certificate_of_another_ca() {
-    let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("ca");
     let server = TlsServer::start(&ca, None, 401).await;
     let theirs = Ca::new("another").client("admin", (2090, 1, 1));
-    let path = kubeconfig(dir.path(), &server.url(), ca.pem(), &User::Certificate(&theirs));
-    let error = refused(&path).await;
+    let error = refused_by(&server.url(), ca.pem(), &User::Certificate(&theirs)).await;
     assert!(matches!(error, PreflightError::ClientCertificateRefused { .. }), "{error}");
     assert!(error.to_string().contains("not issued by this cluster's client CA"), "{error}");
 }
 
 #[tokio::test]
 async fn a_token_refused_with_401() {
-    let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("ca");
     let server = TlsServer::start(&ca, None, 401).await;
-    let path = kubeconfig(dir.path(), &server.url(), ca.pem(), &User::Token("stale"));
-    let error = refused(&path).await;
+    let error = refused_by(&server.url(), ca.pem(), &User::Token("stale")).await;
     assert!(matches!(error, PreflightError::TokenRefused { .. }), "{error}");
     assert!(error.to_string().contains("refused the kubeconfig's token (401 Unauthorized)"), "{error}");
 }
 
 #[tokio::test]
 async fn a_user_forbidden_with_403() {
-    let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("ca");
     let server = TlsServer::start(&ca, None, 403).await;
-    let path = kubeconfig(dir.path(), &server.url(), ca.pem(), &User::Token("viewer"));
-    let error = refused(&path).await;
+    let error = refused_by(&server.url(), ca.pem(), &User::Token("viewer")).await;
     assert!(matches!(error, PreflightError::Forbidden { .. }), "{error}");
     assert!(error.to_string().contains("use an admin kubeconfig (a user bound to cluster-admin)"), "{error}");
 }
