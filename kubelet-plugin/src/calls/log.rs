@@ -67,6 +67,9 @@ pub struct CallRecord {
     pub status: Option<CallStatus>,
     /// The call was failed by an injected fault without reaching the handler.
     pub injected: bool,
+    /// UIDs of the claims whose answer carries an injected per-claim error
+    /// ([`super::Calls::fail_claim`]); the call itself went on.
+    pub injected_claims: Vec<String>,
     /// The call is currently held by a [`super::Calls::block`].
     pub blocked: bool,
     /// When the call arrived.
@@ -132,6 +135,9 @@ impl CallRecord {
         }
         if self.injected {
             line.push_str(" [injected]");
+        }
+        if !self.injected_claims.is_empty() {
+            line.push_str(&format!(" [injected for claim UID(s) {}]", self.injected_claims.join(", ")));
         }
         if let Some(request) = &self.request {
             line.push_str(&format!(" request={request}"));
