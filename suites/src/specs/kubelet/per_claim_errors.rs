@@ -2,13 +2,13 @@
 //! claim of a `NodePrepareResources` / `NodeUnprepareResources` call that itself succeeds (the
 //! per-claim `error` of the answer, injected with [`Driver::fail_claim`]). One node, ten
 //! network-attached devices, one pod with two claims of the driver, so that every call names both
-//! claims (the kubelet batches a pod's claims per driver: pkg/kubelet/cm/dra/manager.go:410-414
+//! claims (the kubelet batches a pod's claims per driver: pkg/kubelet/cm/dra/manager.go:402-409
 //! and 712-718 of v1.37.2) and only one of them fails.
 //!
 //! What the kubelet (v1.37.2, pkg/kubelet) does with a per-claim error:
 //! - prepare: `prepareResources` returns `NodePrepareResources failed for ResourceClaim <name>:
 //!   <error>` (cm/dra/manager.go:435-436) before it marks any claim of the pod prepared
-//!   (manager.go:474-483, so the retry sends every claim again); `SyncPod` records the event
+//!   (manager.go:474-481, so the retry sends every claim again); `SyncPod` records the event
 //!   `FailedPrepareDynamicResources` and does not create the sandbox
 //!   (kuberuntime/kuberuntime_manager.go:1720-1728); that is not a sync error, so the pod is
 //!   synced again at its next resync, `syncFrequency` plus up to 50 % (pod_workers.go:1529-1531).
@@ -19,7 +19,10 @@
 //!   back-off, 10 s plus up to 50 % (pod_workers.go:1536-1547, kubelet.go:223). While the claims
 //!   are cached the pod "could have running containers" (kubelet_pods.go:1130), so the kubelet
 //!   neither reports a terminal phase (status/status_manager.go:1504-1509) nor deletes the pod
-//!   (status_manager.go:1340), and the claims stay reserved for it.
+//!   (status_manager.go:1340), and the claims stay reserved for it (the resource claim
+//!   controller releases them when the pod is terminal or gone:
+//!   pkg/controller/resourceclaim/controller.go:1810-1814). No event: the failed sync is only
+//!   logged (pod_workers.go:1336-1338).
 
 use std::time::Duration;
 
@@ -101,19 +104,21 @@ fn expect_named_alike(failing: &ClaimCalls, other: &ClaimCalls, prepare: bool, l
     let ids = |history: &ClaimCalls| -> Vec<u64> {
         history.calls.iter().filter(|c| c.prepare == prepare).map(|c| c.id).collect()
     };
-    let finished = other.calls.iter().filter(|c| c.prepare == prepare && c.record.is_finished());
+    let mut finished = other.calls.iter().filter(|c| c.prepare == prepare && c.record.is_finished());
     expect!(
-        ids(failing) == ids(other) && finished.clone().all(|c| c.succeeded() && !c.injected),
-        "the other claim {} must be named, and succeed, in exactly the calls that named the failing claim          {}: {other}\ncall log:\n{log}",
+        ids(failing) == ids(other) && finished.all(|c| c.succeeded() && !c.injected),
+        "the other claim {} must be named, and succeed, in exactly the calls that named the failing \
+         claim {}: {other}\ncall log:\n{log}",
         other.uid,
         failing.uid
     );
     Ok(())
 }
 
-/// A per-claim prepare error keeps the pod from starting, and the kubelet prepares again (all
-/// of the pod's claims: the one that succeeded is not marked prepared either) until the claim is
-/// prepared, then starts the pod with the devices of both claims.
+/// A per-claim prepare error keeps the pod from starting (kuberuntime_manager.go:1720-1728), and
+/// the kubelet prepares again (all of the pod's claims: the one that succeeded is not marked
+/// prepared either, manager.go:474-481) until the claim is prepared, then starts the pod with the
+/// devices of both claims.
 async fn prepare_retried(ctx: Ctx) -> SpecResult {
     let (driver, b, node, [failing, other], pod) = setup(&ctx).await?;
     let calls = driver.calls(&node).clone();
@@ -172,7 +177,7 @@ async fn prepare_retried(ctx: Ctx) -> SpecResult {
     b.expect_env_exact(&running, &container.name, &env).await?;
 
     // Exactly: the injected failures, then one successful prepare; the kubelet does not prepare
-    // a prepared claim again (manager.go:389-393). The other claim went along in every call.
+    // a prepared claim again (manager.go:386-390). The other claim went along in every call.
     let log = calls.log();
     let failing_history = ClaimCalls::of(&log, &uid(&failing));
     let prepares: Vec<_> = failing_history.prepares().collect();
@@ -198,8 +203,9 @@ fn started(pod: &Pod) -> bool {
 }
 
 /// A per-claim unprepare error keeps the claim prepared (cached and checkpointed by the kubelet,
-/// held by the plugin), keeps the pod from going terminal or away and its claims reserved, and
-/// the kubelet unprepares both claims again until the failing one succeeds; then the pod goes.
+/// manager.go:749-750 returns before 761-778; held by the plugin), keeps the pod from going
+/// terminal or away and its claims reserved (kubelet_pods.go:1130, status_manager.go:1504-1509),
+/// and the kubelet unprepares both claims again until the failing one succeeds; then the pod goes.
 async fn unprepare_retried(ctx: Ctx) -> SpecResult {
     let (driver, b, node, [failing, other], pod) = setup(&ctx).await?;
     let calls = driver.calls(&node).clone();
