@@ -195,7 +195,8 @@ impl CallLog {
         self.count_where(filter, CallRecord::failed)
     }
 
-    /// Number of matching calls failed by an injected fault.
+    /// Number of matching calls failed as a whole by an injected fault (an injected per-claim
+    /// error does not fail its call: see [`super::Calls::claim`]).
     pub fn injected(&self, filter: impl Into<CallFilter>) -> usize {
         self.count_where(filter, |r| r.injected)
     }
