@@ -331,6 +331,17 @@ mod tests {
 
     #[test]
     fn ginkgos_own_types_decode_the_report_strictly() {
+        // One spec failing each way, where ginkgo would say it failed.
+        let failing = [
+            ("times out", FailureKind::Timeout, "timed out"),
+            ("has no namespace", FailureKind::Setup, "cannot create the spec's namespace: refused"),
+            ("leaves a pod", FailureKind::Cleanup, "cleanup \"delete pod x\" failed"),
+            ("panics", FailureKind::Panic, "panicked: oops"),
+            ("is interrupted", FailureKind::Interrupted, "interrupted (Ctrl-C) while running"),
+        ]
+        .map(|(text, kind, message)| {
+            spec(&format!("[sig-node] [DRA] {text}"), &[], Outcome::failed(kind, message), 1)
+        });
         let run = RunReport {
             specs: vec![
                 SpecReport {
@@ -356,37 +367,10 @@ mod tests {
                     },
                     2,
                 ),
-                spec(
-                    "[sig-node] [DRA] times out",
-                    &[],
-                    Outcome::failed(FailureKind::Timeout, "timed out"),
-                    1,
-                ),
-                spec(
-                    "[sig-node] [DRA] has no namespace",
-                    &[],
-                    Outcome::failed(FailureKind::Setup, "cannot create the spec's namespace: refused"),
-                    1,
-                ),
-                spec(
-                    "[sig-node] [DRA] leaves a pod",
-                    &[],
-                    Outcome::failed(FailureKind::Cleanup, "cleanup \"delete pod x\" failed"),
-                    1,
-                ),
-                spec(
-                    "[sig-node] [DRA] panics",
-                    &[],
-                    Outcome::failed(FailureKind::Panic, "panicked: oops"),
-                    1,
-                ),
-                spec(
-                    "[sig-node] [DRA] is interrupted",
-                    &[],
-                    Outcome::failed(FailureKind::Interrupted, "interrupted (Ctrl-C) while running"),
-                    1,
-                ),
-            ],
+            ]
+            .into_iter()
+            .chain(failing)
+            .collect(),
             wall_time: Duration::from_secs(12),
             repeat: 1,
             seed: 4242,

@@ -1,15 +1,20 @@
 //! `cargo xtask mutants`: how many kubelet, scheduler and controller bugs the suites catch. Puts
 //! one small bug at a time ([`catalogue`]) into a Kubernetes checkout's DRA code ([`checkout`]),
 //! brings the local cluster up from it (`cluster up --k8s-source`, which rebuilds what the bug
-//! touched), runs the lane that should catch it and reports which specs failed and why
-//! ([`report`]). The unmutated checkout runs first (a lane that fails without a bug proves
-//! nothing); afterwards the cluster is brought back to the pinned release.
+//! touched), runs the lane that should catch it and reports which specs caught it ([`verdict`]:
+//! only an assertion that passed on the baseline and fails again when run once more counts) in a
+//! table ([`report`]). The unmutated checkout runs first (a lane that fails without a bug proves
+//! nothing); afterwards the cluster is brought back to the pinned release. Ctrl-C stops the
+//! command: the mutant in progress gets no verdict and comes out of the checkout, the table of
+//! those before it is written, and it exits 130.
 
 pub mod catalogue;
 pub mod checkout;
 pub mod report;
+pub mod verdict;
 
 use std::{
+    collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
     process::ExitCode,
 };
@@ -18,9 +23,17 @@ use anyhow::{Context, Result, bail};
 
 use self::{
     catalogue::{Lane, Mutant},
-    report::Verdict,
+    verdict::{FirstRun, Verdict},
 };
-use crate::{common::layout::Layout, e2e, usage::UsageError};
+use crate::{
+    common::layout::Layout,
+    e2e,
+    test::{
+        lane_run::{Ran, SuiteRun},
+        steps::{INTERRUPTED, Stop},
+    },
+    usage::UsageError,
+};
 
 /// What `cargo xtask mutants` was asked.
 #[derive(Debug, Clone, Default)]
@@ -79,41 +92,50 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
     let runner = e2e::build_runner(&repo, e2e::Build::Binary)?;
     let out = e2e::target_dir(&repo).join("e2e").join("mutants");
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
-    let cluster = Cluster { checkout: &checkout, version: version.as_deref(), runner: &runner, out: &out };
+    let stop = Stop::on_ctrl_c();
+    let cluster =
+        Cluster { checkout: &checkout, version: version.as_deref(), runner: &runner, out: &out, stop: &stop };
 
-    if !options.no_baseline {
-        cluster.up().await.context("bring the cluster up from the unmutated checkout")?;
-        let mut lanes: Vec<Lane> = mutants.iter().map(|m| m.lane).collect();
-        lanes.sort();
-        lanes.dedup();
-        for lane in lanes {
-            if let Verdict::Caught(specs) = cluster.run_lane(lane, "baseline").await? {
-                let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
-                bail!(
-                    "without any mutant, {} spec(s) of the {} lane fail: {}; a mutant's failures would prove nothing (fix those first, or --no-baseline)",
-                    specs.len(),
-                    lane.name(),
-                    names.join("; ")
-                );
+    let baseline = match options.no_baseline {
+        true => None,
+        false => match cluster.baseline(&mutants).await? {
+            Some(passed) => Some(passed),
+            None => {
+                eprintln!("interrupted (Ctrl-C) during the baseline: no mutant ran");
+                return Ok(ExitCode::from(INTERRUPTED));
             }
-        }
-    }
+        },
+    };
 
     let mut results = Vec::new();
+    let mut interrupted_during = None;
     for mutant in &mutants {
-        let verdict = cluster.check(mutant).await;
+        let passed = baseline.as_ref().map(|b| b.get(&mutant.lane).cloned().unwrap_or_default());
+        let Some(verdict) = cluster.check(mutant, passed.as_ref()).await else {
+            interrupted_during = Some(mutant.name);
+            break;
+        };
         println!("==> mutant {}: {}", mutant.name, describe(&verdict));
         results.push((*mutant, verdict));
     }
-    // Back to the pinned release: nobody should meet a mutated cluster by surprise.
-    if let Err(e) = cluster.back_to_release().await {
+    let notes = report::RunNotes { no_baseline: options.no_baseline, interrupted_during };
+    if let Some(mutant) = interrupted_during {
+        eprintln!(
+            "interrupted (Ctrl-C) while {mutant} was checked: no verdict for it, its checkout put back; \
+             the cluster still runs what it was last built from: `cargo xtask cluster up --provider local` brings back the pinned release"
+        );
+    } else if let Err(e) = cluster.back_to_release().await {
+        // Back to the pinned release: nobody should meet a mutated cluster by surprise.
         eprintln!("warning: could not bring the cluster back to the pinned release: {e:#}");
     }
 
-    let table = report::table(&results);
+    let table = report::table(&results, notes);
     let output = options.output.clone().unwrap_or_else(|| out.with_extension("md"));
     std::fs::write(&output, &table).with_context(|| format!("write {}", output.display()))?;
     println!("\n{table}\n(written to {})", output.display());
+    if interrupted_during.is_some() {
+        return Ok(ExitCode::from(INTERRUPTED));
+    }
     let missed = results.iter().filter(|(_, v)| !matches!(v, Verdict::Caught(_))).count();
     if missed > 0 {
         println!("{missed} of {} mutants were not caught", results.len());
@@ -136,7 +158,7 @@ fn xtask_command(args: &[&str], version: Option<&str>) -> tokio::process::Comman
 /// One line: how many specs caught it, or why not.
 fn describe(verdict: &Verdict) -> String {
     match verdict {
-        Verdict::Caught(specs) => format!("caught: {} spec(s) failed", specs.len()),
+        Verdict::Caught(specs) => format!("caught: {} spec(s) failed an assertion, twice", specs.len()),
         Verdict::Survived { passed } => format!("SURVIVED: all {passed} specs passed"),
         Verdict::NotChecked(why) => format!("not checked: {why}"),
     }
@@ -149,25 +171,91 @@ struct Cluster<'a> {
     version: Option<&'a str>,
     runner: &'a Path,
     out: &'a Path,
+    /// Set by Ctrl-C.
+    stop: &'a Stop,
 }
 
+/// A lane run that Ctrl-C stopped.
+struct Interrupted;
+
 impl Cluster<'_> {
-    /// Puts `mutant` in, brings the cluster up from the checkout, runs its lane; the mutant
-    /// comes out again whatever happened.
-    async fn check(&self, mutant: &Mutant) -> Verdict {
+    /// The unmutated checkout's lanes: per lane the specs that passed; `None` when interrupted.
+    /// A failure in one fails the command.
+    async fn baseline(&self, mutants: &[Mutant]) -> Result<Option<BTreeMap<Lane, HashSet<String>>>> {
+        self.up().await.context("bring the cluster up from the unmutated checkout")?;
+        let lanes: std::collections::BTreeSet<Lane> = mutants.iter().map(|m| m.lane).collect();
+        let mut passed = BTreeMap::new();
+        for lane in lanes {
+            let Ok(ran) =
+                self.run(lane.selection(), &format!("baseline-{}", lane.name().replace(' ', "-"))).await?
+            else {
+                return Ok(None);
+            };
+            let failed = ran.failed();
+            if !failed.is_empty() || ran.code != 0 {
+                bail!(
+                    "without any mutant, the {} lane fails (dra-e2e exited with {}): {}; a mutant's failures would prove nothing (fix those first, or --no-baseline)",
+                    lane.name(),
+                    ran.code,
+                    crate::test::report::summary(&failed)
+                );
+            }
+            passed.insert(lane, ran.specs.iter().filter(|s| s.passed()).map(|s| s.name.clone()).collect());
+        }
+        Ok(Some(passed))
+    }
+
+    /// Puts `mutant` in, brings the cluster up from the checkout, runs its lane and the specs
+    /// that failed an assertion once more; the mutant comes out again whatever happened. `None`
+    /// when Ctrl-C came: no verdict. `baseline`: the lane's specs that passed without it.
+    async fn check(&self, mutant: &Mutant, baseline: Option<&HashSet<String>>) -> Option<Verdict> {
         let applied = match checkout::apply(self.checkout, mutant) {
             Ok(applied) => applied,
-            Err(e) => return Verdict::NotChecked(format!("{e:#}")),
+            Err(e) => return Some(Verdict::NotChecked(format!("{e:#}"))),
         };
-        let verdict = match self.up().await {
-            Ok(()) => self
-                .run_lane(mutant.lane, mutant.name)
-                .await
-                .unwrap_or_else(|e| Verdict::NotChecked(format!("{e:#}"))),
-            Err(e) => Verdict::NotChecked(format!("cluster up from the mutated checkout: {e:#}")),
-        };
+        let verdict = self.judge(mutant, baseline).await;
         drop(applied);
-        verdict
+        verdict.ok()
+    }
+
+    /// [`Cluster::check`] once the mutant is in.
+    async fn judge(
+        &self,
+        mutant: &Mutant,
+        baseline: Option<&HashSet<String>>,
+    ) -> Result<Verdict, Interrupted> {
+        let up = self.up().await;
+        self.interrupted()?;
+        if let Err(e) = up {
+            return Ok(Verdict::NotChecked(format!("cluster up from the mutated checkout: {e:#}")));
+        }
+        let first = match self.run(mutant.lane.selection(), mutant.name).await {
+            Ok(ran) => ran?,
+            Err(e) => return Ok(Verdict::NotChecked(format!("{e:#}"))),
+        };
+        let candidates = match verdict::first_run(&first.specs, baseline) {
+            FirstRun::Done(verdict) => return Ok(verdict),
+            FirstRun::Confirm(candidates) => candidates,
+        };
+        println!(
+            "==> mutant {}: {} spec(s) failed an assertion; running them again",
+            mutant.name,
+            candidates.len()
+        );
+        let focus: Vec<String> = candidates
+            .iter()
+            .flat_map(|c| ["--focus".to_owned(), format!("^{}$", regex::escape(&c.name))])
+            .collect();
+        let focus: Vec<&str> = focus.iter().map(String::as_str).collect();
+        match self.run(&focus, &format!("{}-again", mutant.name)).await {
+            Ok(again) => Ok(verdict::confirm(&candidates, &again?.specs)),
+            Err(e) => Ok(Verdict::NotChecked(format!("running the failed specs again: {e:#}"))),
+        }
+    }
+
+    /// `Err` once Ctrl-C came.
+    fn interrupted(&self) -> Result<(), Interrupted> {
+        if self.stop.go_on() { Ok(()) } else { Err(Interrupted) }
     }
 
     /// `cargo xtask cluster up --provider local --k8s-source CHECKOUT`.
@@ -189,20 +277,20 @@ impl Cluster<'_> {
         Ok(())
     }
 
-    /// Runs `lane` and reads its JSON report.
-    async fn run_lane(&self, lane: Lane, name: &str) -> Result<Verdict> {
-        let layout = Layout::from_env(crate::repo::repo_root())?;
-        let json = self.out.join(format!("{name}.json"));
-        let _ = std::fs::remove_file(&json);
-        let mut args: Vec<String> = lane.selection().iter().map(|s| s.to_string()).collect();
+    /// Runs `selection` as the run `name` (its reports `<name>.json` and `.xml`, fresh: see
+    /// [`SuiteRun`]); the inner `Err` when Ctrl-C came.
+    async fn run(&self, selection: &[&str], name: &str) -> Result<Result<Ran, Interrupted>> {
+        let repo = crate::repo::repo_root();
+        let kubeconfig = Layout::from_env(repo.clone())?.kubeconfig();
         let artifacts = self.out.join(name).join("artifacts");
-        args.extend(["-p".to_owned(), crate::test::LANE_PROCS.to_owned(), "--json-report".to_owned()]);
-        args.push(json.display().to_string());
-        args.extend(["--artifacts".to_owned(), artifacts.display().to_string()]);
-        let code = e2e::run_runner(self.runner, &layout.kubeconfig(), &args).await?;
-        if code == 2 || !json.exists() {
-            bail!("dra-e2e could not run the {} lane (exit code {code})", lane.name());
+        let suite = SuiteRun::in_dir(self.out, &artifacts, selection, name, crate::test::LANE_PROCS);
+        let texts = crate::test::lane_run::texts_version(&repo, &kubeconfig).await?;
+        let ran = suite.run(self.runner, &kubeconfig, &texts).await;
+        if self.interrupted().is_err()
+            || ran.as_ref().is_ok_and(|r| i64::from(r.code) == i64::from(INTERRUPTED))
+        {
+            return Ok(Err(Interrupted));
         }
-        report::verdict_from_json(&json)
+        Ok(Ok(ran?))
     }
 }
