@@ -10,28 +10,19 @@
 
 pub mod catalogue;
 pub mod checkout;
+mod cluster;
 pub mod report;
 pub mod verdict;
 
-use std::{
-    collections::{BTreeMap, HashSet},
-    path::{Path, PathBuf},
-    process::ExitCode,
-};
+use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context, Result, bail};
 
-use self::{
-    catalogue::{Lane, Mutant},
-    verdict::{FirstRun, Verdict},
-};
+use self::verdict::Verdict;
 use crate::{
     common::layout::Layout,
     e2e,
-    test::{
-        lane_run::{Ran, SuiteRun},
-        steps::{INTERRUPTED, Stop},
-    },
+    test::steps::{INTERRUPTED, Stop},
     usage::UsageError,
 };
 
@@ -81,8 +72,11 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
         checkout::check(&checkout, mutant).map_err(|e| UsageError::new(format!("{e:#}")))?;
     }
     if options.build_only {
-        let mut cmd =
-            xtask_command(&["cluster", "build", "--provider", "local", "--k8s-source"], version.as_deref());
+        let mut cmd = cluster::xtask_command(
+            cluster::THIS_XTASK,
+            &["cluster", "build", "--provider", "local", "--k8s-source"],
+            version.as_deref(),
+        );
         let status = cmd.arg(&checkout).status().await.context("run cargo xtask cluster build")?;
         if !status.success() {
             bail!("cargo xtask cluster build --k8s-source {} failed ({status})", checkout.display());
@@ -93,8 +87,16 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
     let out = e2e::target_dir(&repo).join("e2e").join("mutants");
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let stop = Stop::on_ctrl_c();
-    let cluster =
-        Cluster { checkout: &checkout, version: version.as_deref(), runner: &runner, out: &out, stop: &stop };
+    let cluster = cluster::Cluster {
+        checkout: &checkout,
+        version: version.as_deref(),
+        runner: &runner,
+        out: &out,
+        stop: &stop,
+        xtask: std::path::Path::new(cluster::THIS_XTASK),
+        kubeconfig: layout.kubeconfig(),
+        texts: tokio::sync::OnceCell::new(),
+    };
 
     let baseline = match options.no_baseline {
         true => None,
@@ -144,153 +146,11 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// This xtask (a child, so that `KUBE_GIT_VERSION` can be given to it alone: an assembled
-/// checkout has no git tags to tell its version).
-fn xtask_command(args: &[&str], version: Option<&str>) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.args(args).kill_on_drop(true);
-    if let Some(version) = version {
-        cmd.env("KUBE_GIT_VERSION", version);
-    }
-    cmd
-}
-
 /// One line: how many specs caught it, or why not.
 fn describe(verdict: &Verdict) -> String {
     match verdict {
         Verdict::Caught(specs) => format!("caught: {} spec(s) failed an assertion, twice", specs.len()),
         Verdict::Survived { passed } => format!("SURVIVED: all {passed} specs passed"),
         Verdict::NotChecked(why) => format!("not checked: {why}"),
-    }
-}
-
-/// The local cluster built from the checkout, and the suites run against it.
-struct Cluster<'a> {
-    checkout: &'a Path,
-    /// `KUBE_GIT_VERSION` for an assembled checkout (it has no git tags).
-    version: Option<&'a str>,
-    runner: &'a Path,
-    out: &'a Path,
-    /// Set by Ctrl-C.
-    stop: &'a Stop,
-}
-
-/// A lane run that Ctrl-C stopped.
-struct Interrupted;
-
-impl Cluster<'_> {
-    /// The unmutated checkout's lanes: per lane the specs that passed; `None` when interrupted.
-    /// A failure in one fails the command.
-    async fn baseline(&self, mutants: &[Mutant]) -> Result<Option<BTreeMap<Lane, HashSet<String>>>> {
-        self.up().await.context("bring the cluster up from the unmutated checkout")?;
-        let lanes: std::collections::BTreeSet<Lane> = mutants.iter().map(|m| m.lane).collect();
-        let mut passed = BTreeMap::new();
-        for lane in lanes {
-            let Ok(ran) =
-                self.run(lane.selection(), &format!("baseline-{}", lane.name().replace(' ', "-"))).await?
-            else {
-                return Ok(None);
-            };
-            let failed = ran.failed();
-            if !failed.is_empty() || ran.code != 0 {
-                bail!(
-                    "without any mutant, the {} lane fails (dra-e2e exited with {}): {}; a mutant's failures would prove nothing (fix those first, or --no-baseline)",
-                    lane.name(),
-                    ran.code,
-                    crate::test::report::summary(&failed)
-                );
-            }
-            passed.insert(lane, ran.specs.iter().filter(|s| s.passed()).map(|s| s.name.clone()).collect());
-        }
-        Ok(Some(passed))
-    }
-
-    /// Puts `mutant` in, brings the cluster up from the checkout, runs its lane and the specs
-    /// that failed an assertion once more; the mutant comes out again whatever happened. `None`
-    /// when Ctrl-C came: no verdict. `baseline`: the lane's specs that passed without it.
-    async fn check(&self, mutant: &Mutant, baseline: Option<&HashSet<String>>) -> Option<Verdict> {
-        let applied = match checkout::apply(self.checkout, mutant) {
-            Ok(applied) => applied,
-            Err(e) => return Some(Verdict::NotChecked(format!("{e:#}"))),
-        };
-        let verdict = self.judge(mutant, baseline).await;
-        drop(applied);
-        verdict.ok()
-    }
-
-    /// [`Cluster::check`] once the mutant is in.
-    async fn judge(
-        &self,
-        mutant: &Mutant,
-        baseline: Option<&HashSet<String>>,
-    ) -> Result<Verdict, Interrupted> {
-        let up = self.up().await;
-        self.interrupted()?;
-        if let Err(e) = up {
-            return Ok(Verdict::NotChecked(format!("cluster up from the mutated checkout: {e:#}")));
-        }
-        let first = match self.run(mutant.lane.selection(), mutant.name).await {
-            Ok(ran) => ran?,
-            Err(e) => return Ok(Verdict::NotChecked(format!("{e:#}"))),
-        };
-        let candidates = match verdict::first_run(&first.specs, baseline) {
-            FirstRun::Done(verdict) => return Ok(verdict),
-            FirstRun::Confirm(candidates) => candidates,
-        };
-        println!(
-            "==> mutant {}: {} spec(s) failed an assertion; running them again",
-            mutant.name,
-            candidates.len()
-        );
-        let focus: Vec<String> = candidates
-            .iter()
-            .flat_map(|c| ["--focus".to_owned(), format!("^{}$", regex::escape(&c.name))])
-            .collect();
-        let focus: Vec<&str> = focus.iter().map(String::as_str).collect();
-        match self.run(&focus, &format!("{}-again", mutant.name)).await {
-            Ok(again) => Ok(verdict::confirm(&candidates, &again?.specs)),
-            Err(e) => Ok(Verdict::NotChecked(format!("running the failed specs again: {e:#}"))),
-        }
-    }
-
-    /// `Err` once Ctrl-C came.
-    fn interrupted(&self) -> Result<(), Interrupted> {
-        if self.stop.go_on() { Ok(()) } else { Err(Interrupted) }
-    }
-
-    /// `cargo xtask cluster up --provider local --k8s-source CHECKOUT`.
-    async fn up(&self) -> Result<()> {
-        let mut cmd = xtask_command(&["cluster", "up", "--provider", "local", "--k8s-source"], self.version);
-        let status = cmd.arg(self.checkout).status().await.context("run cargo xtask cluster up")?;
-        if !status.success() {
-            bail!("cargo xtask cluster up --k8s-source {} failed ({status})", self.checkout.display());
-        }
-        Ok(())
-    }
-
-    /// `cluster up` at the pinned release.
-    async fn back_to_release(&self) -> Result<()> {
-        let status = xtask_command(&["cluster", "up", "--provider", "local"], None).status().await?;
-        if !status.success() {
-            bail!("cargo xtask cluster up failed ({status})");
-        }
-        Ok(())
-    }
-
-    /// Runs `selection` as the run `name` (its reports `<name>.json` and `.xml`, fresh: see
-    /// [`SuiteRun`]); the inner `Err` when Ctrl-C came.
-    async fn run(&self, selection: &[&str], name: &str) -> Result<Result<Ran, Interrupted>> {
-        let repo = crate::repo::repo_root();
-        let kubeconfig = Layout::from_env(repo.clone())?.kubeconfig();
-        let artifacts = self.out.join(name).join("artifacts");
-        let suite = SuiteRun::in_dir(self.out, &artifacts, selection, name, crate::test::LANE_PROCS);
-        let texts = crate::test::lane_run::texts_version(&repo, &kubeconfig).await?;
-        let ran = suite.run(self.runner, &kubeconfig, &texts).await;
-        if self.interrupted().is_err()
-            || ran.as_ref().is_ok_and(|r| i64::from(r.code) == i64::from(INTERRUPTED))
-        {
-            return Ok(Err(Interrupted));
-        }
-        Ok(Ok(ran?))
     }
 }

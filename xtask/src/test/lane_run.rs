@@ -84,12 +84,29 @@ impl SuiteRun {
         eprintln!("==> {}: {} spec(s) selected (texts of Kubernetes {texts})", self.stem, expected.len());
         let code = e2e::run_runner(runner, kubeconfig, &args).await?;
         if !self.json.exists() {
-            bail!("dra-e2e exited with {code} and wrote no report {}", self.json.display());
+            return Err(NoReport { code, path: self.json.clone() }.into());
         }
         let specs = report::specs(&report::read(&self.json)?);
         Ok(Ran { stem: self.stem.clone(), expected, code, specs })
     }
 }
+
+/// A run that wrote no report: nothing of it can be judged.
+#[derive(Debug)]
+pub(crate) struct NoReport {
+    /// dra-e2e's exit code.
+    pub code: i32,
+    /// The report it should have written.
+    pub path: PathBuf,
+}
+
+impl std::fmt::Display for NoReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "dra-e2e exited with {} and wrote no report {}", self.code, self.path.display())
+    }
+}
+
+impl std::error::Error for NoReport {}
 
 /// The full texts of the specs `dra-e2e --list` selects with `args`.
 async fn list(runner: &Path, kubeconfig: &Path, args: &[String]) -> Result<Vec<String>> {

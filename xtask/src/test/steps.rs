@@ -203,10 +203,13 @@ impl Steps {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
-mod tests {
+pub(crate) mod tests {
     use std::{path::Path, time::Duration};
 
     use super::*;
+
+    /// Held by each test that sends SIGINT to this process: every live [`Stop`] sees it.
+    pub(crate) static SIGINT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
     /// A step that runs `script` in `sh` to its end.
     async fn child_step(script: &str) -> Result<()> {
@@ -228,6 +231,7 @@ mod tests {
     async fn an_interrupted_run_exits_130_naming_the_interrupted_step_and_those_not_run() {
         // A step that ends well when Ctrl-C reaches it (its child traps SIGINT and exits 0): the
         // old run counted no failed step and exited 0.
+        let _only_one = SIGINT.lock().await;
         let dir = tempfile::tempdir().unwrap();
         let started = dir.path().join("started");
         let mut steps = Steps::new(Stop::on_ctrl_c(), None);
