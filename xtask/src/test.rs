@@ -8,10 +8,6 @@
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
 };
 
 use anyhow::{Context, Result, bail};
@@ -22,10 +18,15 @@ mod background;
 mod budget;
 mod cluster_tests;
 mod disk;
+mod doc_table;
 mod driver_lane;
+pub(crate) mod host_skips;
 pub(crate) mod kind_lane;
+pub(crate) mod lane_run;
 pub(crate) mod report;
+mod restart_exceptions;
 mod restarts;
+pub(crate) mod steps;
 mod table;
 
 pub use budget::StepStart;
@@ -67,10 +68,10 @@ struct Lane {
     /// What the restart needs built beyond the default cluster, built in the background while
     /// the lanes before it run ([`background`]).
     build: Option<background::Build>,
-    /// Cluster tests (cargo test arguments) run first.
-    cluster_tests: Vec<(&'static str, Vec<&'static str>)>,
-    /// The suite run: step name and dra-e2e arguments.
-    suite: (&'static str, Vec<String>),
+    /// Cluster tests run first.
+    cluster_tests: Vec<cluster_tests::ClusterTest>,
+    /// The suite run: step name and the run.
+    suite: (&'static str, lane_run::SuiteRun),
 }
 
 fn lane_overrides(lane: &Lane) -> Result<crate::overrides::Overrides> {
@@ -99,13 +100,10 @@ fn lanes(repo: &Path) -> Vec<Lane> {
                 what: format!("kubelet {SKEW_KUBELETS}"),
                 args: vec!["--kubelet-version".into(), SKEW_KUBELETS.into()],
             }),
-            cluster_tests: vec![(
-                "skew cluster tests (harness/tests/cluster/skew.rs)",
-                vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "skew::"],
-            )],
+            cluster_tests: vec![cluster_tests::skew_test()],
             suite: (
                 "e2e: skew lane (kubelet suites, kind-worker at v1.34.4)",
-                suite_args(repo, &["--focus", SKEW_FOCUS, "--skip", SKEW_SKIP], "skew"),
+                lane_suite(repo, &["--focus", SKEW_FOCUS, "--skip", SKEW_SKIP], "skew"),
             ),
         },
         Lane {
@@ -119,7 +117,7 @@ fn lanes(repo: &Path) -> Vec<Lane> {
             cluster_tests: vec![],
             suite: (
                 "e2e: v1.38.0-beta.0 lane (every spec but the workload lane's)",
-                suite_args(repo, &["--skip", WORKLOAD_FOCUS], "next-release"),
+                lane_suite(repo, &["--skip", WORKLOAD_FOCUS], "next-release"),
             ),
         },
         Lane {
@@ -134,7 +132,7 @@ fn lanes(repo: &Path) -> Vec<Lane> {
             cluster_tests: vec![],
             suite: (
                 "e2e: v1.38.0-beta.0 workload lane (PodGroup specs)",
-                suite_args(repo, &["--focus", WORKLOAD_FOCUS], "next-release-workload"),
+                lane_suite(repo, &["--focus", WORKLOAD_FOCUS], "next-release-workload"),
             ),
         },
     ]
@@ -177,20 +175,9 @@ fn clip(text: &str, max: usize) -> String {
     format!("{}… ({} bytes more)", &text[..end], text.len() - end)
 }
 
-/// Runs the steps and prints the summary.
+/// Runs the steps and prints the summary; the exit code is 130 after Ctrl-C, else 1 when a step
+/// failed.
 pub async fn run(args: TestOptions) -> Result<ExitCode> {
-    let repo = crate::repo::repo_root();
-    let interrupted = interrupt_flag();
-    let disk = disk::DiskWatch::start(&disk::paths(&repo), disk::FLOOR, interrupted.clone());
-    let mut outcomes = Vec::new();
-    let mut step = |name: &str, result: Result<()>, started: StepStart| {
-        if let Err(e) = &result {
-            eprintln!("==> step failed: {name}: {e:#}");
-        }
-        let (cost, lowest_free) = (started.cost(), disk.take_lowest());
-        outcomes.push(table::Outcome { name: name.to_string(), result, cost, lowest_free });
-    };
-
     if args.lane == TestLane::Kind && (args.no_cluster || args.keep_cluster) {
         return Err(crate::usage::UsageError::new(
             "--lane kind runs the kind lane only, whose cluster is always deleted: leave out --no-cluster and --keep-cluster",
@@ -203,8 +190,11 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         )
         .into());
     }
+    let repo = crate::repo::repo_root();
+    let stop = steps::Stop::on_ctrl_c();
+    let disk = disk::DiskWatch::start(&disk::paths(&repo), disk::FLOOR, stop.any.clone());
     eprintln!("==> {}", disk.describe());
-    let go_on = || !interrupted.load(Ordering::SeqCst);
+    let mut steps = steps::Steps::new(stop, Some(disk));
     let local_lanes = !args.no_cluster && args.lane != TestLane::Kind;
     // `--lane driver`: the local cluster and the driver lane, nothing else.
     let only_driver = args.lane == TestLane::Driver;
@@ -217,7 +207,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
     // cluster. The kind lane's engine starts first: the image is imported into it.
     if local_lanes {
         if args.lane == TestLane::All {
-            kind = Some(kind_lane::prepare(&mut step).await);
+            kind = Some(kind_lane::prepare(&mut steps).await);
         }
         let builds: Vec<_> = std::iter::once(local_cluster_build())
             .chain(lanes.iter().filter_map(|lane| lane.build.clone()))
@@ -227,135 +217,162 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         let started = background::Background::start(&repo, builds);
         let ok = started.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}"));
         background = started.ok();
-        step("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
+        steps.record("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
     }
     if !matches!(args.lane, TestLane::Kind | TestLane::Driver) {
-        let t = StepStart::now();
-        step(
-            "unit and protocol tests (cargo test --workspace)",
-            cargo(&repo, &["test", "--workspace"], &[]),
-            t,
-        );
-    }
-
-    if local_lanes && go_on() {
-        let t = wait_for_build(background.as_mut(), LOCAL_CLUSTER_BUILD, &mut step).await;
-        // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
-        let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
-            .with_overrides(Some(crate::overrides::Overrides::default()));
-        let up = cluster.up(true).await.map(|_| ());
-        let up_ok = up.is_ok();
-        step("local cluster up", up, t);
-        if up_ok {
-            let kubeconfig = cluster.kubeconfig();
-            if go_on() && !only_driver {
-                let t = StepStart::now();
-                let tests = cluster_tests::cluster_tests();
-                let (name, result) =
-                    cluster_tests::run_side_by_side(&repo, &tests.iter().collect::<Vec<_>>(), &kubeconfig)
-                        .await;
-                step(&name, result, t);
-            }
-            if go_on() && !only_driver {
-                let (name, suite_args) = suite_run(&repo);
-                let t = StepStart::now();
-                step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
-            }
-            if go_on() && !only_driver {
-                let t = StepStart::now();
-                let (cmd, restart) = restarts::cluster_test();
-                let result = cargo(
-                    &repo,
-                    &cmd,
-                    &[
-                        ("DRA_E2E_KUBECONFIG", kubeconfig.as_path()),
-                        ("DRA_E2E_RESTART_KUBELET", Path::new(&restart)),
-                    ],
-                );
-                step(
-                    "restart cluster test: a kubelet restarted under a running pod (harness/tests/cluster/restart.rs)",
-                    result,
-                    t,
-                );
-            }
-            let restart_runs = if only_driver { Vec::new() } else { restarts::restart_runs() };
-            for run in restart_runs.iter().take_while(|_| go_on()) {
-                let t = StepStart::now();
-                step(run.name, restarts::run_with_restart(&repo, &cluster, run).await, t);
-            }
-            if go_on() {
-                driver_lane::run(&repo, &cluster, &mut step).await;
-            }
-            for lane in lanes.into_iter().take_while(|_| go_on()) {
-                let t = match &lane.build {
-                    Some(build) => wait_for_build(background.as_mut(), build.key, &mut step).await,
-                    None => StepStart::now(),
-                };
-                let up = match lane_overrides(&lane) {
-                    Ok(overrides) => {
-                        cluster.clone().with_overrides(Some(overrides)).up(false).await.map(|_| ())
-                    }
-                    Err(e) => Err(e),
-                };
-                let up_ok = up.is_ok();
-                step(lane.restart, up, t);
-                if !up_ok {
-                    continue;
-                }
-                for (name, cmd) in lane.cluster_tests.iter().take_while(|_| go_on()) {
-                    let t = StepStart::now();
-                    let result = cargo(&repo, cmd, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
-                    step(name, result, t);
-                }
-                if !go_on() {
-                    break;
-                }
-                let t = StepStart::now();
-                let (name, suite_args) = &lane.suite;
-                step(name, run_suite(&repo, &kubeconfig, suite_args).await, t);
-            }
-        }
-        if !args.keep_cluster {
-            let t = StepStart::now();
-            let down = async {
-                cluster.down().await?;
-                let left = cluster.leftovers();
-                if !left.is_empty() {
-                    bail!("cluster down left: {}", left.join("; "));
-                }
-                Ok(())
-            }
+        steps
+            .run("unit and protocol tests (cargo test --workspace)", async {
+                cargo(&repo, &["test", "--workspace"], &[])
+            })
             .await;
-            step("local cluster down leaves nothing behind", down, t);
-        }
+    }
+    if local_lanes {
+        on_local_cluster(&repo, &args, lanes, background.as_mut(), &mut steps).await?;
     }
     // After the local cluster is down: two clusters at once do not fit two cores.
-    if !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) && (kind.is_some() || go_on())
-    {
+    if !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) {
         let lane = match kind {
-            Some(lane) => lane,
-            None => kind_lane::prepare(&mut step).await,
+            Some(lane) => Some(lane),
+            None if steps.go_on() => Some(kind_lane::prepare(&mut steps).await),
+            None => None,
         };
-        lane.run(&repo, &interrupted, background.as_mut(), &mut step).await;
-    }
-    drop(background); // stops a build still running (after an interrupt)
-    if let Some(why) = disk.fell_below_floor() {
-        step("the disk kept its floor of free space", Err(anyhow::anyhow!("{why}")), StepStart::now());
-    }
-    if !go_on() {
-        eprintln!("==> interrupted: the steps after the one that was running did not run");
-    }
-
-    eprint!("\n{}", table::step_table(&outcomes));
-    let failed = outcomes.iter().filter(|o| o.result.is_err()).count();
-    eprintln!("{} steps, {failed} failed", outcomes.len());
-    // Again after the table: CI's log keeps the end of the output, where the reason belongs.
-    for outcome in &outcomes {
-        if let Err(e) = &outcome.result {
-            eprintln!("failed: {}: {}", outcome.name, clip(&format!("{e:#}"), 2000));
+        match lane {
+            Some(lane) => lane.run(&repo, background.as_mut(), &mut steps).await,
+            None => kind_lane::not_run(&mut steps),
         }
     }
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    drop(background); // stops a build still running (after an interrupt)
+    Ok(steps.finish())
+}
+
+/// The local cluster's steps: up, its cluster tests and lanes, down (also after a failure or an
+/// interrupt, unless `--keep-cluster`).
+async fn on_local_cluster(
+    repo: &Path,
+    args: &TestOptions,
+    lanes: Vec<Lane>,
+    mut background: Option<&mut background::Background>,
+    steps: &mut steps::Steps,
+) -> Result<()> {
+    let only_driver = args.lane == TestLane::Driver;
+    // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
+    let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
+        .with_overrides(Some(crate::overrides::Overrides::default()));
+    // Stopped before: every step on it is listed as not run (each records itself so).
+    let stopped = steps.skipped("local cluster up");
+    if !stopped {
+        let t = wait_for_build(background.as_deref_mut(), LOCAL_CLUSTER_BUILD, steps).await;
+        let up = cluster.up(true).await.map(|_| ());
+        let up_ok = up.is_ok();
+        steps.record("local cluster up", up, t);
+        if !up_ok {
+            return down_unless_kept(&cluster, args, steps).await;
+        }
+    }
+    let kubeconfig = cluster.kubeconfig();
+    if !only_driver {
+        default_lane(repo, &cluster, steps).await;
+    }
+    driver_lane::run(repo, &cluster, steps).await;
+    for lane in lanes {
+        restarted_lane(repo, &cluster, lane, background.as_deref_mut(), &kubeconfig, steps).await;
+    }
+    if stopped {
+        return Ok(());
+    }
+    down_unless_kept(&cluster, args, steps).await
+}
+
+/// `cluster down`, which must leave nothing behind, unless `--keep-cluster`.
+async fn down_unless_kept(
+    cluster: &local::LocalCluster,
+    args: &TestOptions,
+    steps: &mut steps::Steps,
+) -> Result<()> {
+    if !args.keep_cluster {
+        let t = StepStart::now();
+        let down = async {
+            cluster.down().await?;
+            let left = cluster.leftovers();
+            if !left.is_empty() {
+                bail!("cluster down left: {}", left.join("; "));
+            }
+            Ok(())
+        }
+        .await;
+        steps.record("local cluster down leaves nothing behind", down, t);
+    }
+    Ok(())
+}
+
+/// On the cluster as `cluster up` starts it: the cluster tests side by side, every spec but the
+/// workload lane's, then the restart steps.
+async fn default_lane(repo: &Path, cluster: &local::LocalCluster, steps: &mut steps::Steps) {
+    let kubeconfig = cluster.kubeconfig();
+    let tests = cluster_tests::cluster_tests();
+    cluster_tests_step(repo, &tests.iter().collect::<Vec<_>>(), &kubeconfig, "", steps).await;
+    let (name, suite) = suite_run(repo);
+    steps.run(name, run_suite(repo, &kubeconfig, &suite)).await;
+    let restart_test = restarts::cluster_test();
+    cluster_tests_step(repo, &[&restart_test], &kubeconfig, "", steps).await;
+    for run in restarts::restart_runs() {
+        steps.run(run.name, restarts::run_with_restart(repo, cluster, &run)).await;
+    }
+}
+
+/// The cluster tests `tests` side by side as one step (its name says what each took), `prefix`
+/// before its name.
+async fn cluster_tests_step(
+    repo: &Path,
+    tests: &[&cluster_tests::ClusterTest],
+    kubeconfig: &Path,
+    prefix: &str,
+    steps: &mut steps::Steps,
+) {
+    let names: Vec<&str> = tests.iter().map(|t| t.short).collect();
+    if steps.skipped(&format!("{prefix}cluster tests: {}", names.join(", "))) {
+        return;
+    }
+    let t = StepStart::now();
+    let (name, result) = cluster_tests::run_side_by_side(repo, tests, kubeconfig).await;
+    steps.record(&format!("{prefix}{name}"), result, t);
+}
+
+/// A lane after the default one: the cluster restarted with its overrides (once its build is
+/// done), its cluster tests, its suite run.
+async fn restarted_lane(
+    repo: &Path,
+    cluster: &local::LocalCluster,
+    lane: Lane,
+    background: Option<&mut background::Background>,
+    kubeconfig: &Path,
+    steps: &mut steps::Steps,
+) {
+    if steps.skipped(lane.restart) {
+        for test in &lane.cluster_tests {
+            steps.skipped(test.name);
+        }
+        steps.skipped(lane.suite.0);
+        return;
+    }
+    let t = match &lane.build {
+        Some(build) => wait_for_build(background, build.key, steps).await,
+        None => StepStart::now(),
+    };
+    let up = match lane_overrides(&lane) {
+        Ok(overrides) => cluster.clone().with_overrides(Some(overrides)).up(false).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let up_ok = up.is_ok();
+    steps.record(lane.restart, up, t);
+    if !up_ok {
+        return;
+    }
+    if !lane.cluster_tests.is_empty() {
+        cluster_tests_step(repo, &lane.cluster_tests.iter().collect::<Vec<_>>(), kubeconfig, "", steps).await;
+    }
+    let (name, suite) = &lane.suite;
+    steps.run(name, run_suite(repo, kubeconfig, suite)).await;
 }
 
 /// The background build of the local cluster's binaries (`cluster build`), which the first
@@ -372,7 +389,7 @@ fn local_cluster_build() -> background::Build {
 async fn wait_for_build(
     background: Option<&mut background::Background>,
     key: &str,
-    step: &mut impl FnMut(&str, Result<()>, StepStart),
+    steps: &mut steps::Steps,
 ) -> StepStart {
     let t = StepStart::now();
     let Some(waited) = (match background {
@@ -383,39 +400,25 @@ async fn wait_for_build(
     };
     match waited.result {
         Ok(()) => eprintln!("==> {} (waited {})", waited.name, human(waited.waited)),
-        Err(e) => step(&waited.name, Err(e), StepStart::now()),
+        Err(e) => steps.record::<()>(&waited.name, Err(e), StepStart::now()),
     }
     t.waited(waited.waited)
-}
-
-/// Set once Ctrl-C (SIGINT) reaches the run. The step that is running gets it too (same process
-/// group) and ends; no further step starts, and the clusters the run made are taken down.
-fn interrupt_flag() -> Arc<AtomicBool> {
-    let flag = Arc::new(AtomicBool::new(false));
-    let set = flag.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("==> interrupted: finishing the running step, then taking the clusters down");
-            set.store(true, Ordering::SeqCst);
-        }
-    });
-    flag
 }
 
 /// The e2e suite run against the local cluster as `cluster up` starts it (kind.yaml's gates):
 /// every registered spec but the workload lane's, in one run, so the parallel specs of every
 /// context fill the slots around the `[Serial]` specs' chain and the run ends with one tail of
 /// deferred observations instead of one per context (measured in docs/spec-time.md).
-fn suite_run(repo: &Path) -> (&'static str, Vec<String>) {
+fn suite_run(repo: &Path) -> (&'static str, lane_run::SuiteRun) {
     (
         "e2e: every spec but the workload lane's (control plane, CRUD, kubelet, Node Allocatable, ...)",
-        suite_args(repo, &["--skip", WORKLOAD_FOCUS], "suites"),
+        lane_suite(repo, &["--skip", WORKLOAD_FOCUS], "suites"),
     )
 }
 
 /// The workload lane's run: the specs that need PodGroups.
-fn workload_run(repo: &Path) -> (&'static str, Vec<String>) {
-    ("e2e: workload lane (PodGroup specs)", suite_args(repo, &["--focus", WORKLOAD_FOCUS], "workload"))
+fn workload_run(repo: &Path) -> (&'static str, lane_run::SuiteRun) {
+    ("e2e: workload lane (PodGroup specs)", lane_suite(repo, &["--focus", WORKLOAD_FOCUS], "workload"))
 }
 
 /// How many specs a lane on the local cluster runs at once. Its specs mostly wait on the
@@ -424,36 +427,19 @@ fn workload_run(repo: &Path) -> (&'static str, Vec<String>) {
 /// (docs/spec-time.md).
 pub(crate) const LANE_PROCS: &str = "8";
 
-/// dra-e2e's arguments for one lane: the selection, [`LANE_PROCS`] at once, its JUnit and JSON
-/// reports (`<junit>.xml`, `<junit>.json`) and the artifacts.
-fn suite_args(repo: &Path, selection: &[&str], junit: &str) -> Vec<String> {
-    suite_args_with(repo, selection, junit, LANE_PROCS)
+/// A lane's run of `selection`, [`LANE_PROCS`] at once, its reports `<stem>.xml` and
+/// `<stem>.json` (`stem` also names the lane in docs/lanes.md's host skips).
+fn lane_suite(repo: &Path, selection: &[&str], stem: &str) -> lane_run::SuiteRun {
+    lane_run::SuiteRun::new(repo, selection, stem, LANE_PROCS)
 }
 
-/// [`suite_args`] with `procs` specs at once.
-fn suite_args_with(repo: &Path, selection: &[&str], junit: &str, procs: &str) -> Vec<String> {
-    let out = e2e::target_dir(repo).join("e2e");
-    let artifacts = out.join("artifacts").display().to_string();
-    let json = report::path(repo, junit).display().to_string();
-    let junit = out.join(format!("{junit}.xml")).display().to_string();
-    let mut args: Vec<String> = selection.iter().map(|s| s.to_string()).collect();
-    args.extend(
-        ["-p", procs, "--junit", &junit, report::FLAG, &json, "--artifacts", &artifacts].map(String::from),
-    );
-    args
-}
-
-/// Runs dra-e2e with `args`; a failed run's error names its failed specs (from its JSON report).
-async fn run_suite(repo: &Path, kubeconfig: &Path, args: &[String]) -> Result<()> {
+/// Runs `suite` against the cluster of `kubeconfig` and judges it ([`lane_run`]): what ran,
+/// counted, when it passed; a failed run's error names its failed specs.
+async fn run_suite(repo: &Path, kubeconfig: &Path, suite: &lane_run::SuiteRun) -> Result<String> {
+    let skips = host_skips::HostSkips::load(repo)?;
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
-    let code = e2e::run_runner(&runner, kubeconfig, args).await?;
-    if code != 0 {
-        match report::named_in(args) {
-            Some(json) => bail!("dra-e2e exited with {code}: {}", report::why_failed(&json)),
-            None => bail!("dra-e2e exited with {code}"),
-        }
-    }
-    Ok(())
+    let texts = lane_run::texts_version(repo, kubeconfig).await?;
+    suite.run(&runner, kubeconfig, &texts).await?.judge(&skips)
 }
 
 /// Runs cargo in the workspace with extra environment.
@@ -513,8 +499,8 @@ mod tests {
         let cluster = crate::common::kube_version::KubeVersion::new(1, 37, 2);
         let versions = crate::skew::node_versions(&cluster, 4, &[], &overrides.kubelet_versions).unwrap();
         assert!(versions[1].minor() < cluster.minor() && versions[2] == cluster && versions[3] == cluster);
-        assert!(lane.cluster_tests.iter().any(|(_, cmd)| cmd.contains(&"skew::")));
-        let args = &lane.suite.1;
+        assert!(lane.cluster_tests.iter().any(|test| test.cargo_args.contains(&"skew::")));
+        let args = &lane.suite.1.args;
         assert!(args.windows(2).any(|w| w == ["--focus", SKEW_FOCUS]), "{args:?}");
         assert!(args.windows(2).any(|w| w == ["--skip", SKEW_SKIP]), "{args:?}");
     }
@@ -525,7 +511,7 @@ mod tests {
         let overrides = lane_overrides(&all).unwrap();
         assert_eq!(overrides.k8s_version.map(|v| v.to_string()).as_deref(), Some(NEXT_RELEASE));
         assert!(overrides.feature_gates.is_empty() && overrides.kubelet_versions.is_empty());
-        assert_eq!(all.suite.1[..2], ["--skip", WORKLOAD_FOCUS]);
+        assert_eq!(all.suite.1.args[..2], ["--skip", WORKLOAD_FOCUS]);
         let workload = lane_overrides(&lane("v1.38.0-beta.0 for its workload lane")).unwrap();
         let default_workload = lane_overrides(&lane("for the workload lane")).unwrap();
         assert_eq!(
@@ -543,8 +529,8 @@ mod tests {
     #[test]
     fn the_default_run_and_the_workload_lane_split_the_specs_between_them() {
         let repo = Path::new("/repo");
-        let (_, default) = suite_run(repo);
-        let (_, workload) = workload_run(repo);
+        let default = suite_run(repo).1.args;
+        let workload = workload_run(repo).1.args;
         assert_eq!(default[..2], ["--skip", WORKLOAD_FOCUS]);
         assert_eq!(workload[..2], ["--focus", WORKLOAD_FOCUS]);
         for args in [&default, &workload] {
@@ -561,5 +547,25 @@ mod tests {
         let flags = format!("{lane}");
         assert!(specs.contains(&format!("\"{flags}\"")), "pod_groups.rs must name {flags:?} as LANE_FLAGS");
         assert!(lane.feature_gates["GenericWorkload"] && lane.feature_gates["DRAWorkloadResourceClaims"]);
+    }
+
+    #[test]
+    fn every_host_skip_names_a_lane_of_the_run() {
+        let repo = crate::repo::repo_root();
+        let mut stems: Vec<String> = lanes(&repo).into_iter().map(|lane| lane.suite.1.stem).collect();
+        stems.extend([suite_run(&repo).1.stem, kind_lane::JUNIT.to_owned()]);
+        stems.extend(restarts::restart_runs().iter().map(|run| run.report.to_owned()));
+        stems.extend(driver_lane::STEMS.map(String::from));
+        let skips = host_skips::HostSkips::load(&repo).unwrap();
+        assert!(!skips.rows.is_empty(), "{} documents no host skip", host_skips::DOC);
+        for row in &skips.rows {
+            for lane in &row.lanes {
+                assert!(
+                    stems.contains(lane),
+                    "{}: no lane is `{lane}`; the lanes: {stems:?}",
+                    host_skips::DOC
+                );
+            }
+        }
     }
 }

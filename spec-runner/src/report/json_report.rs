@@ -3,7 +3,10 @@
 //! ginkgo reports read ours. Fields are ginkgo's names; what dra-e2e does not know (code
 //! locations, progress reports, report entries) is left out, which ginkgo's own decoder accepts.
 //! A spec's whole full text is its `LeafNodeText` (ginkgo's `FullText()` joins the container
-//! texts and the leaf text, so it is the same string), its labels are `LeafNodeLabels`.
+//! texts and the leaf text, so it is the same string), its labels are `LeafNodeLabels`. A
+//! failure says where it happened as ginkgo does (`State`, `Failure.FailureNodeType` and
+//! `FailureNodeContext`: the body, the set-up before it or a clean-up after it), so a reader can
+//! tell an assertion that failed from a timeout, an interrupt or a clean-up alone.
 
 use std::{
     path::Path,
@@ -151,7 +154,26 @@ fn phase_entries(report: &SpecReport) -> Vec<Entry> {
 #[serde(rename_all = "PascalCase")]
 struct Failure<'a> {
     message: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    forwarded_panic: &'a str,
+    failure_node_context: &'static str,
     failure_node_type: &'static str,
+}
+
+/// Where a spec's failure happened, as ginkgo's `types.NodeType` and `types.FailureNodeContext`
+/// name it: the body is the `It` (a leaf node); the namespace and the requirements are what
+/// upstream's framework does in a `BeforeEach`; a failed clean-up or deferred check of a spec
+/// whose body passed is a `DeferCleanup` registered by it (a spec's containers are not in the
+/// report, so a node that is not the leaf is at the top level). A failure in the body that
+/// clean-ups followed keeps the body's place: ginkgo's `Failure` is the first failure.
+fn failure_node(kind: FailureKind) -> (&'static str, &'static str) {
+    match kind {
+        FailureKind::Setup => ("BeforeEach", "top-level"),
+        FailureKind::Cleanup => ("DeferCleanup (Each)", "top-level"),
+        FailureKind::Error | FailureKind::Panic | FailureKind::Timeout | FailureKind::Interrupted => {
+            ("It", "leaf-node")
+        }
+    }
 }
 
 /// RFC 3339 with nanoseconds, as Go's `time.Time` marshals.
@@ -177,8 +199,21 @@ fn spec<'a>(report: &'a SpecReport, config: &JsonConfig) -> Spec<'a> {
     let failure = match &report.outcome {
         Outcome::Passed => None,
         // ginkgo keeps a skip's reason in the failure message.
-        Outcome::Skipped { reason } => Some(Failure { message: reason, failure_node_type: "It" }),
-        Outcome::Failed { message, .. } => Some(Failure { message, failure_node_type: "It" }),
+        Outcome::Skipped { reason } => Some(Failure {
+            message: reason,
+            forwarded_panic: "",
+            failure_node_context: "leaf-node",
+            failure_node_type: "It",
+        }),
+        Outcome::Failed { kind, message, .. } => {
+            let (node_type, context) = failure_node(*kind);
+            Some(Failure {
+                message,
+                forwarded_panic: if *kind == FailureKind::Panic { message } else { "" },
+                failure_node_context: context,
+                failure_node_type: node_type,
+            })
+        }
     };
     Spec {
         container_hierarchy_texts: Vec::new(),
@@ -296,6 +331,17 @@ mod tests {
 
     #[test]
     fn ginkgos_own_types_decode_the_report_strictly() {
+        // One spec failing each way, where ginkgo would say it failed.
+        let failing = [
+            ("times out", FailureKind::Timeout, "timed out"),
+            ("has no namespace", FailureKind::Setup, "cannot create the spec's namespace: refused"),
+            ("leaves a pod", FailureKind::Cleanup, "cleanup \"delete pod x\" failed"),
+            ("panics", FailureKind::Panic, "panicked: oops"),
+            ("is interrupted", FailureKind::Interrupted, "interrupted (Ctrl-C) while running"),
+        ]
+        .map(|(text, kind, message)| {
+            spec(&format!("[sig-node] [DRA] {text}"), &[], Outcome::failed(kind, message), 1)
+        });
         let run = RunReport {
             specs: vec![
                 SpecReport {
@@ -321,17 +367,10 @@ mod tests {
                     },
                     2,
                 ),
-                spec(
-                    "[sig-node] [DRA] times out",
-                    &[],
-                    Outcome::Failed {
-                        kind: FailureKind::Timeout,
-                        message: "timed out".into(),
-                        details: String::new(),
-                    },
-                    1,
-                ),
-            ],
+            ]
+            .into_iter()
+            .chain(failing)
+            .collect(),
             wall_time: Duration::from_secs(12),
             repeat: 1,
             seed: 4242,
@@ -354,11 +393,11 @@ mod tests {
         assert_eq!(got["Succeeded"], false);
         assert_eq!(got["Seed"], 4242);
         assert_eq!((got["FlakeAttempts"].as_u64(), got["ParallelTotal"].as_u64()), (Some(2), Some(4)));
-        assert_eq!((got["TotalSpecs"].as_u64(), got["SpecsWillRun"].as_u64()), (Some(9), Some(5)));
+        assert_eq!((got["TotalSpecs"].as_u64(), got["SpecsWillRun"].as_u64()), (Some(9), Some(9)));
         assert_eq!(got["RunTimeNs"], 12_000_000_000u64);
         assert_eq!(
             (got["PassedCount"].as_u64(), got["FailedCount"].as_u64(), got["SkippedCount"].as_u64()),
-            (Some(2), Some(2), Some(1))
+            (Some(2), Some(6), Some(1))
         );
         assert_eq!(got["FlakedCount"], 1);
         let specs = got["Specs"].as_array().unwrap();
@@ -385,6 +424,24 @@ mod tests {
             (specs[3]["State"].as_str(), specs[3]["Failure"].as_str()),
             (Some("failed"), Some("boom"))
         );
-        assert_eq!(specs[4]["State"], "timedout");
+        // Where each failure happened, in ginkgo's own names.
+        let at = |i: usize| {
+            let s = &specs[i];
+            (
+                s["State"].as_str().unwrap(),
+                s["FailureNode"].as_str().unwrap(),
+                s["FailureContext"].as_str().unwrap(),
+            )
+        };
+        assert_eq!(at(0), ("passed", "", ""));
+        assert_eq!(at(2), ("skipped", "It", "leaf-node"));
+        assert_eq!(at(3), ("failed", "It", "leaf-node"));
+        assert_eq!(at(4), ("timedout", "It", "leaf-node"));
+        assert_eq!(at(5), ("failed", "BeforeEach", "top-level"));
+        assert_eq!(at(6), ("failed", "DeferCleanup (Each)", "top-level"));
+        assert_eq!(at(7), ("panicked", "It", "leaf-node"));
+        assert_eq!(specs[7]["ForwardedPanic"], "panicked: oops");
+        assert_eq!(specs[3]["ForwardedPanic"], "");
+        assert_eq!(at(8), ("interrupted", "It", "leaf-node"));
     }
 }

@@ -259,7 +259,8 @@ pub struct MutantsArgs {
     /// Only this mutant (repeatable); `--list` names them.
     #[arg(long, value_name = "NAME")]
     pub only: Vec<String>,
-    /// Do not run the lanes on the unmutated checkout first.
+    /// Do not run the lanes on the unmutated checkout first (the table says so: no failure is
+    /// then known to pass without the bug).
     #[arg(long)]
     pub no_baseline: bool,
     /// Print the mutants and exit.

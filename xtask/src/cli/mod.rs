@@ -95,6 +95,8 @@ pub enum Command {
         action: BenchAction,
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
+    /// Each lane must run what its selection lists, skipping only as docs/lanes.md documents;
+    /// exit 1 when a step failed, 130 when interrupted (the table names the steps not run).
     Test(TestArgs),
     /// kubectl of the cluster's Kubernetes version (built from the same module, cached with the
     /// cluster's binaries), against the local cluster unless `--kubeconfig` or $KUBECONFIG says
@@ -112,7 +114,9 @@ pub enum Command {
     /// How many bugs the suites catch: put one small bug at a time into the DRA code of a
     /// Kubernetes checkout (kubelet DRA manager, scheduler plugin, resourceclaim controller),
     /// bring the local cluster up from it, run the lane that should catch it and report which
-    /// specs failed, as a Markdown table.
+    /// specs caught it, as a Markdown table. Caught: a spec that passed on the baseline fails an
+    /// assertion, and again when run once more; timeouts, interrupts, set-up or clean-up failures
+    /// alone leave the bug "not checked". Ctrl-C: no verdict for the bug in progress, exit 130.
     Mutants(MutantsArgs),
     /// The crate's example DRA driver (kubelet-plugin/examples/node_driver.rs) as a DaemonSet on
     /// the local cluster's workers, working or broken on purpose: `example-driver deploy

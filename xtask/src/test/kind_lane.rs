@@ -11,14 +11,11 @@
 //! priority) while the local cluster's lanes run, which mostly wait on the cluster; on a cold
 //! machine that takes the image build off the run's critical path.
 
-use std::{
-    path::Path,
-    sync::atomic::{AtomicBool, Ordering},
-};
+use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::bail;
 
-use super::{StepStart, background::Background, run_suite, suite_args_with};
+use super::{StepStart, background::Background, lane_run::SuiteRun, run_suite, steps::Steps};
 use crate::{
     kind::{self, engine::Engine},
     provider::Provider,
@@ -60,8 +57,25 @@ pub struct KindLane {
     engine_started: bool,
 }
 
+/// The step names of the lane's engine and cluster.
+const ENGINE_STEP: &str = "kind lane: the run's own Docker engine (unless DOCKER_HOST names one)";
+const UP_STEP: &str = "kind cluster up (kind.yaml; the node image built here unless KIND_NODE_IMAGE)";
+const SUITE_STEP: &str = "e2e on kind: every kubelet spec (--focus kubelet)";
+
+/// The lane's run of the suites.
+fn suite(repo: &Path) -> SuiteRun {
+    SuiteRun::new(repo, &["--focus", FOCUS], JUNIT, KIND_PROCS)
+}
+
+/// Records the lane's steps as not run (the run was stopped before it).
+pub(crate) fn not_run(steps: &mut Steps) {
+    for name in [ENGINE_STEP, UP_STEP, SUITE_STEP] {
+        steps.skipped(name);
+    }
+}
+
 /// Starts the lane's engine (unless `DOCKER_HOST` names one).
-pub async fn prepare(step: &mut dyn FnMut(&str, Result<()>, StepStart)) -> KindLane {
+pub(crate) async fn prepare(steps: &mut Steps) -> KindLane {
     let t = StepStart::now();
     let engine = if std::env::var_os("DOCKER_HOST").is_some() {
         Ok(None)
@@ -70,7 +84,7 @@ pub async fn prepare(step: &mut dyn FnMut(&str, Result<()>, StepStart)) -> KindL
     };
     let engine_started = matches!(&engine, Ok(Some(running)) if running.started);
     let engine_ok = engine.is_ok();
-    step("kind lane: the run's own Docker engine (unless DOCKER_HOST names one)", engine.map(drop), t);
+    steps.record(ENGINE_STEP, engine.map(drop), t);
     KindLane { engine_ok, engine_started }
 }
 
@@ -85,74 +99,57 @@ impl KindLane {
         })
     }
 
-    /// Runs the lane's steps through `step` (name, result, start), then stops the engine if the
-    /// lane started it; first waits for the node image if it builds in `background`. After an
-    /// interrupt (`interrupted`) only the clean-up runs: the cluster taken down, the engine stopped.
-    pub async fn run(
-        self,
-        repo: &Path,
-        interrupted: &AtomicBool,
-        background: Option<&mut Background>,
-        step: &mut dyn FnMut(&str, Result<()>, StepStart),
-    ) {
-        let go_on = || !interrupted.load(Ordering::SeqCst);
-        if let Some(background) = background.filter(|_| go_on()) {
+    /// Runs the lane's steps, then stops the engine if the lane started it; first waits for the
+    /// node image if it builds in `background`. After an interrupt only the clean-up runs: the
+    /// cluster taken down, the engine stopped.
+    pub(crate) async fn run(self, repo: &Path, background: Option<&mut Background>, steps: &mut Steps) {
+        if let Some(background) = background.filter(|_| steps.go_on()) {
             let t = StepStart::now();
             if let Some(waited) = background.wait(IMAGE_BUILD).await {
-                step(&waited.name, waited.result, t.waited(waited.waited));
+                steps.record(&waited.name, waited.result, t.waited(waited.waited));
             }
         }
         if self.engine_ok {
-            on_cluster(repo, &go_on, step).await;
+            on_cluster(repo, steps).await;
         }
         if self.engine_started {
             let t = StepStart::now();
-            step("kind lane: the run's own Docker engine stopped", Engine::from_env().stop(false).await, t);
+            steps.record(
+                "kind lane: the run's own Docker engine stopped",
+                Engine::from_env().stop(false).await,
+                t,
+            );
         }
     }
 }
 
 /// Cluster up, the tests on it, cluster down (also after a failure) and the leftovers check.
 /// After a failure the nodes' and pods' logs are exported first, to `<target>/e2e/artifacts/kind-logs`.
-async fn on_cluster(
-    repo: &Path,
-    go_on: &dyn Fn() -> bool,
-    step: &mut dyn FnMut(&str, Result<()>, StepStart),
-) {
+async fn on_cluster(repo: &Path, steps: &mut Steps) {
     let args = kind_args();
-    let failed = std::cell::Cell::new(false);
-    let mut step = |name: &str, result: Result<()>, t: StepStart| {
-        failed.set(failed.get() || result.is_err());
-        step(name, result, t);
-    };
-    let t = StepStart::now();
+    let mut failed = false;
     let mut kubeconfig = None;
-    if go_on() {
+    if !steps.skipped(UP_STEP) {
+        let t = StepStart::now();
         let up = Provider::Kind.up(&args, None, None, false, false).await;
         kubeconfig = up.as_ref().ok().cloned();
-        step(
-            "kind cluster up (kind.yaml; the node image built here unless KIND_NODE_IMAGE)",
-            up.map(drop),
-            t,
-        );
+        failed |= up.is_err();
+        steps.record(UP_STEP, up.map(drop), t);
     }
-    if let Some(kubeconfig) = kubeconfig {
-        if go_on() {
-            let t = StepStart::now();
+    match kubeconfig {
+        Some(kubeconfig) => {
             let tests = super::cluster_tests::cluster_tests();
             let any: Vec<_> = tests.iter().filter(|test| test.any_provider).collect();
-            let (name, result) = super::cluster_tests::run_side_by_side(repo, &any, &kubeconfig).await;
-            step(&format!("kind: {name}"), result, t);
+            let before = steps.failed();
+            super::cluster_tests_step(repo, &any, &kubeconfig, "kind: ", steps).await;
+            steps.run(SUITE_STEP, run_suite(repo, &kubeconfig, &suite(repo))).await;
+            failed |= steps.failed() > before;
         }
-        if go_on() {
-            let t = StepStart::now();
-            let result =
-                run_suite(repo, &kubeconfig, &suite_args_with(repo, &["--focus", FOCUS], JUNIT, KIND_PROCS))
-                    .await;
-            step("e2e on kind: every kubelet spec (--focus kubelet)", result, t);
+        None => {
+            steps.skipped(SUITE_STEP);
         }
     }
-    if failed.get() {
+    if failed {
         let dir = crate::e2e::target_dir(repo).join("e2e/artifacts/kind-logs");
         match kind::export_logs(&args, &dir).await {
             Ok(()) => eprintln!("==> the kind cluster's logs: {}", dir.display()),
@@ -169,5 +166,5 @@ async fn on_cluster(
         Ok(())
     }
     .await;
-    step("kind cluster down leaves no container, network or kubeconfig", down, t);
+    steps.record("kind cluster down leaves no container, network or kubeconfig", down, t);
 }
