@@ -23,6 +23,7 @@ mod driver_lane;
 pub(crate) mod host_skips;
 pub(crate) mod kind_lane;
 pub(crate) mod lane_run;
+pub(crate) mod partition;
 pub(crate) mod report;
 mod restart_exceptions;
 mod restarts;

@@ -5,6 +5,12 @@
 //! are of one registry). After it, the lane passes only when every listed spec is in the report,
 //! none that is not listed is, none failed, every skip is one of the lane's documented host skips
 //! ([`super::host_skips`]), and dra-e2e exited 0. A selection that lists no spec fails at once.
+//!
+//! A lane split over machines (`cargo xtask test --partition`) runs one slice of its specs
+//! (`dra-e2e --partition slice:k/n`, in the list and in the run alike, so the list is the
+//! slice's): its report also has the other slices' specs, each skipped `in shard j of n`. Those
+//! skips, of specs the list does not have, are the only thing it accepts beyond an unsplit
+//! lane.
 
 use std::{
     collections::HashSet,
@@ -16,6 +22,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     host_skips::HostSkips,
+    partition::Slice,
     report::{self, ReportedSpec},
 };
 use crate::e2e;
@@ -37,6 +44,8 @@ pub(crate) struct SuiteRun {
     pub json: PathBuf,
     /// The JUnit report.
     pub junit: PathBuf,
+    /// The slice of the specs it runs, when its lane is split over machines.
+    pub slice: Option<Slice>,
 }
 
 impl SuiteRun {
@@ -58,7 +67,19 @@ impl SuiteRun {
         args.push(json.display().to_string());
         args.push("--artifacts".to_owned());
         args.push(artifacts.display().to_string());
-        Self { stem: stem.to_owned(), selection, args, json, junit }
+        Self { stem: stem.to_owned(), selection, args, json, junit, slice: None }
+    }
+
+    /// The same run of only `slice` of its specs (`--partition slice:k/n` in its selection);
+    /// unchanged without one.
+    pub(crate) fn sliced(mut self, slice: Option<Slice>) -> Self {
+        if let Some(slice) = slice {
+            let flag = ["--partition".to_owned(), slice.flag()];
+            self.selection.extend(flag.clone());
+            self.args.splice(0..0, flag);
+            self.slice = Some(slice);
+        }
+        self
     }
 
     /// Deletes the reports, lists the selection with the texts of Kubernetes `texts`, runs it
@@ -87,7 +108,7 @@ impl SuiteRun {
             return Err(NoReport { code, path: self.json.clone() }.into());
         }
         let specs = report::specs(&report::read(&self.json)?);
-        Ok(Ran { stem: self.stem.clone(), expected, code, specs })
+        Ok(Ran { stem: self.stem.clone(), expected, code, specs, slice: self.slice })
     }
 }
 
@@ -146,6 +167,8 @@ pub(crate) struct Ran {
     pub code: i32,
     /// The specs of its report.
     pub specs: Vec<ReportedSpec>,
+    /// The slice it ran, when its lane is split over machines.
+    pub slice: Option<Slice>,
 }
 
 impl Ran {
@@ -154,8 +177,21 @@ impl Ran {
         self.specs.iter().filter(|s| s.failed()).collect()
     }
 
+    /// The specs of its report that are another slice's: not listed, skipped `in shard j of n`
+    /// (none when its lane is not split).
+    fn other_slices(&self) -> HashSet<&str> {
+        let listed: HashSet<&str> = self.expected.iter().map(String::as_str).collect();
+        let Some(slice) = self.slice else { return HashSet::new() };
+        self.specs
+            .iter()
+            .filter(|s| s.skipped() && slice.is_elsewhere(&s.message) && !listed.contains(s.name.as_str()))
+            .map(|s| s.name.as_str())
+            .collect()
+    }
+
     /// Fails when a listed spec is not in the report, when the report has a spec the selection
-    /// does not list, or when a spec skipped for a reason `skips` does not document for the lane.
+    /// does not list (but another slice's, skipped as such, when the lane is split), or when a
+    /// spec skipped for a reason `skips` does not document for the lane.
     pub(crate) fn check_selection_ran(&self, skips: &HostSkips) -> Result<()> {
         let reported: HashSet<&str> = self.specs.iter().map(|s| s.name.as_str()).collect();
         let missing: Vec<&str> =
@@ -169,8 +205,13 @@ impl Ran {
             );
         }
         let listed: HashSet<&str> = self.expected.iter().map(String::as_str).collect();
-        let unlisted: Vec<&str> =
-            self.specs.iter().map(|s| s.name.as_str()).filter(|name| !listed.contains(name)).collect();
+        let elsewhere = self.other_slices();
+        let unlisted: Vec<&str> = self
+            .specs
+            .iter()
+            .map(|s| s.name.as_str())
+            .filter(|name| !listed.contains(name) && !elsewhere.contains(name))
+            .collect();
         if !unlisted.is_empty() {
             bail!(
                 "the run ran {} spec(s) that its selection does not list (another version's texts?): {}",
@@ -181,7 +222,11 @@ impl Ran {
         let undocumented: Vec<&ReportedSpec> = self
             .specs
             .iter()
-            .filter(|s| s.skipped() && !skips.documents(&self.stem, &s.name, &s.message))
+            .filter(|s| {
+                s.skipped()
+                    && !elsewhere.contains(s.name.as_str())
+                    && !skips.documents(&self.stem, &s.name, &s.message)
+            })
             .collect();
         if !undocumented.is_empty() {
             bail!(
@@ -212,12 +257,19 @@ impl Ran {
         Ok(self.counts())
     }
 
-    /// `63 passed, 5 skipped (documented) of 68 selected`.
+    /// `63 passed, 5 skipped (documented) of 68 selected`, and for a slice `… of 34 selected
+    /// (slice 1/2; 34 in the other slices)`.
     pub(crate) fn counts(&self) -> String {
+        let elsewhere = self.other_slices();
         let passed = self.specs.iter().filter(|s| s.passed()).count();
-        let skipped = self.specs.iter().filter(|s| s.skipped()).count();
+        let skipped =
+            self.specs.iter().filter(|s| s.skipped() && !elsewhere.contains(s.name.as_str())).count();
         let skipped = if skipped > 0 { format!(", {skipped} skipped (documented)") } else { String::new() };
-        format!("{passed} passed{skipped} of {} selected", self.expected.len())
+        let slice = match self.slice {
+            Some(slice) => format!(" (slice {slice}; {} in the other slices)", elsewhere.len()),
+            None => String::new(),
+        };
+        format!("{passed} passed{skipped} of {} selected{slice}", self.expected.len())
     }
 }
 
@@ -261,6 +313,9 @@ fn texts_for(known: &[String], git_version: &str) -> Result<String> {
         None => bail!("dra-e2e has spec texts for no version (suites/upstream/specs-*.txt)"),
     }
 }
+
+#[cfg(test)]
+mod split_tests;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
@@ -437,7 +492,7 @@ pub(crate) mod tests {
         assert_eq!(specs.iter().filter(|s| s.skipped()).count(), 5);
         let expected = specs.iter().map(|s| s.name.clone()).collect();
         let skips = HostSkips::load(&repo).unwrap();
-        let kind = Ran { stem: "kind".into(), expected, code: 0, specs };
+        let kind = Ran { stem: "kind".into(), expected, code: 0, specs, slice: None };
         assert_eq!(kind.judge(&skips).unwrap(), "0 passed, 5 skipped (documented) of 5 selected");
         for lane in ["workload", "next-release-workload", "suites"] {
             let other = Ran { stem: lane.into(), ..kind.clone() };

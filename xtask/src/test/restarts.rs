@@ -239,6 +239,7 @@ mod tests {
             expected: specs.iter().map(|s| s.name.clone()).collect(),
             code,
             specs,
+            slice: None,
         }
     }
 
