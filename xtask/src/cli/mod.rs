@@ -175,7 +175,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::E2e(args) => e2e::run(args.into()).await,
         Command::Bench { action: BenchAction::Suites(args) } => bench::run(args.into()).await,
-        Command::Test(args) => test::run(args.into()).await,
+        Command::Test(args) => test::run(args.try_into()?).await,
         Command::Kubectl { args } => kubectl::run(args).await,
         Command::UpstreamSpecs(args) => upstream_specs::run(&args.into()),
         Command::Mutants(args) => mutants::run(args.into()).await,
@@ -423,9 +423,25 @@ mod tests {
         let cli = Cli::try_parse_from(["xtask", "test", "--lane", "local", "--keep-cluster"]).unwrap();
         let Command::Test(args) = cli.command else { panic!("not test") };
         assert_eq!(
-            test::TestOptions::from(args),
-            test::TestOptions { no_cluster: false, lane: test::TestLane::Local, keep_cluster: true }
+            test::TestOptions::try_from(args).unwrap(),
+            test::TestOptions {
+                no_cluster: false,
+                lane: test::TestLane::Local,
+                keep_cluster: true,
+                partition: None
+            }
         );
+        let cli = Cli::try_parse_from(["xtask", "test", "--partition", "2/3"]).unwrap();
+        let Command::Test(args) = cli.command else { panic!("not test") };
+        let partition = test::partition::Partition { machine: 2, machines: 3 };
+        assert_eq!(
+            test::TestOptions::try_from(args).unwrap(),
+            test::TestOptions { partition: Some(partition), ..test::TestOptions::default() }
+        );
+        let cli = Cli::try_parse_from(["xtask", "test", "--partition", "3/2"]).unwrap();
+        let Command::Test(args) = cli.command else { panic!("not test") };
+        let err = test::TestOptions::try_from(args).unwrap_err().to_string();
+        assert!(err.starts_with("--partition takes M/N") && err.ends_with("not \"3/2\""), "{err}");
 
         let cli = Cli::try_parse_from(["xtask", "docker", "up", "--cap-shim", "off"]).unwrap();
         let Command::Docker { action } = cli.command else { panic!("not docker") };

@@ -15,7 +15,14 @@ use std::path::Path;
 
 use anyhow::bail;
 
-use super::{StepStart, background::Background, lane_run::SuiteRun, run_suite, steps::Steps};
+use super::{
+    StepStart,
+    background::Background,
+    lane_run::SuiteRun,
+    partition::{ClusterBuild, Share, Unit},
+    run_suite, sliced,
+    steps::Steps,
+};
 use crate::{
     kind::{self, engine::Engine},
     provider::Provider,
@@ -34,9 +41,6 @@ pub const JUNIT: &str = "kind";
 /// How many specs the kind lane runs at once: its nodes are containers with their own
 /// containerd and systemd, heavier than the local cluster's, and it was only measured at 4.
 const KIND_PROCS: &str = "4";
-
-/// The key of the node image's background build.
-const IMAGE_BUILD: &str = "kind-node-image";
 
 /// The kind cluster of the lane: kind.yaml, `KIND_NODE_IMAGE` if set (GitHub's runners pull
 /// kind's own image) else the node image built here, `KIND_VERSION` if set.
@@ -89,28 +93,30 @@ pub(crate) async fn prepare(steps: &mut Steps) -> KindLane {
 }
 
 impl KindLane {
-    /// The node image's build, to run in the background (the engine must answer: the image is
-    /// imported into it); none when `KIND_NODE_IMAGE` names an image.
-    pub fn image_build(&self) -> Option<super::background::Build> {
-        (self.engine_ok && kind_args().image.is_none()).then(|| super::background::Build {
-            key: IMAGE_BUILD,
-            what: "the kind node image".into(),
-            args: ["--provider", "kind"].map(String::from).to_vec(),
-        })
+    /// Whether the node image is to be built in the background (the engine must answer: the
+    /// image is imported into it): not when `KIND_NODE_IMAGE` names an image.
+    pub fn builds_image(&self) -> bool {
+        self.engine_ok && kind_args().image.is_none()
     }
 
-    /// Runs the lane's steps, then stops the engine if the lane started it; first waits for the
-    /// node image if it builds in `background`. After an interrupt only the clean-up runs: the
-    /// cluster taken down, the engine stopped.
-    pub(crate) async fn run(self, repo: &Path, background: Option<&mut Background>, steps: &mut Steps) {
+    /// Runs the lane's steps that `share` has, then stops the engine if the lane started it;
+    /// first waits for the node image if it builds in `background`. After an interrupt only the
+    /// clean-up runs: the cluster taken down, the engine stopped.
+    pub(crate) async fn run(
+        self,
+        repo: &Path,
+        share: &Share,
+        background: Option<&mut Background>,
+        steps: &mut Steps,
+    ) {
         if let Some(background) = background.filter(|_| steps.go_on()) {
             let t = StepStart::now();
-            if let Some(waited) = background.wait(IMAGE_BUILD).await {
+            if let Some(waited) = background.wait(ClusterBuild::KindImage.key()).await {
                 steps.record(&waited.name, waited.result, t.waited(waited.waited));
             }
         }
         if self.engine_ok {
-            on_cluster(repo, steps).await;
+            on_cluster(repo, share, steps).await;
         }
         if self.engine_started {
             let t = StepStart::now();
@@ -123,9 +129,11 @@ impl KindLane {
     }
 }
 
-/// Cluster up, the tests on it, cluster down (also after a failure) and the leftovers check.
-/// After a failure the nodes' and pods' logs are exported first, to `<target>/e2e/artifacts/kind-logs`.
-async fn on_cluster(repo: &Path, steps: &mut Steps) {
+/// Cluster up, the tests on it that `share` has, cluster down (also after a failure) and the
+/// leftovers check. After a failure the nodes' and pods' logs are exported first, to
+/// `<target>/e2e/artifacts/kind-logs`.
+async fn on_cluster(repo: &Path, share: &Share, steps: &mut Steps) {
+    let suite_step = sliced(SUITE_STEP, share.slice(Unit::Kind));
     let args = kind_args();
     let mut failed = false;
     let mut kubeconfig = None;
@@ -141,13 +149,19 @@ async fn on_cluster(repo: &Path, steps: &mut Steps) {
             let tests = super::cluster_tests::cluster_tests();
             let any: Vec<_> = tests.iter().filter(|test| test.any_provider).collect();
             let before = steps.failed();
-            super::cluster_tests_step(repo, &any, &kubeconfig, "kind: ", steps).await;
-            steps.run(SUITE_STEP, run_suite(repo, &kubeconfig, &suite(repo))).await;
+            if share.runs(Unit::KindTests) {
+                super::cluster_tests_step(repo, &any, &kubeconfig, "kind: ", steps).await;
+            }
+            if share.runs(Unit::Kind) {
+                let suite = suite(repo).sliced(share.slice(Unit::Kind));
+                steps.run(&suite_step, run_suite(repo, &kubeconfig, &suite)).await;
+            }
             failed |= steps.failed() > before;
         }
-        None => {
-            steps.skipped(SUITE_STEP);
+        None if share.runs(Unit::Kind) => {
+            steps.skipped(&suite_step);
         }
+        None => {}
     }
     if failed {
         let dir = crate::e2e::target_dir(repo).join("e2e/artifacts/kind-logs");

@@ -54,6 +54,31 @@ impl fmt::Display for Partition {
     }
 }
 
+/// This machine's share: everything without `--partition`; else its share of the plan, which it
+/// prints first with every other machine's, so that each machine's log shows the whole split.
+pub(crate) fn this_machine(partition: Option<Partition>) -> Share {
+    let Some(partition) = partition else { return Share::everything() };
+    let plan = plan::plan(partition.machines);
+    eprintln!(
+        "==> --partition {partition}: the plan every machine computes alike (times planned from the cold run of {} in docs/results.md):",
+        costs::FIGURES_OF
+    );
+    for (i, (share, time)) in plan.shares.iter().zip(plan.times()).enumerate() {
+        let this = if i + 1 == partition.machine as usize { "  <- this machine" } else { "" };
+        eprintln!(
+            "    {}/{}: {}; clusters {}; builds {}; planned {}{this}",
+            i + 1,
+            partition.machines,
+            share.describe_units(),
+            plan::describe_clusters(share),
+            plan::describe_builds(share),
+            crate::progress::human(time)
+        );
+    }
+    eprintln!("    the longest machine is planned at {}", crate::progress::human(plan.longest()));
+    plan.shares.get(partition.machine as usize - 1).cloned().unwrap_or_else(|| Share::of(Vec::new()))
+}
+
 /// Slice `index` of `total` of one dra-e2e run's specs (`dra-e2e --partition slice:k/n`): its
 /// specs in even shares, the others reported as skipped `in shard j of n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -179,7 +204,7 @@ pub(crate) enum Setting {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Unit {
     /// The unit and protocol tests.
-    UnitTests,
+    CargoTests,
     /// The cluster tests side by side on the default cluster.
     ClusterTests,
     /// Every spec but the workload lane's on the default cluster (`suites`).
@@ -211,7 +236,7 @@ pub(crate) enum Unit {
 impl Unit {
     /// Every unit, in the run's order.
     pub(crate) const ALL: [Unit; 14] = [
-        Self::UnitTests,
+        Self::CargoTests,
         Self::ClusterTests,
         Self::Suites,
         Self::RestartTest,
@@ -231,7 +256,7 @@ impl Unit {
     pub(crate) fn setting(self) -> Setting {
         use LocalLane as L;
         match self {
-            Self::UnitTests => Setting::NoCluster,
+            Self::CargoTests => Setting::NoCluster,
             Self::ClusterTests
             | Self::Suites
             | Self::RestartTest
@@ -255,7 +280,7 @@ impl Unit {
     /// Its name in the docs' table of machines: a suite run's report stem, else what it is.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Self::UnitTests => "unit-tests",
+            Self::CargoTests => "unit-tests",
             Self::ClusterTests => "cluster-tests",
             Self::Suites => "suites",
             Self::RestartTest => "restart-test",
@@ -391,8 +416,8 @@ mod tests {
         assert_eq!(everything.local_lanes(), LocalLane::ALL);
         assert!(everything.needs_kind());
         assert_eq!(everything.builds(), ClusterBuild::ALL);
-        let next = Share::of(vec![(Unit::NextReleaseWorkload, None), (Unit::UnitTests, None)]);
-        assert_eq!(next.units()[0].0, Unit::UnitTests, "in the run's order");
+        let next = Share::of(vec![(Unit::NextReleaseWorkload, None), (Unit::CargoTests, None)]);
+        assert_eq!(next.units()[0].0, Unit::CargoTests, "in the run's order");
         assert_eq!(next.local_lanes(), [LocalLane::NextReleaseWorkload]);
         assert_eq!(next.builds(), [ClusterBuild::NextRelease], "no v1.37.2 build, no kind image");
         let kind = Share::of(vec![(Unit::Kind, Some(Slice { index: 2, total: 2 }))]);
@@ -402,6 +427,6 @@ mod tests {
         assert_eq!(kind.describe_units(), "`kind` 2/2");
         let skew = Share::of(vec![(Unit::Skew, None)]);
         assert_eq!(skew.builds(), [ClusterBuild::LocalCluster, ClusterBuild::SkewKubelet]);
-        assert!(!skew.needs_kind() && !skew.runs(Unit::UnitTests));
+        assert!(!skew.needs_kind() && !skew.runs(Unit::CargoTests));
     }
 }

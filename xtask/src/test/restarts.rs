@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, api::ListParams};
 
+use super::partition::Unit;
 use super::{
     cluster_tests::ClusterTest,
     host_skips::HostSkips,
@@ -55,6 +56,8 @@ pub(crate) struct RestartRun {
     pub selection: &'static [&'static str],
     /// The JSON report's and JUnit's file stem.
     pub report: &'static str,
+    /// The unit it is of a run split over machines.
+    pub unit: Unit,
 }
 
 /// The restart runs, in order.
@@ -66,8 +69,9 @@ pub(crate) fn restart_runs() -> Vec<RestartRun> {
             node: "kind-worker",
             after: Duration::from_secs(50),
             stop: crate::local::Stop::Graceful,
-            selection: &["--focus", "kubelet", "--skip", super::WORKLOAD_FOCUS],
+            selection: &["--focus", "kubelet", "--skip", super::local_lanes::WORKLOAD_FOCUS],
             report: "restart-kubelet",
+            unit: Unit::RestartKubelet,
         },
         RestartRun {
             // The control plane specs take about 17 s on a quiet machine. Stopped with SIGTERM,
@@ -83,6 +87,7 @@ pub(crate) fn restart_runs() -> Vec<RestartRun> {
             stop: crate::local::Stop::Kill,
             selection: &["--focus", "control plane", "--skip", "kubelet"],
             report: "restart-apiserver",
+            unit: Unit::RestartApiserver,
         },
     ]
 }

@@ -205,8 +205,8 @@ pub(crate) fn planned(share: &Share) -> Duration {
         share.units().iter().filter(|(u, _)| u.setting() == setting).map(cost).sum()
     };
     let mut t = Duration::ZERO;
-    if share.runs(Unit::UnitTests) {
-        t += costs::unit(Unit::UnitTests);
+    if share.runs(Unit::CargoTests) {
+        t += costs::unit(Unit::CargoTests);
     } else {
         t += costs::compile();
     }
