@@ -14,10 +14,6 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use self::{
-    local_lanes::Lane,
-    partition::{ClusterBuild, LocalLane, Partition, Share, Slice, Unit},
-};
 use crate::{e2e, local, progress::human, usage::UsageError};
 
 mod background;
@@ -66,7 +62,7 @@ pub struct TestOptions {
     /// Leave the local cluster running afterwards (`--keep-cluster`).
     pub keep_cluster: bool,
     /// Run only this machine's share of a run split over machines (`--partition M/N`).
-    pub partition: Option<Partition>,
+    pub partition: Option<partition::Partition>,
 }
 
 /// `text` cut to at most `max` bytes (on a character boundary), marked where it was cut.
@@ -113,7 +109,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) && share.needs_kind();
     // `--lane driver`: the local cluster and the driver lane, nothing else.
     let only_driver = args.lane == TestLane::Driver;
-    let lanes: Vec<Lane> = if only_driver {
+    let lanes: Vec<local_lanes::Lane> = if only_driver {
         Vec::new()
     } else {
         local_lanes::lanes(&repo)
@@ -141,7 +137,7 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
         steps.record("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
     }
     if !matches!(args.lane, TestLane::Kind | TestLane::Driver) {
-        if share.runs(Unit::CargoTests) {
+        if share.runs(partition::Unit::CargoTests) {
             steps
                 .run("unit and protocol tests (cargo test --workspace)", async {
                     cargo(&repo, &["test", "--workspace"], &[])
@@ -179,12 +175,16 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
 /// What a machine builds in the background, in order: the local cluster's binaries when its
 /// share needs them, what the `lanes` it restarts into need, the kind node image when its kind
 /// lane builds one here.
-fn background_builds(share: &Share, lanes: &[Lane], kind_image: bool) -> Vec<ClusterBuild> {
-    ClusterBuild::ALL
+fn background_builds(
+    share: &partition::Share,
+    lanes: &[local_lanes::Lane],
+    kind_image: bool,
+) -> Vec<partition::ClusterBuild> {
+    partition::ClusterBuild::ALL
         .into_iter()
         .filter(|build| match build {
-            ClusterBuild::LocalCluster => share.builds().contains(build),
-            ClusterBuild::KindImage => kind_image,
+            partition::ClusterBuild::LocalCluster => share.builds().contains(build),
+            partition::ClusterBuild::KindImage => kind_image,
             lane_build => lanes.iter().any(|lane| lane.lane.builds().contains(lane_build)),
         })
         .collect()
@@ -196,8 +196,8 @@ fn background_builds(share: &Share, lanes: &[Lane], kind_image: bool) -> Vec<Clu
 async fn on_local_cluster(
     repo: &Path,
     args: &TestOptions,
-    share: &Share,
-    lanes: Vec<Lane>,
+    share: &partition::Share,
+    lanes: Vec<local_lanes::Lane>,
     mut background: Option<&mut background::Background>,
     steps: &mut steps::Steps,
 ) -> Result<()> {
@@ -205,16 +205,16 @@ async fn on_local_cluster(
     // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
     let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
         .with_overrides(Some(crate::overrides::Overrides::default()));
-    let default = share.local_lanes().first() == Some(&LocalLane::Default);
+    let default = share.local_lanes().first() == Some(&partition::LocalLane::Default);
     let mut lanes = lanes.into_iter();
     let first = if default { None } else { lanes.next() };
     let up_step = first.as_ref().map_or("local cluster up", |lane| lane.up);
     // Stopped before: every step on it is listed as not run (each records itself so).
     let stopped = steps.skipped(up_step);
     if !stopped {
-        let first_lane = first.as_ref().map_or(LocalLane::Default, |lane| lane.lane);
+        let first_lane = first.as_ref().map_or(partition::LocalLane::Default, |lane| lane.lane);
         let t = wait_for_builds(background.as_deref_mut(), first_lane.builds(), steps).await;
-        let up = match first.as_ref().map(Lane::overrides).transpose() {
+        let up = match first.as_ref().map(local_lanes::Lane::overrides).transpose() {
             Ok(overrides) => {
                 let up_cluster = cluster.clone().with_overrides(overrides);
                 up_cluster.up(true).await.map(|_| ())
@@ -231,7 +231,7 @@ async fn on_local_cluster(
     if default && !only_driver {
         default_lane(repo, share, &cluster, steps).await;
     }
-    if default && share.runs(Unit::Driver) {
+    if default && share.runs(partition::Unit::Driver) {
         driver_lane::run(repo, &cluster, steps).await;
     }
     if let Some(lane) = first {
@@ -270,18 +270,23 @@ async fn down_unless_kept(
 
 /// On the cluster as `cluster up` starts it, what of it `share` runs: the cluster tests side by
 /// side, every spec but the workload lane's, then the restart steps.
-async fn default_lane(repo: &Path, share: &Share, cluster: &local::LocalCluster, steps: &mut steps::Steps) {
+async fn default_lane(
+    repo: &Path,
+    share: &partition::Share,
+    cluster: &local::LocalCluster,
+    steps: &mut steps::Steps,
+) {
     let kubeconfig = cluster.kubeconfig();
-    if share.runs(Unit::ClusterTests) {
+    if share.runs(partition::Unit::ClusterTests) {
         let tests = cluster_tests::cluster_tests();
         cluster_tests_step(repo, &tests.iter().collect::<Vec<_>>(), &kubeconfig, "", steps).await;
     }
-    if share.runs(Unit::Suites) {
+    if share.runs(partition::Unit::Suites) {
         let (name, suite) = local_lanes::suite_run(repo);
-        let slice = share.slice(Unit::Suites);
+        let slice = share.slice(partition::Unit::Suites);
         steps.run(&sliced(name, slice), run_suite(repo, &kubeconfig, &suite.sliced(slice))).await;
     }
-    if share.runs(Unit::RestartTest) {
+    if share.runs(partition::Unit::RestartTest) {
         let restart_test = restarts::cluster_test();
         cluster_tests_step(repo, &[&restart_test], &kubeconfig, "", steps).await;
     }
@@ -291,7 +296,7 @@ async fn default_lane(repo: &Path, share: &Share, cluster: &local::LocalCluster,
 }
 
 /// A suite run's step name, with the slice of its specs it runs if it runs one.
-fn sliced(name: &str, slice: Option<Slice>) -> String {
+fn sliced(name: &str, slice: Option<partition::Slice>) -> String {
     match slice {
         Some(slice) => format!("{name}, slice {slice} of its specs"),
         None => name.to_owned(),
@@ -321,8 +326,8 @@ async fn cluster_tests_step(
 async fn restarted_lane(
     repo: &Path,
     cluster: &local::LocalCluster,
-    lane: Lane,
-    share: &Share,
+    lane: local_lanes::Lane,
+    share: &partition::Share,
     background: Option<&mut background::Background>,
     kubeconfig: &Path,
     steps: &mut steps::Steps,
@@ -354,7 +359,13 @@ async fn restarted_lane(
 
 /// What of a lane after the default one `share` runs, on its cluster: its cluster tests, its
 /// suite run.
-async fn lane_steps(repo: &Path, lane: &Lane, share: &Share, kubeconfig: &Path, steps: &mut steps::Steps) {
+async fn lane_steps(
+    repo: &Path,
+    lane: &local_lanes::Lane,
+    share: &partition::Share,
+    kubeconfig: &Path,
+    steps: &mut steps::Steps,
+) {
     if let Some((unit, test)) = &lane.cluster_tests
         && share.runs(*unit)
     {
@@ -374,7 +385,7 @@ async fn lane_steps(repo: &Path, lane: &Lane, share: &Share, kubeconfig: &Path, 
 /// it then builds in the foreground.
 async fn wait_for_builds(
     mut background: Option<&mut background::Background>,
-    builds: &[ClusterBuild],
+    builds: &[partition::ClusterBuild],
     steps: &mut steps::Steps,
 ) -> StepStart {
     let t = StepStart::now();
@@ -427,7 +438,10 @@ fn cargo(repo: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{
+        partition::{ClusterBuild, Partition, Share, Slice, Unit},
+        *,
+    };
 
     #[test]
     fn long_reasons_are_clipped_on_a_character_boundary() {
@@ -474,7 +488,7 @@ mod tests {
     #[test]
     fn a_machine_builds_what_its_share_needs_only() {
         let repo = Path::new("/repo");
-        let lanes = |share: &Share| -> Vec<Lane> {
+        let lanes = |share: &Share| -> Vec<local_lanes::Lane> {
             local_lanes::lanes(repo).into_iter().filter(|l| share.local_lanes().contains(&l.lane)).collect()
         };
         // Unsplit: everything, in the order the lanes need it; the driver lane alone: the
