@@ -173,8 +173,9 @@ pub async fn run(args: TestOptions) -> Result<ExitCode> {
 }
 
 /// What a machine builds in the background, in order: the local cluster's binaries when its
-/// share needs them, what the `lanes` it restarts into need, the kind node image when its kind
-/// lane builds one here.
+/// share's local lanes need them or the kind node image is built here (its Kubernetes binaries
+/// are those), what the `lanes` it restarts into need, the kind node image when its kind lane
+/// builds one here (not with `KIND_NODE_IMAGE`).
 fn background_builds(
     share: &partition::Share,
     lanes: &[local_lanes::Lane],
@@ -183,7 +184,9 @@ fn background_builds(
     partition::ClusterBuild::ALL
         .into_iter()
         .filter(|build| match build {
-            partition::ClusterBuild::LocalCluster => share.builds().contains(build),
+            partition::ClusterBuild::LocalCluster => {
+                kind_image || share.local_lanes().iter().any(|lane| lane.builds().contains(build))
+            }
             partition::ClusterBuild::KindImage => kind_image,
             lane_build => lanes.iter().any(|lane| lane.lane.builds().contains(lane_build)),
         })
@@ -500,6 +503,12 @@ mod tests {
             for share in partition::plan::plan(machines).shares {
                 let builds = background_builds(&share, &lanes(&share), share.needs_kind());
                 assert_eq!(builds, share.builds(), "{}", share.describe_units());
+                // A kind node image pulled (KIND_NODE_IMAGE): no build of it or for it.
+                let pulled = background_builds(&share, &lanes(&share), false);
+                assert!(!pulled.contains(&ClusterBuild::KindImage));
+                let local =
+                    share.local_lanes().iter().any(|l| l.builds().contains(&ClusterBuild::LocalCluster));
+                assert_eq!(pulled.contains(&ClusterBuild::LocalCluster), local, "{}", share.describe_units());
                 assert_eq!(builds.contains(&ClusterBuild::KindImage), share.needs_kind());
                 let next = share.runs(Unit::NextRelease) || share.runs(Unit::NextReleaseWorkload);
                 assert_eq!(builds.contains(&ClusterBuild::NextRelease), next, "{}", share.describe_units());

@@ -59,6 +59,7 @@ use Part::Work;
 use Unit as U;
 
 /// The step table of [`FIGURES_OF`], in its order.
+#[rustfmt::skip]
 pub(crate) const STEPS: [Measured; 31] = [
     row("kind lane: the run's own Docker engine (unless DOCKER_HOST names one)", 600, 0, Part::KindEngine),
     row("background builds started (SCHED_IDLE, least CPU weight)", 0, 0, Part::BuildsStarted),
@@ -68,55 +69,25 @@ pub(crate) const STEPS: [Measured; 31] = [
     row("e2e: every spec but the workload lane's", 251_000, 0, Work(U::Suites)),
     row("restart cluster test", 69_000, 0, Work(U::RestartTest)),
     row("e2e: kubelet suites, kind-worker's kubelet restarted 50 s in", 158_000, 0, Work(U::RestartKubelet)),
-    row(
-        "e2e: control plane suites, the API server killed and restarted 5 s in",
-        19_900,
-        0,
-        Work(U::RestartApiserver),
-    ),
+    row("e2e: control plane suites, the API server killed and restarted 5 s in", 19_900, 0, Work(U::RestartApiserver)),
     row("driver lane: the example driver deployed as a DaemonSet", 5_100, 0, Work(U::Driver)),
     row("e2e: driver lane, the example driver as a vendor runs it (--driver)", 53_500, 0, Work(U::Driver)),
     row("e2e: driver lane, interposed (--driver --interpose)", 65_000, 0, Work(U::Driver)),
     row("e2e: driver lane, after kind-worker's kubelet restarted", 13_300, 0, Work(U::Driver)),
     row("e2e: driver lane, a driver that skips unprepare is caught", 25_200, 0, Work(U::Driver)),
     row("driver lane: the example driver removed", 8_100, 0, Work(U::Driver)),
-    row(
-        "local cluster restarted for the workload lane (GenericWorkload)",
-        13_900,
-        0,
-        Part::Restart(L::Workload),
-    ),
+    row("local cluster restarted for the workload lane (GenericWorkload)", 13_900, 0, Part::Restart(L::Workload)),
     row("e2e: workload lane (PodGroup specs)", 35_700, 0, Work(U::Workload)),
-    row(
-        "local cluster restarted for the skew lane (kind-worker's kubelet v1.34.4)",
-        11_800,
-        0,
-        Part::Restart(L::Skew),
-    ),
+    row("local cluster restarted for the skew lane (kind-worker's kubelet v1.34.4)", 11_800, 0, Part::Restart(L::Skew)),
     row("skew cluster tests (harness/tests/cluster/skew.rs)", 40_100, 0, Work(U::SkewTests)),
     row("e2e: skew lane (kubelet suites, kind-worker at v1.34.4)", 143_000, 0, Work(U::Skew)),
-    row(
-        "local cluster restarted at Kubernetes v1.38.0-beta.0 (the next release)",
-        15_600,
-        2_500,
-        Part::Restart(L::NextRelease),
-    ),
+    row("local cluster restarted at Kubernetes v1.38.0-beta.0 (the next release)", 15_600, 2_500, Part::Restart(L::NextRelease)),
     row("e2e: v1.38.0-beta.0 lane (every spec but the workload lane's)", 267_000, 0, Work(U::NextRelease)),
-    row(
-        "local cluster restarted at v1.38.0-beta.0 for its workload lane",
-        12_100,
-        0,
-        Part::Restart(L::NextReleaseWorkload),
-    ),
+    row("local cluster restarted at v1.38.0-beta.0 for its workload lane", 12_100, 0, Part::Restart(L::NextReleaseWorkload)),
     row("e2e: v1.38.0-beta.0 workload lane (PodGroup specs)", 36_200, 0, Work(U::NextReleaseWorkload)),
     row("local cluster down leaves nothing behind", 1_500, 0, Part::LocalDown),
     row("the kind node image built in the background in", 118_000, 118_000, Part::KindImageWait),
-    row(
-        "kind cluster up (kind.yaml; the node image built here unless KIND_NODE_IMAGE)",
-        74_000,
-        0,
-        Part::KindUp,
-    ),
+    row("kind cluster up (kind.yaml; the node image built here unless KIND_NODE_IMAGE)", 74_000, 0, Part::KindUp),
     row("kind: cluster tests side by side", 139_000, 0, Work(U::KindTests)),
     row("e2e on kind: every kubelet spec (--focus kubelet)", 224_000, 0, Work(U::Kind)),
     row("kind cluster down leaves no container, network or kubeconfig", 4_900, 0, Part::KindDown),
@@ -148,6 +119,11 @@ fn sum(part: impl Fn(Part) -> bool) -> Duration {
     STEPS.iter().filter(|r| part(r.part)).map(|r| millis(r.millis)).sum()
 }
 
+/// The sum of the rows `part` matches, without their waits for a background build.
+fn sum_unwaited(part: impl Fn(Part) -> bool) -> Duration {
+    STEPS.iter().filter(|r| part(r.part)).map(|r| millis(r.millis - r.waited_millis)).sum()
+}
+
 /// When the row `part` matches first started, counted from the run's start (the steps run one
 /// after another, in the table's order), and how long it waited.
 fn start_of(part: Part) -> (Duration, Duration) {
@@ -169,12 +145,12 @@ pub(crate) fn compile() -> Duration {
 
 /// The first `cluster up` of a machine's local cluster, without its wait for the build.
 pub(crate) fn local_up() -> Duration {
-    STEPS.iter().filter(|r| r.part == Part::LocalUp).map(|r| millis(r.millis - r.waited_millis)).sum()
+    sum_unwaited(|p| p == Part::LocalUp)
 }
 
 /// The local cluster restarted into `lane`, without a wait for its build.
 pub(crate) fn restart(lane: LocalLane) -> Duration {
-    STEPS.iter().filter(|r| r.part == Part::Restart(lane)).map(|r| millis(r.millis - r.waited_millis)).sum()
+    sum_unwaited(|p| p == Part::Restart(lane))
 }
 
 /// The local cluster taken down.
