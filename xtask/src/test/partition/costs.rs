@@ -3,7 +3,7 @@
 //! row per step with its wall time, the time it waited for a background build, and what it is
 //! to the plan ([`Part`]: a unit of work, or a machine's own set-up). A test keeps every row
 //! equal to that table. The builds' own times are not rows of it; they are derived from it
-//! ([`build`]), as is the workspace's compile ([`COMPILE`]).
+//! ([`build`]), as is the workspace's compile ([`compile`]).
 
 use std::time::Duration;
 
