@@ -426,13 +426,11 @@ async fn run_suite(repo: &Path, kubeconfig: &Path, suite: &lane_run::SuiteRun) -
 
 /// Runs cargo in the workspace with extra environment.
 fn cargo(repo: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(&cargo)
+    let status = crate::repo::cargo_command(repo)
         .args(args)
         .envs(env.iter().map(|(k, v)| (k.to_string(), PathBuf::from(v))))
-        .current_dir(repo)
         .status()
-        .with_context(|| format!("run {cargo} {}", args.join(" ")))?;
+        .with_context(|| format!("run {} {}", crate::repo::cargo_program(), args.join(" ")))?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }

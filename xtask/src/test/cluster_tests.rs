@@ -153,7 +153,7 @@ pub(crate) async fn run_side_by_side(
     tests: &[&ClusterTest],
     kubeconfig: &Path,
 ) -> (String, Result<()>) {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::repo::cargo_program();
     let dir = crate::e2e::target_dir(repo).join("e2e/cluster-tests");
     side_by_side(Path::new(&cargo), repo, tests, kubeconfig, &dir).await
 }
@@ -223,7 +223,11 @@ async fn run_one(
 ) -> Result<usize> {
     let out = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
     let err = out.try_clone().with_context(|| format!("{}", log.display()))?;
-    let status = tokio::process::Command::new(program)
+    let mut cmd = tokio::process::Command::new(program);
+    for name in crate::repo::run_only_cargo_vars() {
+        cmd.env_remove(name);
+    }
+    let status = cmd
         .args(&test.cargo_args)
         .env("DRA_E2E_KUBECONFIG", kubeconfig)
         .envs(test.env.iter().map(|(k, v)| (k, v)))

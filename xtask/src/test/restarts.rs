@@ -96,7 +96,7 @@ pub(crate) fn restart_runs() -> Vec<RestartRun> {
 /// this process's binary, which the workspace's tests may have rebuilt (the running one is then a
 /// deleted file).
 pub(crate) fn cluster_test() -> ClusterTest {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::repo::cargo_program();
     let restart = format!("{cargo} xtask cluster restart kubelet-{{node}}");
     ClusterTest {
         name: "restart cluster test: a kubelet restarted under a running pod (harness/tests/cluster/restart.rs)",
