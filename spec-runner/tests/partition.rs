@@ -116,13 +116,39 @@ struct Cli {
     runner: RunnerArgs,
 }
 
-async fn run(args: &[&str], dir: &Path, ran: &Ran) -> (ExitCode, usize) {
-    let artifacts = dir.join("artifacts");
-    let line = ["dra-e2e", "-p", "2", "--seed", "1", "--artifacts", artifacts.to_str().unwrap()];
-    let cli = Cli::parse_from(line.iter().chain(args));
-    let backend = Arc::new(Memory::default());
-    let code = run_on(registry(ran), cli.runner, backend.clone()).await;
-    (code, backend.preflights.load(Ordering::SeqCst))
+/// Runs of the command line in a folder of their own, and what their specs did.
+struct Runs {
+    dir: tempfile::TempDir,
+    ran: Ran,
+}
+
+impl Runs {
+    fn new() -> Self {
+        Self { dir: tempfile::tempdir().unwrap(), ran: Ran::default() }
+    }
+
+    /// A file in the folder.
+    fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_owned()
+    }
+
+    /// `dra-e2e -p 2 --seed 1 ARGS…` on a cluster in memory: the exit code and how often the
+    /// cluster was asked for its preflight.
+    async fn run(&self, args: &[&str]) -> (ExitCode, usize) {
+        let artifacts = self.file("artifacts");
+        let line = ["dra-e2e", "-p", "2", "--seed", "1", "--artifacts", &artifacts];
+        let cli = Cli::parse_from(line.iter().chain(args));
+        let backend = Arc::new(Memory::default());
+        let code = run_on(registry(&self.ran), cli.runner, backend.clone()).await;
+        (code, backend.preflights.load(Ordering::SeqCst))
+    }
+
+    /// The names of the spec bodies that ran since the last call, sorted.
+    fn took(&self) -> Vec<String> {
+        let mut names = std::mem::take(&mut *self.ran.lock().unwrap());
+        names.sort();
+        names
+    }
 }
 
 fn json(path: &Path) -> Vec<Value> {
@@ -134,27 +160,18 @@ fn text(spec: &Value) -> &str {
     spec["LeafNodeText"].as_str().unwrap()
 }
 
-fn took(ran: &Ran) -> Vec<String> {
-    let mut names = std::mem::take(&mut *ran.lock().unwrap());
-    names.sort();
-    names
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_shards_cover_the_selection_merge_and_rerun_what_failed() {
-    let dir = tempfile::tempdir().unwrap();
-    let ran = Ran::default();
-    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
-    let (s1, s2, j1) = (file("s1.json"), file("s2.json"), file("s1.xml"));
+    let runs = Runs::new();
+    let (s1, s2, j1) = (runs.file("s1.json"), runs.file("s2.json"), runs.file("s1.xml"));
 
     // slice: the serial specs dealt first (one, three), then the others in registration order.
-    let (code, _) =
-        run(&["--partition", "slice:1/2", "--json-report", &s1, "--junit", &j1], dir.path(), &ran).await;
+    let (code, _) = runs.run(&["--partition", "slice:1/2", "--json-report", &s1, "--junit", &j1]).await;
     assert_eq!(code, ExitCode::SUCCESS);
-    assert_eq!(took(&ran), ["four", "one", "six", "two"]);
-    let (code, _) = run(&["--partition", "slice:2/2", "--json-report", &s2], dir.path(), &ran).await;
+    assert_eq!(runs.took(), ["four", "one", "six", "two"]);
+    let (code, _) = runs.run(&["--partition", "slice:2/2", "--json-report", &s2]).await;
     assert_eq!(code, ExitCode::from(1), "shard 2 runs `fails`");
-    assert_eq!(took(&ran), ["fails", "five", "three"]);
+    assert_eq!(runs.took(), ["fails", "five", "three"]);
 
     // Each shard's report lists the whole selection: the other shard's specs as skipped.
     let specs = json(Path::new(&s1));
@@ -188,7 +205,7 @@ async fn two_shards_cover_the_selection_merge_and_rerun_what_failed() {
     assert!(summary.contains("Every spec of the selection ran in exactly one shard."), "{summary}");
     assert!(summary.contains("  2/2 failed     suite fails\n"), "{summary}");
     assert!(summary.contains("  1/2 passed     suite two\n"), "{summary}");
-    let (all, xml) = (file("all.json"), file("all.xml"));
+    let (all, xml) = (runs.file("all.json"), runs.file("all.xml"));
     merged.write(Some(Path::new(&all)), Some(Path::new(&xml))).unwrap();
     let merged_specs = json(Path::new(&all));
     assert_eq!(merged_specs.len(), 7);
@@ -197,27 +214,25 @@ async fn two_shards_cover_the_selection_merge_and_rerun_what_failed() {
     assert_eq!((junit.matches("<testcase ").count(), junit.matches("<failure").count()), (7, 1), "{junit}");
 
     // Only what failed runs again, under its name, and nothing else.
-    let rerun = file("rerun.json");
-    let (code, _) = run(&["--rerun-failed", &all, "--json-report", &rerun], dir.path(), &ran).await;
+    let rerun = runs.file("rerun.json");
+    let (code, _) = runs.run(&["--rerun-failed", &all, "--json-report", &rerun]).await;
     assert_eq!(code, ExitCode::from(1));
-    assert_eq!(took(&ran), ["fails"]);
+    assert_eq!(runs.took(), ["fails"]);
     assert_eq!(json(Path::new(&rerun)).iter().map(text).collect::<Vec<_>>(), ["suite fails"]);
 
     // A report without failures: nothing runs, the cluster is never asked.
-    let (code, preflights) = run(&["--rerun-failed", &s1], dir.path(), &ran).await;
+    let (code, preflights) = runs.run(&["--rerun-failed", &s1]).await;
     assert_eq!((code, preflights), (ExitCode::SUCCESS, 0));
-    assert_eq!(took(&ran), Vec::<String>::new());
+    assert_eq!(runs.took(), Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_refuses_overlaps_and_gaps_but_not_rounds() {
-    let dir = tempfile::tempdir().unwrap();
-    let ran = Ran::default();
-    let file = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
-    let (s1, s2, rounds) = (file("s1.json"), file("s2.json"), file("rounds.json"));
-    run(&["--partition", "hash:1/2", "--json-report", &s1], dir.path(), &ran).await;
-    run(&["--partition", "hash:2/2", "--json-report", &s2], dir.path(), &ran).await;
-    run(&["--partition", "slice:1/1", "--repeat", "2", "--json-report", &rounds], dir.path(), &ran).await;
+    let runs = Runs::new();
+    let (s1, s2, rounds) = (runs.file("s1.json"), runs.file("s2.json"), runs.file("rounds.json"));
+    runs.run(&["--partition", "hash:1/2", "--json-report", &s1]).await;
+    runs.run(&["--partition", "hash:2/2", "--json-report", &s2]).await;
+    runs.run(&["--partition", "slice:1/1", "--repeat", "2", "--json-report", &rounds]).await;
 
     let only_one = Merged::read(&[s1.clone().into()]).unwrap();
     let [gap] = &only_one.problems()[..] else { panic!("{:?}", only_one.problems()) };
@@ -240,17 +255,21 @@ async fn merge_refuses_overlaps_and_gaps_but_not_rounds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_progress_output_names_the_shard_and_each_spec_of_the_others() {
-    let ran = Ran::default();
-    let dir = tempfile::tempdir().unwrap();
+    let runs = Runs::new();
     let cli = Cli::parse_from(["dra-e2e", "--partition", "slice:2/3", "-v"]);
     let selection: Selection = cli.runner.selection().unwrap();
     let (output, buffer) = Output::capture();
-    let options =
-        RunOptions { procs: 2, output, artifacts: dir.path().into(), seed: Some(1), ..cli.runner.options() };
+    let options = RunOptions {
+        procs: 2,
+        output,
+        artifacts: runs.file("artifacts").into(),
+        seed: Some(1),
+        ..cli.runner.options()
+    };
     let backend = Arc::new(Memory::default());
     let report =
-        run_with_backend(registry(&ran), &selection, options, backend, CancellationToken::new()).await;
-    assert_eq!(took(&ran), ["four", "three"]);
+        run_with_backend(registry(&runs.ran), &selection, options, backend, CancellationToken::new()).await;
+    assert_eq!(runs.took(), ["four", "three"]);
     assert_eq!(report.skipped(), 5);
     let out = buffer.contents();
     assert!(out.contains("Running 2 of 7 specs"), "{out}");
