@@ -269,7 +269,7 @@ pub fn write(run: &RunReport, total_specs: usize, config: &JsonConfig, path: &Pa
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{
         path::PathBuf,
         process::Command,
@@ -281,7 +281,7 @@ mod tests {
     use crate::run::phases::Phases;
 
     /// Builds spec-runner/ginkgo-json-check (ginkgo's own types) once per test process.
-    fn checker() -> &'static Path {
+    pub(crate) fn checker() -> &'static Path {
         static BINARY: OnceLock<PathBuf> = OnceLock::new();
         BINARY.get_or_init(|| {
             let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("ginkgo-json-check");

@@ -382,8 +382,9 @@ impl Merged {
         let (start, end) = self.span();
         let _ = writeln!(
             out,
-            "{} from the first shard's start to the last one's end",
-            format_counts(entries.iter().map(|(_, _, s)| *s), end.duration_since(start).unwrap_or_default())
+            "{} in {} from the first shard's start to the last one's end",
+            counts(entries.iter().map(|(_, _, s)| *s)),
+            duration::display(end.duration_since(start).unwrap_or_default())
         );
         out
     }
@@ -418,10 +419,6 @@ fn counts<'a>(specs: impl Iterator<Item = &'a ReadSpec>) -> String {
     format!("{passed} passed, {failed} failed, {skipped} skipped")
 }
 
-fn format_counts<'a>(specs: impl Iterator<Item = &'a ReadSpec>, wall: Duration) -> String {
-    format!("{} in {}", counts(specs), duration::display(wall))
-}
-
 /// `report merge`: merges the files, prints the summary, writes the outputs; the exit code as
 /// the module says.
 pub fn merge_command(args: &MergeArgs) -> ExitCode {
@@ -438,4 +435,136 @@ pub fn merge_command(args: &MergeArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     if merged.succeeded() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{process::Command, time::Duration};
+
+    use super::*;
+    use crate::{
+        report::json_report::{self, JsonConfig, tests::checker},
+        report::outcome::{FailureKind, SpecReport},
+        select::partition::elsewhere_reason,
+    };
+
+    fn spec(text: &str, attempt: u32, outcome: Outcome) -> SpecReport {
+        let ran = !matches!(&outcome, Outcome::Skipped { reason } if elsewhere_shard(reason).is_some());
+        SpecReport {
+            full_text: text.into(),
+            labels: vec!["DRA".into()],
+            index: 0,
+            attempt,
+            outcome,
+            started: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            duration: Duration::from_secs(if ran { 3 } else { 0 }),
+            log: String::new(),
+            artifacts: None,
+            tries: u32::from(ran),
+            earlier_failures: vec![],
+            phases: Default::default(),
+            waits: Vec::new(),
+            deferred: vec![],
+        }
+    }
+
+    /// Shard `index` of 2 of the specs `a`, `b` (shard 1) and `c` (shard 2), `b` failing, in
+    /// `rounds` rounds.
+    fn shard_file(dir: &Path, index: u32, rounds: u32) -> ReportFile {
+        let mut specs = Vec::new();
+        for round in 1..=rounds {
+            for (text, shard) in [("a", 1), ("b", 1), ("c", 2)] {
+                let outcome = match (shard == index, text) {
+                    (false, _) => Outcome::Skipped { reason: elsewhere_reason(shard, 2) },
+                    (true, "b") => Outcome::failed(FailureKind::Timeout, "timed out after 1s"),
+                    (true, _) => Outcome::Passed,
+                };
+                specs.push(spec(text, round, outcome));
+            }
+        }
+        let started = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + u64::from(index) * 10);
+        let run = RunReport {
+            specs,
+            repeat: rounds,
+            wall_time: Duration::from_secs(60),
+            started: Some(started),
+            ..RunReport::default()
+        };
+        let config = JsonConfig { shard: Some(Shard { index, total: 2 }), ..JsonConfig::default() };
+        let path = dir.join(format!("shard-{index}.json"));
+        json_report::write(&run, 3, &config, &path).unwrap();
+        ginkgo_json::read(&path).unwrap()
+    }
+
+    #[test]
+    fn the_merged_report_is_ginkgos_and_each_spec_is_in_it_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let merged = Merged::of(vec![shard_file(dir.path(), 2, 1), shard_file(dir.path(), 1, 1)]).unwrap();
+        assert!(merged.problems().is_empty(), "{:?}", merged.problems());
+        assert!(!merged.succeeded(), "b failed");
+        let (json, junit) = (dir.path().join("all.json"), dir.path().join("all.xml"));
+        merged.write(Some(&json), Some(&junit)).unwrap();
+        let output = Command::new(checker()).arg(&json).output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let got: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let states: Vec<(&str, &str)> = got["Specs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["FullText"].as_str().unwrap(), s["State"].as_str().unwrap()))
+            .collect();
+        assert_eq!(states, [("c", "passed"), ("a", "passed"), ("b", "timedout")]);
+        assert_eq!((got["Succeeded"].as_bool(), got["SpecsWillRun"].as_u64()), (Some(false), Some(3)));
+        // From the first shard's start to the last one's end.
+        assert_eq!(got["RunTimeNs"], 70_000_000_000u64);
+        let entries = &got["Specs"][0]["Entries"];
+        assert_eq!(entries, &serde_json::json!(["shard=2/2 (always)"]));
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(xml.contains(r#"<testcase name="b" classname="dra-e2e" time="3.000">"#), "{xml}");
+        assert!(xml.contains(r#"type="timeout""#), "{xml}");
+        let summary = merged.summary();
+        assert!(summary.contains("  shard 2/2 ("), "{summary}");
+        assert!(summary.contains("ran 1 (1 passed, 0 failed, 0 skipped) in 1m\n"), "{summary}");
+        assert!(summary.contains("  1/2 timedout   b\n"), "{summary}");
+        assert!(summary.contains("2 passed, 1 failed, 0 skipped in 1m10s from"), "{summary}");
+    }
+
+    #[test]
+    fn rounds_of_one_run_are_no_overlap_but_two_runs_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let rounds = Merged::of(vec![shard_file(dir.path(), 1, 3), shard_file(dir.path(), 2, 3)]).unwrap();
+        assert!(rounds.problems().is_empty(), "{:?}", rounds.problems());
+        let run = rounds.run_report();
+        assert_eq!((run.repeat, run.specs.len()), (3, 9));
+        assert!(rounds.summary().contains("  1/2 timedout,timedout,timedout b\n"), "{}", rounds.summary());
+        let twice = Merged::of(vec![shard_file(dir.path(), 1, 1), shard_file(dir.path(), 1, 1)]).unwrap();
+        let problems = twice.problems();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].starts_with("2 specs ran in more than one shard: \"a\" (shard 1/2 ("),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with("1 specs of the selection ran in no shard")
+                && problems[1].ends_with(": \"c\" (in shard 2 of 2)"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn files_that_cannot_be_merged_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("other.json");
+        std::fs::write(&other, r#"[{"SuiteDescription":"other","SpecReports":[]}]"#).unwrap();
+        let empty = dir.path().join("empty.json");
+        std::fs::write(&empty, "[]").unwrap();
+        let ours = shard_file(dir.path(), 1, 1).path;
+        let err = Merged::read(&[ours.clone(), other]).unwrap_err().to_string();
+        assert!(err.ends_with("of \"other\": merge the reports of one suite"), "{err}");
+        let err = Merged::read(&[ours, empty]).unwrap_err().to_string();
+        assert!(
+            err.ends_with("empty.json holds no report (an empty array); give the --json-report of a run"),
+            "{err}"
+        );
+    }
 }
