@@ -16,6 +16,9 @@ mod kubelet_plugin_cmd;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod parity;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod shards;
 mod specs;
 mod versions;
 
@@ -50,9 +53,11 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ReportCommand {
-    /// Merge the JSON reports of a run's shards (--partition) into one (--json-report, --junit),
-    /// saying which shard ran which spec. Exit 1 when a spec failed, ran in two shards, or ran in
-    /// none (every report lists it as another shard's); 2 when a file is no report.
+    /// Merge the JSON reports of a run's shards (--partition) into one.
+    ///
+    /// Writes one JSON (--json-report) and one JUnit report (--junit) and says which shard ran
+    /// which spec. Exit 1 when a spec failed, ran in two shards, or ran in none (every report
+    /// lists it as another shard's); 2 when a file is no report (docs/ci.md).
     Merge(harness::framework::MergeArgs),
 }
 
