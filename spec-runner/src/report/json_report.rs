@@ -18,7 +18,11 @@ use serde::Serialize;
 use crate::{
     SUITE_NAME,
     report::outcome::{FailureKind, Outcome, RunReport, SpecReport},
+    select::partition::{Shard, elsewhere_shard},
 };
+
+/// The report entry that names the shard (`1/2`) that ran a spec.
+pub const SHARD_ENTRY: &str = "shard";
 
 /// What the run was configured with, for ginkgo's `SuiteConfig`.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +37,8 @@ pub struct JsonConfig {
     pub flake_attempts: u32,
     /// `--timeout` (the default spec timeout).
     pub timeout: Duration,
+    /// `--partition`'s shard: each spec of it gets the report entry `shard` (`1/2`).
+    pub shard: Option<Shard>,
 }
 
 #[derive(Serialize)]
@@ -150,6 +156,26 @@ fn phase_entries(report: &SpecReport) -> Vec<Entry> {
         .collect()
 }
 
+/// The entry `shard` (`1/2`, always visible) of a spec of the run's shard: which shard ran it,
+/// for `report merge`.
+fn shard_entry(report: &SpecReport, config: &JsonConfig) -> Option<Entry> {
+    let elsewhere =
+        matches!(&report.outcome, Outcome::Skipped { reason } if elsewhere_shard(reason).is_some());
+    let shard = config.shard.filter(|_| !elsewhere)?.to_string();
+    let at = rfc3339(report.started + report.duration);
+    Some(Entry {
+        visibility: "always",
+        location: Location {},
+        time: at.clone(),
+        timeline_location: TimelineLocation { time: at },
+        name: SHARD_ENTRY.to_owned(),
+        value: EntryValue {
+            as_json: serde_json::Value::from(shard.as_str()).to_string(),
+            representation: shard,
+        },
+    })
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
 struct Failure<'a> {
@@ -177,7 +203,7 @@ fn failure_node(kind: FailureKind) -> (&'static str, &'static str) {
 }
 
 /// RFC 3339 with nanoseconds, as Go's `time.Time` marshals.
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     time::OffsetDateTime::from(t)
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned())
@@ -231,7 +257,7 @@ fn spec<'a>(report: &'a SpecReport, config: &JsonConfig) -> Spec<'a> {
         max_flake_attempts: config.flake_attempts,
         max_must_pass_repeatedly: 1,
         captured_ginkgo_writer_output: &report.log,
-        report_entries: phase_entries(report),
+        report_entries: phase_entries(report).into_iter().chain(shard_entry(report, config)).collect(),
     }
 }
 
@@ -278,7 +304,7 @@ pub fn write(run: &RunReport, total_specs: usize, config: &JsonConfig, path: &Pa
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{
         path::PathBuf,
         process::Command,
@@ -290,7 +316,7 @@ mod tests {
     use crate::run::phases::Phases;
 
     /// Builds spec-runner/ginkgo-json-check (ginkgo's own types) once per test process.
-    fn checker() -> &'static Path {
+    pub(crate) fn checker() -> &'static Path {
         static BINARY: OnceLock<PathBuf> = OnceLock::new();
         BINARY.get_or_init(|| {
             let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("ginkgo-json-check");
