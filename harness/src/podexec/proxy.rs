@@ -212,7 +212,7 @@ enum Control {
 /// and removes the socket. Closing an exec stream does not kill the remote process, so the
 /// process is found and killed by its `--endpoint=<socket>` argument; a start adopts an instance
 /// for the same socket that still runs (its exec stream broke). A start whose exec failed is
-/// tried again within [`MAX_ATTACH_DELAY`]. [`ProxyControl::restart`] kills it and starts it
+/// tried again within a few seconds. [`ProxyControl::restart`] kills it and starts it
 /// again at once: a fresh listener, without the connections queued on the old one.
 #[derive(Debug)]
 pub struct ProxyProcess {

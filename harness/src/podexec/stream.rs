@@ -34,7 +34,9 @@ pub struct Collected {
     pub status: Result<Status, String>,
 }
 
-/// Reads stdout and stderr of `process` until its stream ends (see the [module docs](self)).
+/// Reads stdout and stderr of `process` until its stream ends: with the command's status, or at
+/// once when the stream breaks (kube 5 leaves a broken stream's pipes open, so this ends with the
+/// stream's message loop, not with the pipes' end of file).
 /// Does not time out by itself: bound it.
 pub async fn collect(process: AttachedProcess) -> Collected {
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());

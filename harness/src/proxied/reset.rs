@@ -51,8 +51,10 @@ impl SocketControl {
     }
 }
 
-/// Restarts a plugin's proxies when their tunnels lost the connections queued in them (see the
-/// [module docs](self)), until a tunnel stops dialing or this is dropped or stopped.
+/// Restarts a plugin's proxies when their tunnels lost the connections queued in them (a kubelet
+/// restart ended their port-forwards: dead connections queued in front of good ones), the
+/// registration proxy held while the DRA proxy restarts, until a tunnel stops dialing or this is
+/// dropped or stopped.
 #[derive(Debug)]
 pub struct ProxyResets {
     task: AbortOnDropHandle<()>,

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Shared, TunnelStats};
 
-/// Pauses and resumes a [`Tunnel`], and follows its [`TunnelStats::lost_idle`]: for resetting
+/// Pauses and resumes a [`Tunnel`](super::Tunnel), and follows its [`TunnelStats::lost_idle`]: for resetting
 /// the proxy behind it. A proxy (`hostpathplugin`) accepts its TCP connections in the order they
 /// were made, and only when a kubelet connection arrives to pair with one; the connections the
 /// tunnel made in advance wait in its listen queue. When something between the tunnel and the
