@@ -32,12 +32,17 @@ pub(super) fn adopt(shared: &Arc<Shared>, dialed: Dialed) -> TunnelConnection {
     let wrapper = TunnelConnection::new(io.clone(), &kill, used.clone(), shared.clone(), dropped_tx);
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let by_pause = Arc::new(AtomicBool::new(false));
-    lock_registry(shared).push(Registered {
-        id,
-        kill: kill.clone(),
-        used: used.clone(),
-        by_pause: by_pause.clone(),
-    });
+    {
+        // Under the registry's lock, as `pause` closes the registered ones: a dial that was in
+        // flight when the tunnel paused ends here, uncounted, like those (else it would count as
+        // lost when the proxy behind a paused tunnel restarts, and restart it once more).
+        let mut open = lock_registry(shared);
+        if shared.state.borrow().stats.paused {
+            by_pause.store(true, Ordering::Release);
+            kill.cancel();
+        }
+        open.push(Registered { id, kill: kill.clone(), used: used.clone(), by_pause: by_pause.clone() });
+    }
     shared.tracker.spawn(supervise(
         shared.clone(),
         Supervised { id, io, kill, used, by_pause, dropped: dropped_rx, failure, teardown },

@@ -31,6 +31,8 @@ enum Outcome {
     Failing(oneshot::Receiver<String>),
     /// A connection whose teardown never finishes by itself; the flag is set when it is dropped.
     SlowTeardown(Arc<AtomicBool>),
+    /// A dial that returns a connection once the sender fires.
+    Gated(oneshot::Receiver<()>),
 }
 
 #[derive(Debug, Default)]
@@ -64,7 +66,10 @@ impl FakeDialer {
 #[async_trait]
 impl Dialer for FakeDialer {
     async fn dial(&self) -> Result<Dialed, DialError> {
-        let outcome = self.script.lock().unwrap().pop_front();
+        let mut outcome = self.script.lock().unwrap().pop_front();
+        if let Some(Outcome::Gated(gate)) = outcome.take_if(|o| matches!(o, Outcome::Gated(_))) {
+            let _ = gate.await;
+        }
         let (local, remote) = tokio::io::duplex(1024);
         let mut dialed = Dialed::plain(local);
         match outcome {
@@ -87,7 +92,7 @@ impl Dialer for FakeDialer {
                     .boxed(),
                 );
             }
-            None => {}
+            Some(Outcome::Gated(_)) | None => {}
         }
         self.peers.lock().unwrap().push(remote);
         Ok(dialed)
@@ -321,4 +326,31 @@ async fn pause_closes_the_unused_connections_uncounted_and_dials_nothing_until_r
     assert_eq!(began.elapsed(), Duration::ZERO, "resumed without a backoff");
     drop(used);
     tunnel.close().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dial_in_flight_when_paused_ends_uncounted() {
+    let (open_gate, gate) = oneshot::channel();
+    let dialer = Arc::new(FakeDialer::with([Outcome::Gated(gate)]));
+    let (tunnel, _incoming) = start(&dialer, config(1));
+    tunnel.wait_for("the dial in flight", T, |s| s.dials == 1).await.unwrap();
+    let control = tunnel.control();
+    control.pause();
+    open_gate.send(()).unwrap();
+    // It arrives while paused: closed at once, neither a failure nor lost.
+    assert_eq!(dialer_peer_eof(&dialer).await, 0);
+    let stats = tunnel.wait_for("nothing open", T, |s| s.open == 0).await.unwrap();
+    assert_eq!((stats.idle, stats.failures, stats.lost_idle, stats.dials), (0, 0, 0, 1), "{stats:?}");
+    control.resume();
+    let stats = tunnel.wait_for("1 idle again", T, |s| s.idle == 1).await.unwrap();
+    assert_eq!((stats.dials, stats.lost_idle), (2, 0), "{stats:?}");
+    tunnel.close().await.unwrap();
+}
+
+/// Reads the far side of the first dialed connection once it exists: 0 at its end.
+async fn dialer_peer_eof(dialer: &FakeDialer) -> usize {
+    while dialer.peers.lock().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::timeout(T, dialer.peer(0).read(&mut [0; 1])).await.unwrap().unwrap()
 }
