@@ -307,6 +307,7 @@ async fn get_info_once(socket: &std::path::Path) -> Result<registration::PluginI
 async fn refilled(chain: &Chain, n: u64) {
     for socket in [&chain.dra, &chain.registration] {
         socket.proxy.wait_starts(n, TIMEOUT).await.unwrap();
+        wait_for_path(&socket.path, "the proxy's socket").await;
         socket.tunnel.wait_for("10 idle connections", TIMEOUT, |s| s.idle >= 10 && !s.paused).await.unwrap();
     }
 }

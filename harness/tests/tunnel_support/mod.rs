@@ -138,8 +138,17 @@ impl Relay {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let token = cuts.lock().unwrap().clone();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
-                        return;
+                    // Until the target listens (a proxy restarting): a refused connection here
+                    // would be a good tunnel connection that ends, as a port-forward's is not
+                    // (its dial reports the refusal).
+                    let mut outbound = loop {
+                        tokio::select! {
+                            _ = token.cancelled() => return,
+                            connected = tokio::net::TcpStream::connect(("127.0.0.1", target)) => match connected {
+                                Ok(outbound) => break outbound,
+                                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                            },
+                        }
                     };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
@@ -202,7 +211,8 @@ impl Socket {
 
     /// Closes the tunnel and stops the proxy; asserts nothing is left of either.
     pub async fn stop(self) {
-        let port = self.port;
+        // The tunnel's connections go to the relay, when there is one.
+        let port = self.relay.as_ref().map_or(self.port, Relay::port);
         let stats = within("tunnel close", self.tunnel.close()).await.unwrap();
         assert_eq!((stats.open, stats.idle), (0, 0), "{stats:?}");
         assert_eq!(established_to(port), 0, "tunnel connections to port {port} left open");
@@ -276,8 +286,13 @@ impl Chain {
                 .wait_for(&format!("{idle} idle connections"), Duration::from_secs(10), |s| s.idle >= idle)
                 .await
                 .unwrap();
-            // The proxy listens on the socket once it accepts TCP connections.
-            assert!(socket.path.exists(), "{} missing", socket.path.display());
+            if socket.relay.is_some() {
+                // The relay holds the tunnel's connections until the proxy listens.
+                wait_for_path(&socket.path, "the proxy's socket").await;
+            } else {
+                // The proxy listens on the socket once it accepts TCP connections.
+                assert!(socket.path.exists(), "{} missing", socket.path.display());
+            }
         }
     }
 
