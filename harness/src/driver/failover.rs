@@ -16,11 +16,12 @@
 //!
 //! A pod that is not replaced in time ([`DriverConfig::replacement_timeout`]) fails the spec at once
 //! ([`Ctx::fail_now`](crate::framework::Ctx::fail_now)) with what was lost and when, instead of
-//! leaving the spec to run into its timeout minutes later. Its clean-up does not wait for a
-//! kubelet that cannot unprepare: before the spec's pods are deleted, the pods on that node that
-//! use a claim of the driver are deleted at once (grace period 0, as the run's sweep does; the
-//! kubelet still stops their containers), and the node's plugin is stopped for good (see
-//! [`Driver::settle_lost_plugins`]).
+//! leaving the spec to run into its timeout minutes later. Its clean-up does not leave the
+//! spec's pods to a kubelet that cannot unprepare their claims (it would try for ever, and the
+//! pods would hold the namespace): before they are deleted, the plugin runs again in a rescue
+//! pod of the driver's own on the node, and the kubelet unprepares through it; where not even
+//! that runs, the pods are deleted at once (grace period 0, as the run's sweep does). See
+//! [`Driver::settle_lost_plugins`].
 
 use std::{collections::BTreeSet, fmt, time::SystemTime};
 
@@ -31,6 +32,8 @@ use super::*;
 /// How long the plugin of a lost pod gets to stop (its pod is gone; its exec and port-forward
 /// calls fail at once).
 const STOP_LOST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a rescue pod (see [`Driver::settle_lost_plugins`]) may take to run.
+const RESCUE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One move of a node's plugin from a lost proxy pod to its replacement.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +64,16 @@ impl fmt::Display for ProxyMove {
             self.node, self.from, self.to, self.reason, self.first_call, self.to
         )
     }
+}
+
+/// A proxy pod the plugin of a node lost: which, when, why.
+struct Loss {
+    /// The pod (`namespace/name`).
+    from: String,
+    /// When the loss was noticed.
+    at: SystemTime,
+    /// What happened (or, for a rescue pod, why the plugin runs there).
+    reason: String,
 }
 
 fn pod_display(pod: &Pod) -> String {
@@ -209,9 +222,9 @@ impl Driver {
         let lost_name = pod_display(&lost);
         tracing::warn!(driver = %inner.name, %node, pod = %lost_name, %reason, "proxy pod lost; moving the plugin to its replacement");
         // Stopped meanwhile (teardown): nothing to move. The claims stay with the node.
-        let Some(claim_state) = lock(&state.claims).as_ref().map(|c| c.state().clone()) else {
+        if lock(&state.claims).is_none() {
             return Ok(());
-        };
+        }
         let Some(old) = lock(&state.plugin).take() else { return Ok(()) };
         let kind = if inner.shared.is_some() { "shared proxy pod" } else { "proxy pod" };
         let timeout = inner.config.replacement_timeout;
@@ -244,37 +257,53 @@ impl Driver {
         };
         let ((), found) = tokio::join!(stop_old, replacement);
         let new_pod = found.map_err(|e| fail(e.to_string()))?;
-        let new_name = pod_display(&new_pod);
+        let loss = Loss { from: lost_name.clone(), at: lost_at, reason: reason.clone() };
+        self.run_in(node, state, new_pod, loss).await.map_err(fail)?;
+        Ok(())
+    }
+
+    /// Starts the plugin of `node` in `pod`, in place of the pod of `loss`, with the node's call
+    /// log, health and prepared claims and its identity bound to `pod`, and records the move.
+    /// `Err`: what failed.
+    async fn run_in(&self, node: &str, state: &NodeState, pod: Pod, loss: Loss) -> Result<ProxyMove, String> {
+        let to = pod_display(&pod);
+        let claim_state = lock(&state.claims)
+            .as_ref()
+            .map(|c| c.state().clone())
+            .ok_or_else(|| "the plugin was stopped meanwhile".to_owned())?;
         if let Some(identity) = &state.identity {
-            identity.bind(&new_pod).map_err(|e| fail(format!("the plugin's identity in {new_name}: {e}")))?;
+            identity.bind(&pod).map_err(|e| format!("the plugin's identity in {to}: {e}"))?;
         }
         let first_call = state.calls.log().records.iter().map(|r| r.id + 1).max().unwrap_or(0);
         let started = self
-            .start_node_plugin(node, state, new_pod.clone(), claim_state)
+            .start_node_plugin(node, state, pod.clone(), claim_state)
             .await
-            .map_err(|e| fail(format!("the plugin did not start in {new_name}: {e}")))?;
-        *lock(&state.pod) = Some(new_pod);
+            .map_err(|e| format!("the plugin did not start in {to}: {e}"))?;
+        *lock(&state.pod) = Some(pod);
         *lock(&state.plugin) = Some(started);
         let moved = ProxyMove {
             node: node.to_owned(),
-            from: lost_name,
-            to: new_name,
-            reason,
-            lost_at,
+            from: loss.from,
+            to,
+            reason: loss.reason,
+            lost_at: loss.at,
             moved_at: SystemTime::now(),
             first_call,
         };
-        tracing::warn!(driver = %inner.name, "kubelet plugin moved to a replacement proxy pod: {moved}");
-        lock(&state.moves).push(moved);
-        Ok(())
+        tracing::warn!(driver = %self.inner.name, "kubelet plugin moved to another proxy pod: {moved}");
+        lock(&state.moves).push(moved.clone());
+        Ok(moved)
     }
 
     /// A clean-up that runs before the spec's pods are deleted (registered with
     /// [`Ctx::defer_first`]): waits for the moves in progress to end, and on each node whose
-    /// plugin was lost without a replacement, deletes the pods there that use a claim of the
-    /// driver at once (grace period 0: no kubelet can unprepare their claims, so they would stay
-    /// terminating until the namespace's wait gives up) and stops the node's plugin for good, so
-    /// that it no longer holds their claims as prepared.
+    /// plugin was lost without a replacement, brings the plugin back for the clean-up in a rescue
+    /// pod of the driver's own ([`proxy::rescue_pod`], in the spec's namespace), so that the
+    /// kubelet unprepares the claims through it and the plugin removes their CDI files. Where
+    /// no rescue pod runs either (the node runs no pods), the pods there that use a claim of the
+    /// driver are deleted at once (grace period 0: no kubelet can unprepare their claims, so they
+    /// would stay terminating until the namespace's wait gives up), and the node's plugin stops
+    /// for good, so that it no longer holds their claims as prepared.
     pub(super) async fn settle_lost_plugins(&self) -> anyhow::Result<()> {
         let inner = &self.inner;
         for (node, state) in &inner.per_node {
@@ -287,11 +316,55 @@ impl Driver {
             })
             .await?;
             let Some(lost) = lock(&state.lost).clone() else { continue };
-            tracing::warn!(driver = %inner.name, %node, "the plugin was lost ({lost}); deleting the pods that use its claims there at once");
-            self.force_delete_pods(node).await?;
-            self.stop_plugin(node).await;
+            if lock(&state.claims).is_none() {
+                continue;
+            }
+            match self.rescue(node, state, lost).await {
+                Ok(moved) => {
+                    tracing::warn!(driver = %inner.name, "the plugin serves the clean-up from a rescue pod: {moved}")
+                }
+                Err(e) => {
+                    tracing::warn!(driver = %inner.name, %node, "no rescue pod for the plugin ({e}); deleting the pods that use its claims there at once");
+                    self.force_delete_pods(node).await?;
+                    self.stop_plugin(node).await;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Starts the plugin of `node`, lost for `lost`, in a rescue pod and waits until the kubelet
+    /// registered it there. `Err`: why it could not.
+    async fn rescue(&self, node: &str, state: &NodeState, lost: String) -> Result<ProxyMove, String> {
+        let inner = &self.inner;
+        let pod = proxy::rescue_pod(node, &inner.config.image, &inner.config.kubelet_root_dir)
+            .map_err(|e| e.to_string())?;
+        let pods: Api<Pod> = Api::namespaced(inner.admin.clone(), &inner.namespace);
+        let created = pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .map_err(|e| format!("cannot create a rescue pod on node {node}: {e}"))?;
+        let name = created.metadata.name.unwrap_or_default();
+        let what = format!("rescue pod {}/{name} on node {node} to run", inner.namespace);
+        let running = wait::object(&pods, &name, what, RESCUE_TIMEOUT, |p| {
+            Verdict::done_if(p.is_some_and(|p| is_ready_on(p, node, None)))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("rescue pod {name} is gone"))?;
+        let from = lock(&state.pod).as_ref().map(pod_display).unwrap_or_default();
+        let reason = format!("a rescue pod for the clean-up ({lost})");
+        let loss = Loss { from, at: SystemTime::now(), reason };
+        let moved = self.run_in(node, state, running, loss).await?;
+        let first = moved.first_call;
+        let what =
+            format!("registration of driver {} by the kubelet of node {node} in the rescue pod", inner.name);
+        state
+            .calls
+            .wait_for(what, move |log| registered_since(log, first), inner.config.registration_timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(moved)
     }
 
     /// Deletes the pods of the driver's namespace on `node` that use a claim allocated with a

@@ -22,10 +22,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A proxy pod of the driver's own that goes away while the spec runs (deleted, evicted) is
-//! replaced by its ReplicaSet, and the node's plugin moves to the replacement: see
+//! A proxy pod that goes away while the spec runs (deleted, evicted) is replaced by its
+//! ReplicaSet (the driver's own, or the run's shared one of the node), and the node's plugin
+//! moves to the replacement — with a shared pod, the plugin of every driver that used it: see
 //! [`Driver::proxy_moves`] and [`PROXY_REPLACEMENT_TIMEOUT`] (without a ready replacement in time
-//! the spec fails at once). A shared proxy pod that goes away fails the spec at once.
+//! the spec fails at once, and its clean-up still ends: see `failover.rs`).
 //!
 //! The proxy pods of a driver's own ReplicaSet are ones the driver waits for on every start
 //! (about a second) and a later serial spec waits to be gone; the shared ones start once per
@@ -87,9 +88,10 @@ pub use forward::{ForwardError, ForwardResolver};
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
+pub use setup::registered_since;
 
 use self::{
-    artifacts::DriverArtifacts, deploy::*, error::api_error, identity::PluginIdentity,
+    artifacts::DriverArtifacts, deploy::*, error::api_error, identity::PluginIdentity, setup::is_registered,
     shared_proxy::SharedProxies,
 };
 
@@ -99,7 +101,7 @@ use crate::{
     manifests::{self, INSTANCE_LABEL},
     plugin::{ClaimId, HealthState, KubeClaims, MetadataConfig, PluginConfig},
     proxied::{ProxiedError, ProxiedPlugin, ProxiedPluginSpec, ProxyPorts},
-    wait::{self, Attempt, WaitError},
+    wait::{self, Attempt, Verdict, WaitError},
 };
 
 /// How long the driver's slices may take to disappear after teardown (upstream's `IsGone`:
@@ -586,19 +588,6 @@ fn node_states(p: &NodeIdentity<'_>) -> Result<BTreeMap<String, NodeState>, Driv
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Whether the call log holds a successful `NotifyRegistrationStatus` that says registered
-/// (upstream's `BeRegistered`).
-fn is_registered(log: &CallLog) -> bool {
-    log.matching(Method::NotifyRegistrationStatus).iter().any(|r| {
-        r.succeeded()
-            && r.request.as_ref().is_some_and(|req| {
-                ["plugin_registered", "pluginRegistered"]
-                    .iter()
-                    .any(|k| req.get(k).and_then(serde_json::Value::as_bool) == Some(true))
-            })
-    })
 }
 
 #[cfg(test)]

@@ -1,9 +1,16 @@
 //! The proxy ReplicaSet of one driver instance, patched from `manifests/dra-test-driver-proxy.yaml`
-//! as upstream's Driver patches it.
+//! as upstream's Driver patches it; the ReplicaSet of a node's shared proxy pod and a rescue pod,
+//! both made from it.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::NodeAffinity};
+use k8s_openapi::{
+    api::{
+        apps::v1::ReplicaSet,
+        core::v1::{NodeAffinity, Pod},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
@@ -185,6 +192,33 @@ pub fn shared_replicaset(
     Ok(rs)
 }
 
+/// The value of the instance label of a rescue pod (see [`rescue_pod`]).
+pub const RESCUE_INSTANCE: &str = "dra-e2e-rescue-proxy";
+
+/// A proxy pod of no controller on `node` for a driver whose proxy pod was lost without a
+/// replacement, so that its plugin can serve the kubelet's unprepares at the spec's clean-up:
+/// the pod template of [`shared_replicaset`] (the whole plugin directory, so it serves any
+/// driver) with the instance label [`RESCUE_INSTANCE`], which no proxy ReplicaSet selects (a
+/// ReplicaSet scaled to zero would adopt a pod it selects and delete it).
+pub fn rescue_pod(node: &str, image: &str, kubelet_root_dir: &str) -> Result<Pod, ManifestError> {
+    let rs = shared_replicaset(node, image, kubelet_root_dir, None)?;
+    let broken =
+        |reason: &str| ManifestError::Parse { index: 0, kind: "ReplicaSet", reason: reason.to_owned() };
+    let template = rs.spec.template.ok_or_else(|| broken("no pod template"))?;
+    let mut labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+    labels.remove(SHARED_NODE_LABEL);
+    labels.insert(INSTANCE_LABEL.to_owned(), RESCUE_INSTANCE.to_owned());
+    Ok(Pod {
+        metadata: ObjectMeta {
+            generate_name: Some("dra-test-driver-rescue-".to_owned()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: template.spec,
+        ..Pod::default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +305,17 @@ mod tests {
         let paths: Vec<_> =
             spec.volumes.unwrap().iter().map(|v| v.host_path.as_ref().unwrap().path.clone()).collect();
         assert_eq!(paths, ["/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"]);
+    }
+
+    #[test]
+    fn a_rescue_pod_is_the_shared_pod_that_no_replicaset_selects() {
+        let pod = rescue_pod("n1", "img:1", "/var/lib/kubelet").unwrap();
+        assert_eq!(pod.metadata.generate_name.as_deref(), Some("dra-test-driver-rescue-"));
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels[INSTANCE_LABEL], RESCUE_INSTANCE);
+        assert!(!labels.contains_key(SHARED_NODE_LABEL));
+        let shared = shared_replicaset("n1", "img:1", "/var/lib/kubelet", None).unwrap();
+        assert_eq!(pod.spec, shared.spec.template.unwrap().spec);
     }
 
     #[test]

@@ -45,6 +45,7 @@ impl Driver {
         // No more moves first: the pods are about to go.
         drop(lock(&node_state.supervisor).take());
         let plugin = lock(&node_state.plugin).take();
+        let ran = plugin.is_some();
         // Stop serving first, so that the prepared claims no longer change through this instance.
         if let Some(plugin) = plugin {
             plugin.stop().await;
@@ -67,7 +68,7 @@ impl Driver {
         if !leftover_files && !remove_metadata_dir {
             return;
         }
-        if let Some(lost) = lock(&node_state.lost).clone() {
+        if let Some(lost) = lock(&node_state.lost).clone().filter(|_| !ran) {
             tracing::warn!(%driver, %node, claims = ?leftover, "no proxy pod reaches the node ({lost}): the CDI files of these claims and the device metadata stay there");
             return;
         }
