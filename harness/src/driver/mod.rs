@@ -47,6 +47,7 @@ mod identity;
 pub mod impersonate;
 mod nodes;
 pub mod proxy;
+mod registration;
 mod republish;
 pub mod resources;
 mod setup;
@@ -87,16 +88,16 @@ pub use failover::ProxyMove;
 pub use forward::{ForwardError, ForwardResolver};
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
+pub use registration::registered_since;
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
-pub use setup::registered_since;
 
 use self::{
-    artifacts::DriverArtifacts, deploy::*, error::api_error, identity::PluginIdentity, setup::is_registered,
-    shared_proxy::SharedProxies,
+    artifacts::DriverArtifacts, deploy::*, error::api_error, identity::PluginIdentity,
+    registration::is_registered, shared_proxy::SharedProxies,
 };
 
 use crate::{
-    calls::{CallLog, Calls, FaultGuard, Method},
+    calls::{Calls, FaultGuard, Method},
     framework::Ctx,
     manifests::{self, INSTANCE_LABEL},
     plugin::{ClaimId, HealthState, KubeClaims, MetadataConfig, PluginConfig},
