@@ -163,15 +163,17 @@ impl SharedProxies {
 
 /// The shared pods of `node` in `namespace`.
 fn pods_on(client: &kube::Client, namespace: &str, node: &str) -> ProxyPods {
-    ProxyPods {
-        api: Api::namespaced(client.clone(), namespace),
-        selector: format!(
-            "{INSTANCE_LABEL}={},{}={}",
-            proxy::SHARED_INSTANCE,
-            proxy::SHARED_NODE_LABEL,
-            proxy::shared_node_label(node)
-        ),
-    }
+    ProxyPods { api: Api::namespaced(client.clone(), namespace), selector: selector(node) }
+}
+
+/// The label selector of the shared pods of `node`.
+fn selector(node: &str) -> String {
+    format!(
+        "{INSTANCE_LABEL}={},{}={}",
+        proxy::SHARED_INSTANCE,
+        proxy::SHARED_NODE_LABEL,
+        proxy::shared_node_label(node)
+    )
 }
 
 /// Creates the ReplicaSet of the shared pod of `node`.
@@ -231,6 +233,23 @@ async fn remove_namespace(client: &kube::Client, name: &str) -> anyhow::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pods_looked_for_are_the_ones_of_the_nodes_replicaset() {
+        for node in ["kind-worker".to_owned(), format!("{}.example.com", "n".repeat(60))] {
+            let rs = proxy::shared_replicaset(&node, "img:1", "/var/lib/kubelet", None).unwrap();
+            let selects: Vec<String> =
+                rs.spec.selector.match_labels.unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let looked_for = selector(&node);
+            assert!(
+                looked_for.split(',').all(|l| selects.iter().any(|s| s == l)),
+                "{looked_for} {selects:?}"
+            );
+            let node_label = format!("{}={}", proxy::SHARED_NODE_LABEL, proxy::shared_node_label(&node));
+            assert!(looked_for.split(',').any(|l| l == node_label), "{looked_for}");
+        }
+        assert_ne!(selector("a"), selector("b"));
+    }
 
     #[test]
     fn each_driver_gets_two_ports_of_its_own() {
