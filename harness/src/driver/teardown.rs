@@ -36,9 +36,9 @@ impl Driver {
     /// failed spec) would leave their CDI files on the node: those are then removed through the
     /// proxy pod, with a warning, unless another instance of the driver still runs on the node
     /// and shares the claims (it may still be asked to unprepare them). With device metadata,
-    /// the last instance also removes the metadata directory (neither is possible after the
-    /// proxy pod was lost without a replacement: they stay, with a warning). Stopping a stopped
-    /// plugin does nothing.
+    /// the last instance also removes the metadata directory (neither is possible when the
+    /// proxy pod was lost and not even a rescue pod ran: they stay, with a warning). Stopping a
+    /// stopped plugin does nothing.
     pub(super) async fn stop_plugin(&self, node: &str) {
         let driver = &self.inner.name;
         let Some(node_state) = self.inner.per_node.get(node) else { return };
