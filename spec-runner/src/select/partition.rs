@@ -233,7 +233,7 @@ impl Partition {
         }
     }
 
-    /// The wall time of each shard (1 to N) under `time`'s model ([`balance`](crate::select::balance))
+    /// The wall time of each shard (1 to N) under `time`'s model (the select module's `balance`)
     /// for `specs`, the whole selection; `None` for the other kinds, which know no durations.
     pub fn estimated_walls(&self, specs: &[&SpecInfo]) -> Option<Vec<std::time::Duration>> {
         let timings = self.timings.as_ref().filter(|_| self.kind == PartitionKind::Time)?;

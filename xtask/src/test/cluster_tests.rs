@@ -105,6 +105,12 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
             &["test", "--workspace", "--test", "cluster", "--", "--ignored", "--exact", CONNECTIONS_CLOSED],
             true,
         ),
+        // A proxy in front of the API server cuts the run's connections mid-write.
+        test(
+            "connection cut cluster tests (harness/tests/cluster/connection_cuts.rs)",
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "connection_cuts::"],
+            true,
+        ),
         // Runs the example driver for a local cluster node's kubelet directory (kind-worker2)
         // from this machine, and interposes between that kubelet and it.
         test(
