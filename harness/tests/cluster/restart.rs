@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use harness::{
     builder::Builder,
-    calls::{ClaimCalls, Method},
+    calls::Method,
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, SpecResult},
 };
@@ -71,7 +71,7 @@ async fn body(ctx: Ctx) -> SpecResult {
     b.create_template(&template).await?;
     b.create_pod(&pod).await?;
     let before = b.test_pod(&pod, &[("admin_x", "y")]).await?;
-    let prepared = calls.log().succeeded(Method::NodePrepareResources);
+    let prepared = calls.log().count(Method::NodePrepareResources.succeeded());
     assert_eq!(prepared, 1, "{}", calls.log());
 
     restart_kubelet(&node).await.map_err(anyhow::Error::msg)?;
@@ -91,7 +91,7 @@ async fn body(ctx: Ctx) -> SpecResult {
     let after = b.test_pod(&before, &[("admin_x", "y")]).await?;
     assert_eq!(after.metadata.uid, before.metadata.uid);
     let uid = claim_uid(&b, &after).await?;
-    let history = ClaimCalls::of(&calls.log(), &uid);
+    let history = calls.claim(&uid);
     assert_eq!(
         history.prepared(),
         1,
@@ -117,7 +117,7 @@ async fn body(ctx: Ctx) -> SpecResult {
     b.create_pod(&pod).await?;
     let second = b.test_pod(&pod, &[("admin_x", "y")]).await?;
     let second_uid = claim_uid(&b, &second).await?;
-    assert_eq!(ClaimCalls::of(&calls.log(), &second_uid).prepared(), 1, "{}", calls.log());
+    assert_eq!(calls.claim(&second_uid).prepared(), 1, "{}", calls.log());
     b.delete_pod_and_wait(&second).await?;
     calls.wait_unprepared(&second_uid, KUBELET_WAIT).await?;
     Ok(())
