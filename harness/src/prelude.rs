@@ -6,7 +6,8 @@
 //! [`HealthApi`], [`CallFilter`] with [`CallOutcome`], [`Calls`], [`CallLog`], [`CallMark`],
 //! [`ClaimCalls`] with [`ClaimCall`] and [`ClaimOutcome`], the fault guards, [`GrpcStatus`] and
 //! [`GrpcCode`] for faults of a status of one's own, [`INJECTED_CALL_ERROR`],
-//! [`INJECTED_CLAIM_ERROR`], [`UNPREPARE_TIMEOUT`]) and the waits ([`wait`], [`Verdict`]).
+//! [`INJECTED_CLAIM_ERROR`], [`UNPREPARE_TIMEOUT`]), the waits ([`wait`], [`Verdict`]) and
+//! kube's [`ResourceExt`] (`name_any()`, `uid()` of any object).
 //!
 //! ```
 //! use harness::prelude::*;
@@ -31,3 +32,4 @@ pub use crate::{
     framework::{Ctx, Label, Registry, Skip, SpecResult},
     wait::{self, Verdict},
 };
+pub use kube::ResourceExt;

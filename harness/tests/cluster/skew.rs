@@ -92,7 +92,11 @@ async fn prepare_through(ctx: &Ctx, node: &str, kubelet: KubeVersion, advertised
     b.create_pod(&pod).await?;
     let running = b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
     let log = driver.calls(node).log();
-    assert_eq!(log.count(expected.prepare().succeeded()), 1, "kubelet {kubelet} advertised {advertised:?}: {log}");
+    assert_eq!(
+        log.count(expected.prepare().succeeded()),
+        1,
+        "kubelet {kubelet} advertised {advertised:?}: {log}"
+    );
     assert_eq!(
         log.count(expected.other().prepare()),
         0,
