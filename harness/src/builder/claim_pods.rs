@@ -149,6 +149,12 @@ mod tests {
         Objects::new("dra-ns", "dra-ns.k8s.io", "", None)
     }
 
+    /// The claims (and requests) a container uses.
+    fn uses(container: &Container) -> Vec<(String, Option<String>)> {
+        let claims = container.resources.as_ref().and_then(|r| r.claims.as_ref());
+        claims.into_iter().flatten().map(|c| (c.name.clone(), c.request.clone())).collect()
+    }
+
     #[test]
     fn one_container_uses_every_claim_unless_containers_are_named() {
         let o = objects();
@@ -169,17 +175,7 @@ mod tests {
         let [container] = spec.containers.as_slice() else { panic!("one container: {:?}", spec.containers) };
         assert_eq!(container.name, CLAIM_CONTAINER);
         assert_eq!(container.image.as_deref(), Some(BUSYBOX_IMAGE));
-        let uses: Vec<_> = container
-            .resources
-            .as_ref()
-            .unwrap()
-            .claims
-            .as_ref()
-            .unwrap()
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect();
-        assert_eq!(uses, ["a", "b"]);
+        assert_eq!(uses(container), [("a".into(), None), ("b".into(), None)]);
     }
 
     #[test]
@@ -202,21 +198,9 @@ mod tests {
             (gpu.name.as_str(), gpu.resource_claim_template_name.as_deref()),
             ("gpu", Some("tester-1-gpu"))
         );
-        let uses = |i: usize| -> Vec<(String, Option<String>)> {
-            let c = &spec.containers[i];
-            c.resources
-                .as_ref()
-                .unwrap()
-                .claims
-                .as_ref()
-                .unwrap()
-                .iter()
-                .map(|c| (c.name.clone(), c.request.clone()))
-                .collect()
-        };
         assert_eq!(spec.containers.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["c0", "c1"]);
-        assert_eq!(uses(0), [("gpu".into(), None), ("shared".into(), None)]);
-        assert_eq!(uses(1), [("gpu".into(), Some("my-request".into()))]);
+        assert_eq!(uses(&spec.containers[0]), [("gpu".into(), None), ("shared".into(), None)]);
+        assert_eq!(uses(&spec.containers[1]), [("gpu".into(), Some("my-request".into()))]);
         // Both containers are the builder's restricted sleeper.
         assert!(spec.containers.iter().all(|c| c.security_context.is_some() && c.command.is_some()));
     }
