@@ -181,8 +181,7 @@ impl Driver {
                 (n.clone(), Calls::named(scope))
             })
             .collect();
-        // First, so that the teardown's calls are in the logs it prints.
-        crate::suite::print_calls_at_end(ctx, calls.values().cloned().collect());
+        crate::suite::print_calls_at_end(ctx, calls.values().cloned().collect()); // runs last, teardown included
         ctx.artifact_source(Box::new(DriverArtifacts {
             name: format!("driver-{name}{}", config.instance_suffix),
             driver: name.clone(),
