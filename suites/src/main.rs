@@ -33,7 +33,7 @@ struct Cli {
     under_test: specs::under_test::UnderTestArgs,
     /// Print, when each spec ends (passed or failed), the gRPC calls each node's kubelet made to
     /// the spec's drivers ($DRA_E2E_SHOW_CALLS=1 does the same, also through `cargo xtask e2e`).
-    #[arg(long, env = "DRA_E2E_SHOW_CALLS")]
+    #[arg(long, env = "DRA_E2E_SHOW_CALLS", value_parser = clap::builder::BoolishValueParser::new())]
     show_calls: bool,
 }
 
