@@ -139,7 +139,7 @@ impl KubeBackend {
     }
 
     /// Why `error` keeps the run from using the cluster, in one sentence that says what to fix
-    /// ([`crate::cluster::refusal`]).
+    /// (the cluster module's `refusal` rules).
     pub fn refusal(&self, error: kube::Error) -> PreflightError {
         refusal::refusal(&self.server, self.credentials, error)
     }
