@@ -14,7 +14,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use harness::{framework::RunnerArgs, prelude::*};
-use kube::ResourceExt as _;
 
 /// The runner's flags.
 #[derive(Debug, Parser)]

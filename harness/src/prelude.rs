@@ -2,10 +2,12 @@
 //!
 //! The spec's context and results ([`Ctx`], [`SpecResult`], [`Skip`], [`Registry`]), the test
 //! driver ([`Driver`], [`DriverConfig`], [`Nodes`], [`resources`]), the object builder
-//! ([`Builder`]), the call-assertion API ([`Method`], [`DraApi`], [`HealthApi`], [`Calls`],
-//! [`CallLog`], [`ClaimCalls`] with [`ClaimCall`] and [`ClaimOutcome`], the fault guards,
-//! [`INJECTED_CLAIM_ERROR`], [`UNPREPARE_TIMEOUT`]) and the waits
-//! ([`wait`], [`Verdict`]).
+//! ([`Builder`], [`PodWithClaims`]), the call-assertion API ([`Method`], [`DraApi`],
+//! [`HealthApi`], [`CallFilter`] with [`CallOutcome`], [`Calls`], [`CallLog`], [`CallMark`],
+//! [`ClaimCalls`] with [`ClaimCall`] and [`ClaimOutcome`], the fault guards, [`GrpcStatus`] and
+//! [`GrpcCode`] for faults of a status of one's own, [`INJECTED_CALL_ERROR`],
+//! [`INJECTED_CLAIM_ERROR`], [`UNPREPARE_TIMEOUT`]), the waits ([`wait`], [`Verdict`]) and
+//! kube's [`ResourceExt`] (`name_any()`, `uid()` of any object).
 //!
 //! ```
 //! use harness::prelude::*;
@@ -13,7 +15,7 @@
 //! async fn spec(ctx: Ctx) -> SpecResult {
 //!     let nodes = Nodes::select(&ctx, 1, 1).await?;
 //!     let driver = Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::network(1, false))).await?;
-//!     driver.calls(&nodes.names()[0]).expect_none(Method::NodePrepareResources)?;
+//!     driver.calls(&nodes.names()[0]).expect_none(Method::NodePrepareResources.succeeded())?;
 //!     Ok(())
 //! }
 //! let mut registry = Registry::new();
@@ -21,12 +23,13 @@
 //! ```
 
 pub use crate::{
-    builder::{Builder, POD_DELETE_TIMEOUT, POD_START_TIMEOUT},
+    builder::{Builder, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, PodWithClaims},
     calls::{
-        BlockGuard, CallFilter, CallLog, Calls, CallsError, ClaimCall, ClaimCalls, ClaimOutcome, DraApi,
-        FaultGuard, HealthApi, Method, UNPREPARE_TIMEOUT,
+        BlockGuard, CallFilter, CallLog, CallMark, CallOutcome, Calls, CallsError, ClaimCall, ClaimCalls,
+        ClaimOutcome, DraApi, FaultGuard, GrpcCode, GrpcStatus, HealthApi, Method, UNPREPARE_TIMEOUT,
     },
-    driver::{Driver, DriverConfig, INJECTED_CLAIM_ERROR, Nodes, resources},
+    driver::{Driver, DriverConfig, INJECTED_CALL_ERROR, INJECTED_CLAIM_ERROR, Nodes, resources},
     framework::{Ctx, Label, Registry, Skip, SpecResult},
     wait::{self, Verdict},
 };
+pub use kube::ResourceExt;

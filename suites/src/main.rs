@@ -37,6 +37,10 @@ struct Cli {
     runner: RunnerArgs,
     #[command(flatten)]
     under_test: specs::under_test::UnderTestArgs,
+    /// Print, when each spec ends (passed or failed), the gRPC calls each node's kubelet made to
+    /// the spec's drivers ($DRA_E2E_SHOW_CALLS=1 does the same, also through `cargo xtask e2e`).
+    #[arg(long, env = "DRA_E2E_SHOW_CALLS", value_parser = clap::builder::BoolishValueParser::new())]
+    show_calls: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,9 +67,16 @@ enum ReportCommand {
 
 /// Every spec, with the texts of Kubernetes `gates.version`; with a driver under test, only the
 /// specs of that driver.
-fn registry(gates: &'static GateTable, target: Option<&specs::under_test::Target>) -> Registry {
+fn registry(
+    gates: &'static GateTable,
+    target: Option<&specs::under_test::Target>,
+    show_calls: bool,
+) -> Registry {
     let mut registry = Registry::for_version(gates);
     harness::suite::configure(&mut registry);
+    if show_calls {
+        harness::suite::show_calls(&mut registry);
+    }
     match target {
         Some(target) => specs::under_test::register(&mut registry, target.clone()),
         None => specs::register(&mut registry),
@@ -97,7 +108,7 @@ async fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let registry = |gates| registry(gates, target.as_ref());
+            let registry = |gates| registry(gates, target.as_ref(), cli.show_calls);
             harness::framework::run_versioned(versions::TABLES, registry, cli.runner).await
         }
     }

@@ -63,7 +63,7 @@ fn shards_of(
 #[test]
 fn every_kind_covers_each_versions_selection_exactly_once() {
     for table in TABLES {
-        let registry = crate::registry(table, None);
+        let registry = crate::registry(table, None, false);
         for (name, selection) in [("every spec", Selection::all()), ("the default", default_selection())] {
             for kind in KINDS {
                 for total in 1..=MOST_SHARDS {
@@ -79,7 +79,7 @@ fn every_kind_covers_each_versions_selection_exactly_once() {
 
 #[test]
 fn slices_differ_by_one_spec_at_most() {
-    let registry = crate::registry(&TABLES[0], None);
+    let registry = crate::registry(&TABLES[0], None, false);
     for total in 1..=MOST_SHARDS {
         let mut sizes = vec![0; total as usize];
         for shards in shards_of(&registry, &default_selection(), "slice", total).values() {
@@ -92,7 +92,7 @@ fn slices_differ_by_one_spec_at_most() {
 #[test]
 fn a_hash_shard_stays_when_specs_join_the_selection() {
     for table in TABLES {
-        let registry = crate::registry(table, None);
+        let registry = crate::registry(table, None, false);
         for total in 2..=MOST_SHARDS {
             let before = shards_of(&registry, &default_selection(), "hash", total);
             let after = shards_of(&registry, &Selection::all(), "hash", total);
@@ -106,7 +106,7 @@ fn a_hash_shard_stays_when_specs_join_the_selection() {
 
 #[test]
 fn time_shards_of_the_default_selection_are_within_15_percent() {
-    let registry = crate::registry(&TABLES[0], None);
+    let registry = crate::registry(&TABLES[0], None, false);
     let selection = default_selection();
     let selected: Vec<&SpecInfo> = registry.specs().filter(|s| selection.matches(s)).collect();
     let known = selected.iter().filter(|s| timings().knows(s.full_text())).count();

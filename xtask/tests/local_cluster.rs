@@ -513,7 +513,10 @@ async fn cdi_spec_of_a_prepared_claim_reaches_the_container() -> Result<()> {
 
             // Deleting the pod unprepares the claim, which removes the CDI spec.
             pods.delete("with-device", &DeleteParams::default()).await?;
-            plugin.calls().eventually(|c| c.succeeded(Method::NodeUnprepareResources) >= 1, WAIT).await?;
+            plugin
+                .calls()
+                .eventually(|c| c.count(Method::NodeUnprepareResources.succeeded()) >= 1, WAIT)
+                .await?;
             assert!(!spec_file.exists(), "CDI spec {} still exists after unprepare", spec_file.display());
             Ok(())
         }

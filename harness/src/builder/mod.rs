@@ -1,7 +1,7 @@
 //! Objects for DRA specs and the checks on them (upstream's `utils.Builder`): a DeviceClass for
 //! the driver, ResourceClaims and ResourceClaimTemplates with the default request and opaque
-//! configuration, test pods with inline and external claims, waits for pods and claims, and
-//! env checks inside containers.
+//! configuration, test pods with inline and external claims or several of either
+//! ([`Builder::pod_with_claims`]), waits for pods and claims, and env checks inside containers.
 //!
 //! ```no_run
 //! # async fn body(ctx: harness::framework::Ctx, driver: harness::driver::Driver) -> harness::framework::SpecResult {
@@ -48,11 +48,13 @@ use kube::{
 use serde_json::json;
 
 mod checks;
+mod claim_pods;
 mod env;
 mod objects;
 mod pods;
 mod workloads;
 
+pub use claim_pods::PodWithClaims;
 pub use env::{ExecOutput, allocation_env, check_env, driver_env_lines, exec, parse_env};
 pub use objects::Objects;
 pub use pods::{

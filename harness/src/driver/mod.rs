@@ -42,6 +42,7 @@ mod config;
 mod deploy;
 mod error;
 mod failover;
+mod faults;
 mod forward;
 mod identity;
 pub mod impersonate;
@@ -85,6 +86,7 @@ pub use config::{
 pub use deploy::{PROXY_START_TIMEOUT, generated_name_base};
 pub use error::DriverError;
 pub use failover::ProxyMove;
+pub use faults::{INJECTED_CALL_ERROR, INJECTED_CLAIM_ERROR};
 pub use forward::{ForwardError, ForwardResolver};
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
@@ -97,7 +99,7 @@ use self::{
 };
 
 use crate::{
-    calls::{Calls, FaultGuard, Method},
+    calls::{Calls, Method},
     framework::Ctx,
     manifests::{self, INSTANCE_LABEL},
     plugin::{ClaimId, HealthState, KubeClaims, MetadataConfig, PluginConfig},
@@ -110,8 +112,6 @@ use crate::{
 pub const SLICE_REMOVAL_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long RBAC and the admission policy may take to become effective.
 pub const PERMISSIONS_TIMEOUT: Duration = Duration::from_secs(30);
-/// The per-claim error of [`Driver::fail_claim`]; the kubelet quotes it in its errors and events.
-pub const INJECTED_CLAIM_ERROR: &str = "injected per-claim error";
 
 /// Per-node state of a driver.
 struct NodeState {
@@ -196,6 +196,7 @@ impl Driver {
                 (n.clone(), Calls::named(scope))
             })
             .collect();
+        crate::suite::print_calls_at_end(ctx, calls.values().cloned().collect()); // runs last, teardown included
         ctx.artifact_source(Box::new(DriverArtifacts {
             name: format!("driver-{name}{}", config.instance_suffix),
             driver: name.clone(),
@@ -422,23 +423,6 @@ impl Driver {
     /// [`Driver::calls`] without panicking.
     pub fn try_calls(&self, node: &str) -> Result<&Calls, DriverError> {
         self.state(node).map(|s| &s.calls)
-    }
-
-    /// Fails every call of `method` on `node` with `Unknown: injected error` (upstream's
-    /// `Fail(method, true)`) until the guard is cleared or dropped. Other faults:
-    /// `driver.calls(node).fail_next(..)`, `.delay(..)`, `.block(..)`.
-    #[must_use = "dropping the guard stops the failures at once"]
-    pub fn fail(&self, node: &str, method: impl Into<crate::calls::CallFilter>) -> FaultGuard {
-        self.calls(node).fail(method, tonic::Status::unknown("injected error"))
-    }
-
-    /// Fails the claims `filter` matches (usually one: `Method::NodePrepareResources
-    /// .for_claim_uid(uid)`) in every prepare or unprepare call on `node`, with the per-claim
-    /// error [`INJECTED_CLAIM_ERROR`] in an answer that otherwise succeeds, until the guard is
-    /// cleared or dropped. The next `n` only: `driver.calls(node).fail_claim_next(..)`.
-    #[must_use = "dropping the guard stops the failures at once"]
-    pub fn fail_claim(&self, node: &str, filter: impl Into<crate::calls::CallFilter>) -> FaultGuard {
-        self.calls(node).fail_claim(filter, INJECTED_CLAIM_ERROR)
     }
 
     /// The device health a node's plugin reports.

@@ -104,7 +104,11 @@ async fn proxy_pod_deleted_body(ctx: Ctx, created: Created, proxies: Proxies) ->
     b.create_template(&template).await?;
     b.create_pod(&pod).await?;
     calls
-        .wait_for("a blocked NodePrepareResources", |log| log.blocked(Method::NodePrepareResources) > 0, T)
+        .wait_for(
+            "a blocked NodePrepareResources",
+            |log| log.count(Method::NodePrepareResources.blocked()) > 0,
+            T,
+        )
         .await?;
 
     // The proxy pod goes; the ReplicaSet makes a new one, and the plugin moves to it.
@@ -257,12 +261,12 @@ async fn dropped_connections_body(ctx: Ctx, created: Created, api: String) -> Sp
     b.create_pod(&second).await?;
     b.test_pod(&second, &[("admin_x", "y"), ("user_a", "b")]).await?;
     let log = calls.log();
-    assert!(log.succeeded(Method::NodePrepareResources) > before.min(1), "{log}");
+    assert!(log.count(Method::NodePrepareResources.succeeded()) > before.min(1), "{log}");
     b.delete_pod_and_wait(&first).await?;
     calls
         .wait_for(
             "an unprepare after the connections were closed",
-            |log| log.succeeded(Method::NodeUnprepareResources) >= 1,
+            |log| log.count(Method::NodeUnprepareResources.succeeded()) >= 1,
             T,
         )
         .await?;
@@ -480,7 +484,7 @@ async fn lost_after_prepare_body(ctx: Ctx, created: Created, proxies: Proxies) -
     // The kubelet unprepares through the replacement: the claim and its files go.
     b.delete_pod_and_wait(&running).await?;
     let uid = claim.uid.clone();
-    let unprepared = move |log: &CallLog| !harness::calls::ClaimCalls::of(log, &uid).is_prepared();
+    let unprepared = move |log: &CallLog| !log.claim(&uid).is_prepared();
     calls.wait_for("the claim unprepared", unprepared, T).await?;
     assert_eq!(driver.prepared_claims(&node), []);
     assert_eq!(cdi_files(&ctx, &replacement, &claim.uid).await?, Vec::<String>::new());
@@ -512,7 +516,7 @@ async fn lost_during_unprepare_body(ctx: Ctx, created: Created, proxies: Proxies
     let block = calls.block(Method::NodeUnprepareResources);
     let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
     pods.delete(&pod.name_any(), &DeleteParams::default()).await?;
-    let blocked = |log: &CallLog| log.blocked(Method::NodeUnprepareResources) > 0;
+    let blocked = |log: &CallLog| log.count(Method::NodeUnprepareResources.blocked()) > 0;
     calls.wait_for("a blocked NodeUnprepareResources", blocked, T).await?;
     let moved = lose_proxy_pod(&ctx, &driver, &node, Some(&claim)).await?;
     calls
@@ -527,7 +531,7 @@ async fn lost_during_unprepare_body(ctx: Ctx, created: Created, proxies: Proxies
     block.release();
     harness::wait::gone(&pods, &pod.name_any(), format!("test pod {}", pod.name_any()), T).await?;
     let log = calls.log();
-    let history = harness::calls::ClaimCalls::of(&log, &claim.uid);
+    let history = log.claim(&claim.uid);
     let last = history.last_unprepared().with_context(|| format!("never unprepared: {history}"))?;
     assert!(last.id >= moved.first_call, "unprepared before the move ({moved}): {history}");
     assert!(!history.is_prepared(), "{history}");

@@ -176,7 +176,7 @@ async fn the_interposer_stands_between_the_kubelet_and_a_real_driver() {
                 wait_running(&ctx, "first").await?;
                 let log = calls.log();
                 assert_eq!(log.count(Method::NodePrepareResources), 1, "{log}");
-                assert_eq!(log.succeeded(Method::NodePrepareResources), 1, "{log}");
+                assert_eq!(log.count(Method::NodePrepareResources.succeeded()), 1, "{log}");
                 // The answer is the driver's: its devices are in the pool named after the node (the
                 // interposer itself publishes nothing and prepares nothing).
                 let prepared = log.matching(Method::NodePrepareResources);
@@ -213,11 +213,11 @@ async fn the_interposer_stands_between_the_kubelet_and_a_real_driver() {
                     },
                 )
                 .await?;
-                assert!(calls.log().failed(Method::NodePrepareResources) >= 1, "{}", calls.log());
+                assert!(calls.log().count(Method::NodePrepareResources.failed()) >= 1, "{}", calls.log());
                 drop(fault);
                 wait_running(&ctx, "second").await?;
                 let log = calls.log();
-                assert_eq!(log.succeeded(Method::NodePrepareResources), 2, "{log}");
+                assert_eq!(log.count(Method::NodePrepareResources.succeeded()), 2, "{log}");
                 Ok(())
             },
         )

@@ -21,7 +21,7 @@ use std::{sync::Arc, time::Duration};
 
 use harness::{
     builder::Builder,
-    calls::{Calls, ClaimCalls, Method},
+    calls::{Calls, Method},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, SpecResult},
     plugin::{ClaimState, HealthState, MemoryClaims, PluginConfig},
@@ -95,7 +95,7 @@ async fn body(ctx: Ctx) -> SpecResult {
     b.create_template(&template).await?;
     b.create_pod(&pod).await?;
     let before = b.test_pod(&pod, &[("admin_x", "y")]).await?;
-    let prepared = calls.log().succeeded(Method::NodePrepareResources);
+    let prepared = calls.log().count(Method::NodePrepareResources.succeeded());
     assert_eq!(prepared, 1, "{}", calls.log());
 
     restart_kubelet(&node).await.map_err(anyhow::Error::msg)?;
@@ -115,7 +115,7 @@ async fn body(ctx: Ctx) -> SpecResult {
     let after = b.test_pod(&before, &[("admin_x", "y")]).await?;
     assert_eq!(after.metadata.uid, before.metadata.uid);
     let uid = claim_uid(&b, &after).await?;
-    let history = ClaimCalls::of(&calls.log(), &uid);
+    let history = calls.claim(&uid);
     assert_eq!(
         history.prepared(),
         1,
@@ -141,7 +141,7 @@ async fn body(ctx: Ctx) -> SpecResult {
     b.create_pod(&pod).await?;
     let second = b.test_pod(&pod, &[("admin_x", "y")]).await?;
     let second_uid = claim_uid(&b, &second).await?;
-    assert_eq!(ClaimCalls::of(&calls.log(), &second_uid).prepared(), 1, "{}", calls.log());
+    assert_eq!(calls.claim(&second_uid).prepared(), 1, "{}", calls.log());
     b.delete_pod_and_wait(&second).await?;
     calls.wait_unprepared(&second_uid, KUBELET_WAIT).await?;
     Ok(())
@@ -255,7 +255,7 @@ async fn a_kubelet_restarted_while_it_registers_a_plugin_registers_it_again() {
     calls
         .wait_for(
             format!("the kubelet of {node} to register the plugin (its NotifyRegistrationStatus held)"),
-            |log| log.blocked(Method::NotifyRegistrationStatus) >= 1,
+            |log| log.count(Method::NotifyRegistrationStatus.blocked()) >= 1,
             KUBELET_WAIT,
         )
         .await
@@ -267,14 +267,14 @@ async fn a_kubelet_restarted_while_it_registers_a_plugin_registers_it_again() {
     let log = calls
         .wait_for(
             format!("the restarted kubelet of {node} to register the plugin"),
-            |log| log.succeeded(Method::NotifyRegistrationStatus) >= 1,
+            |log| log.count(Method::NotifyRegistrationStatus.succeeded()) >= 1,
             KUBELET_WAIT,
         )
         .await
         .unwrap();
     println!("calls of the kubelet across its restart:\n{log}");
     // Each kubelet got the plugin's info.
-    assert!(log.succeeded(Method::GetInfo) >= 2, "{log}");
+    assert!(log.count(Method::GetInfo.succeeded()) >= 2, "{log}");
     proxied.plugin().wait_registered(KUBELET_WAIT).await.unwrap();
     proxied.stop_checked().await.unwrap();
 }
@@ -295,7 +295,7 @@ async fn prepare_body(ctx: Ctx) -> SpecResult {
     calls
         .wait_for(
             format!("the kubelet of {node} to call NodePrepareResources (held)"),
-            |log| log.blocked(Method::NodePrepareResources) >= 1,
+            |log| log.count(Method::NodePrepareResources.blocked()) >= 1,
             KUBELET_WAIT,
         )
         .await?;
@@ -307,7 +307,7 @@ async fn prepare_body(ctx: Ctx) -> SpecResult {
     // pod runs with its devices.
     let running = b.test_pod(&pod, &[("admin_x", "y")]).await?;
     let uid = claim_uid(&b, &running).await?;
-    let history = ClaimCalls::of(&calls.log(), &uid);
+    let history = calls.log().claim(&uid);
     assert_eq!(history.prepared(), 1, "the claim was not prepared exactly once: {}", calls.log());
     assert_eq!(history.unprepared(), 0, "{}", calls.log());
 

@@ -92,7 +92,11 @@ async fn prepare_through(ctx: &Ctx, node: &str, kubelet: KubeVersion, advertised
     b.create_pod(&pod).await?;
     let running = b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
     let log = driver.calls(node).log();
-    assert_eq!(log.succeeded(expected.prepare()), 1, "kubelet {kubelet} advertised {advertised:?}: {log}");
+    assert_eq!(
+        log.count(expected.prepare().succeeded()),
+        1,
+        "kubelet {kubelet} advertised {advertised:?}: {log}"
+    );
     assert_eq!(
         log.count(expected.other().prepare()),
         0,
@@ -103,7 +107,7 @@ async fn prepare_through(ctx: &Ctx, node: &str, kubelet: KubeVersion, advertised
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let log = driver.calls(node).log();
-        if log.succeeded(expected.unprepare()) >= 1 {
+        if log.count(expected.unprepare().succeeded()) >= 1 {
             assert_eq!(log.count(expected.other().unprepare()), 0, "{log}");
             break;
         }

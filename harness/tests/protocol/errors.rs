@@ -50,8 +50,8 @@ async fn prepare_rejects_bad_claims(
     assert_eq!(err.message(), message);
     assert!(t.plugin.prepared_claims().is_empty());
     let log = t.plugin.calls().log();
-    assert_eq!(log.failed(Method::NodePrepareResources), 1, "{log}");
-    assert_eq!(log.injected(Method::NodePrepareResources), 0, "{log}");
+    assert_eq!(log.count(Method::NodePrepareResources.failed()), 1, "{log}");
+    assert_eq!(log.count(Method::NodePrepareResources.injected()), 0, "{log}");
     t.plugin.stop().await;
 }
 

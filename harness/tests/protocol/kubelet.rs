@@ -192,11 +192,11 @@ async fn injected_failures_are_returned_and_counted() {
 
     let log = calls.log();
     assert_eq!(log.count(Method::GetInfo), 2, "{log}");
-    assert_eq!(log.injected(Method::GetInfo), 1, "{log}");
+    assert_eq!(log.count(Method::GetInfo.injected()), 1, "{log}");
     assert_eq!(log.count(Method::NodePrepareResources), 3, "{log}");
-    assert_eq!(log.injected(Method::NodePrepareResources), 2, "{log}");
-    assert_eq!(log.failed(Method::NodePrepareResources), 2, "{log}");
-    assert_eq!(log.succeeded(Method::NodePrepareResources), 1, "{log}");
+    assert_eq!(log.count(Method::NodePrepareResources.injected()), 2, "{log}");
+    assert_eq!(log.count(Method::NodePrepareResources.failed()), 2, "{log}");
+    assert_eq!(log.count(Method::NodePrepareResources.succeeded()), 1, "{log}");
     let injected = &log.matching(Method::NodePrepareResources)[0];
     assert!(injected.injected);
     let status = injected.status.as_ref().unwrap();
@@ -237,7 +237,7 @@ async fn blocked_prepare_holds_while_other_claims_and_methods_proceed() {
         async move { dra.prepare(&[claim_ref("a", "uid-a")]).await }
     });
     calls.wait_at_least(Method::NodePrepareResources.for_claim_uid("uid-a"), 1, TIMEOUT).await.unwrap();
-    calls.eventually(|c| c.blocked(Method::NodePrepareResources) == 1, TIMEOUT).await.unwrap();
+    calls.eventually(|c| c.count(Method::NodePrepareResources.blocked()) == 1, TIMEOUT).await.unwrap();
 
     let other = within("prepare of claim b", dra.prepare(&[claim_ref("b", "uid-b")])).await.unwrap();
     assert!(other["uid-b"].is_ok());
@@ -252,7 +252,7 @@ async fn blocked_prepare_holds_while_other_claims_and_methods_proceed() {
     let released = within("released prepare", held).await.unwrap().unwrap();
     assert!(released["uid-a"].is_ok());
     assert!(t.cdi_file("uid-a", "r").exists());
-    assert_eq!(calls.log().blocked(Method::NodePrepareResources), 0);
+    assert_eq!(calls.log().count(Method::NodePrepareResources.blocked()), 0);
 
     // Per method: every prepare is held, unprepare proceeds; dropping the guard releases.
     let guard = calls.block(Method::NodePrepareResources);
@@ -260,7 +260,7 @@ async fn blocked_prepare_holds_while_other_claims_and_methods_proceed() {
         let dra = dra.clone();
         async move { dra.prepare(&[claim_ref("b", "uid-b")]).await }
     });
-    calls.eventually(|c| c.blocked(Method::NodePrepareResources) == 1, TIMEOUT).await.unwrap();
+    calls.eventually(|c| c.count(Method::NodePrepareResources.blocked()) == 1, TIMEOUT).await.unwrap();
     let unprepared = within("unprepare a", dra.unprepare(&[claim_ref("a", "uid-a")])).await.unwrap();
     assert_eq!(unprepared["uid-a"], "");
     assert!(!held.is_finished());

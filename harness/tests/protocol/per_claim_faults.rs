@@ -71,7 +71,10 @@ async fn a_kubelet_client_gets_the_injected_claim_error_in_a_successful_answer()
 
     // The log tells injected claim errors from real ones, per claim; no call failed.
     let log = calls.log();
-    assert_eq!(log.failed(Method::NodePrepareResources) + log.failed(Method::NodeUnprepareResources), 0);
+    assert_eq!(
+        log.count(Method::NodePrepareResources.failed()) + log.count(Method::NodeUnprepareResources.failed()),
+        0
+    );
     let a = calls.claim("uid-a");
     assert_eq!(
         a.to_string(),
@@ -85,8 +88,8 @@ async fn a_kubelet_client_gets_the_injected_claim_error_in_a_successful_answer()
     assert!(
         b.unprepares()
             .take(2)
-            .all(|c| c.injected && c.outcome == ClaimOutcome::ClaimFailed(INJECTED.to_owned()))
+            .all(|c| c.injected() && c.outcome == ClaimOutcome::ClaimFailed(INJECTED.to_owned()))
     );
-    assert!(b.prepares().all(|c| !c.injected), "{b}");
+    assert!(b.prepares().all(|c| !c.injected()), "{b}");
     t.plugin.stop().await;
 }

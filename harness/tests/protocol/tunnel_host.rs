@@ -52,9 +52,9 @@ async fn registration_and_200_round_trips_through_the_tunnel() {
         assert!(!chain.cdi_file(&uid, "req").exists());
     }
     let calls = chain.plugin.calls().log();
-    assert_eq!(calls.succeeded(Method::NodePrepareResources), 200, "{calls}");
-    assert_eq!(calls.succeeded(Method::NodeUnprepareResources), 200, "{calls}");
-    assert_eq!(calls.succeeded(Method::GetInfo), 1, "{calls}");
+    assert_eq!(calls.count(Method::NodePrepareResources.succeeded()), 200, "{calls}");
+    assert_eq!(calls.count(Method::NodeUnprepareResources.succeeded()), 200, "{calls}");
+    assert_eq!(calls.count(Method::GetInfo.succeeded()), 1, "{calls}");
 
     // The used connections were replaced: each tunnel still holds 10 unused ones.
     for (socket, failures) in [&chain.dra, &chain.registration].into_iter().zip(failures_at_start) {

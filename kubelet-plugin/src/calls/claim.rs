@@ -1,32 +1,24 @@
 //! What the kubelet did with one ResourceClaim, read from a node's recorded gRPC calls: which
-//! `NodePrepareResources` / `NodeUnprepareResources` calls named the claim, and how each ended
-//! for it — the call can fail as a whole (gRPC status, e.g. an injected fault) or succeed with a
-//! per-claim error in the response.
+//! `NodePrepareResources` / `NodeUnprepareResources` calls named the claim, how each ended for
+//! it — the call can fail as a whole (gRPC status, e.g. an injected fault) or succeed with a
+//! per-claim error in the response ([`ClaimOutcome`]) — and the expectations on that history.
 //!
 //! ```
-//! use kubelet_plugin::calls::{Calls, ClaimCalls};
+//! use kubelet_plugin::calls::Calls;
 //! let calls = Calls::new();
 //! let history = calls.claim("claim-uid");
-//! assert_eq!(history.prepared(), 0);
 //! assert!(history.first_prepared().is_none());
+//! history.expect_never_unprepared().unwrap();
+//! let err = history.expect_prepared_once().unwrap_err().to_string();
+//! assert!(err.starts_with("expected claim UID claim-uid prepared successfully exactly once, got 0"), "{err}");
 //! ```
 
 use std::fmt;
 
-use super::{CallLog, CallRecord, Method};
-
-/// How one recorded call ended for one claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClaimOutcome {
-    /// The call has not finished yet (or is blocked).
-    InProgress,
-    /// The whole call failed with this gRPC status (code and message).
-    CallFailed(String),
-    /// The call succeeded but its response has an error for the claim (or no entry for it).
-    ClaimFailed(String),
-    /// The call succeeded for the claim.
-    Succeeded,
-}
+use super::{
+    CallLog, CallOutcome, CallRecord, CallsError, ClaimOutcome, Method, PreparedDevice,
+    outcome::claim_outcome,
+};
 
 /// One recorded call that named the claim.
 #[derive(Clone, Debug)]
@@ -39,78 +31,45 @@ pub struct ClaimCall {
     pub method: String,
     /// How it ended for the claim.
     pub outcome: ClaimOutcome,
-    /// The call as a whole, or its answer for this claim, was failed by an injected fault.
-    pub injected: bool,
-    /// For a successful prepare: the devices returned for the claim as `(pool, device, CDI IDs)`.
-    pub devices: Vec<(String, String, Vec<String>)>,
+    /// For a successful prepare: the devices returned for the claim.
+    pub devices: Vec<PreparedDevice>,
     /// The whole record (times, request, response).
     pub record: CallRecord,
+    injected: bool,
 }
 
 impl ClaimCall {
-    /// Whether the call succeeded for the claim.
+    /// Whether the call succeeded for the claim ([`CallOutcome::Succeeded`] for the claim).
     pub fn succeeded(&self) -> bool {
         self.outcome == ClaimOutcome::Succeeded
     }
 
-    /// Whether the call ended and did not succeed for the claim.
+    /// Whether the call ended and did not succeed for the claim ([`CallOutcome::Failed`]).
     pub fn failed(&self) -> bool {
         matches!(self.outcome, ClaimOutcome::CallFailed(_) | ClaimOutcome::ClaimFailed(_))
     }
+
+    /// Whether the call as a whole, or its answer for this claim, was failed by an injected
+    /// fault ([`CallOutcome::Injected`] for the claim).
+    pub fn injected(&self) -> bool {
+        self.injected
+    }
 }
 
-/// The prepare and unprepare calls of one node that named a claim (by UID), in call order.
-#[derive(Clone, Debug, Default)]
+/// The prepare and unprepare calls of one node that named a claim (by UID), in call order, and
+/// the log they were read from (which every failed expectation carries).
+#[derive(Clone, Debug)]
 pub struct ClaimCalls {
     /// The claim UID.
     pub uid: String,
     /// The calls, in start order.
     pub calls: Vec<ClaimCall>,
-}
-
-fn str_field<'a>(value: &'a serde_json::Value, key: &str) -> &'a str {
-    value.get(key).and_then(serde_json::Value::as_str).unwrap_or_default()
-}
-
-/// How `record` ended for claim `uid` and the devices it returned for it.
-fn outcome(record: &CallRecord, uid: &str) -> (ClaimOutcome, Vec<(String, String, Vec<String>)>) {
-    let Some(status) = &record.status else { return (ClaimOutcome::InProgress, Vec::new()) };
-    if !status.is_ok() {
-        return (ClaimOutcome::CallFailed(format!("{:?}: {}", status.code, status.message)), Vec::new());
-    }
-    let Some(result) = record.response.as_ref().and_then(|r| r.get("claims")).and_then(|c| c.get(uid)) else {
-        return (
-            ClaimOutcome::ClaimFailed("the response has no result for the claim".to_owned()),
-            Vec::new(),
-        );
-    };
-    let error = str_field(result, "error");
-    if !error.is_empty() {
-        return (ClaimOutcome::ClaimFailed(error.to_owned()), Vec::new());
-    }
-    let devices = result
-        .get("devices")
-        .and_then(serde_json::Value::as_array)
-        .map(|devices| {
-            devices
-                .iter()
-                .map(|d| {
-                    let cdi = d
-                        .get("cdi_device_ids")
-                        .and_then(serde_json::Value::as_array)
-                        .map(|ids| ids.iter().filter_map(|id| id.as_str().map(str::to_owned)).collect())
-                        .unwrap_or_default();
-                    (str_field(d, "pool_name").to_owned(), str_field(d, "device_name").to_owned(), cdi)
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    (ClaimOutcome::Succeeded, devices)
+    log: CallLog,
 }
 
 impl ClaimCalls {
-    /// The prepare and unprepare calls in `log` that named claim `uid`.
-    pub fn of(log: &CallLog, uid: &str) -> Self {
+    /// The prepare and unprepare calls in `log` that named claim `uid` ([`CallLog::claim`]).
+    pub(super) fn from_log(log: &CallLog, uid: &str) -> Self {
         let prepare = Method::NodePrepareResources;
         let unprepare = Method::NodeUnprepareResources;
         let calls = log
@@ -122,19 +81,24 @@ impl ClaimCalls {
                 if !is_prepare && !unprepare.matches(&r.method) {
                     return None;
                 }
-                let (outcome, devices) = outcome(r, uid);
+                let (outcome, devices) = claim_outcome(r, uid);
                 Some(ClaimCall {
                     id: r.id,
                     prepare: is_prepare,
                     method: r.method.clone(),
                     outcome,
-                    injected: r.injected || r.injected_claims.iter().any(|u| u == uid),
+                    injected: CallOutcome::Injected.holds(r, Some(uid)),
                     devices,
                     record: r.clone(),
                 })
             })
             .collect();
-        ClaimCalls { uid: uid.to_owned(), calls }
+        ClaimCalls { uid: uid.to_owned(), calls, log: log.clone() }
+    }
+
+    /// The call log this history was read from.
+    pub fn log(&self) -> &CallLog {
+        &self.log
     }
 
     /// The prepare calls.
@@ -172,6 +136,11 @@ impl ClaimCalls {
         self.prepares().find(|c| c.succeeded())
     }
 
+    /// The last prepare call that succeeded for the claim.
+    pub fn last_prepared(&self) -> Option<&ClaimCall> {
+        self.prepares().filter(|c| c.succeeded()).last()
+    }
+
     /// The last unprepare call that succeeded for the claim.
     pub fn last_unprepared(&self) -> Option<&ClaimCall> {
         self.unprepares().filter(|c| c.succeeded()).last()
@@ -180,6 +149,37 @@ impl ClaimCalls {
     /// Whether the claim's last successful call was a prepare (the kubelet considers it prepared).
     pub fn is_prepared(&self) -> bool {
         self.calls.iter().rev().find(|c| c.succeeded()).is_some_and(|c| c.prepare)
+    }
+
+    /// Fails unless exactly one prepare call succeeded for the claim (failed ones, injected or
+    /// not, may come before it).
+    pub fn expect_prepared_once(&self) -> Result<(), CallsError> {
+        let n = self.prepared();
+        self.check(n == 1, "prepared successfully exactly once", || format!("{n}: {self}"))
+    }
+
+    /// Fails unless exactly one unprepare call succeeded for the claim and the claim is not
+    /// prepared since (no successful prepare after it).
+    pub fn expect_unprepared_once(&self) -> Result<(), CallsError> {
+        let n = self.unprepared();
+        let expected = "unprepared successfully exactly once, after its last successful prepare";
+        self.check(n == 1 && !self.is_prepared(), expected, || format!("{n}: {self}"))
+    }
+
+    /// Fails if any unprepare call (whatever its outcome) named the claim; on a
+    /// [`CallLog::since`] log: since the mark.
+    pub fn expect_never_unprepared(&self) -> Result<(), CallsError> {
+        let n = self.unprepares().count();
+        self.check(n == 0, "never unprepared (no NodeUnprepareResources naming it)", || {
+            format!("{n}: {self}")
+        })
+    }
+
+    fn check(&self, ok: bool, expected: &str, actual: impl FnOnce() -> String) -> Result<(), CallsError> {
+        if ok {
+            return Ok(());
+        }
+        Err(self.log.unexpected(format!("claim UID {} {expected}", self.uid), actual()))
     }
 }
 
@@ -194,14 +194,8 @@ impl fmt::Display for ClaimCalls {
             .iter()
             .map(|c| {
                 let name = if c.prepare { "NodePrepareResources" } else { "NodeUnprepareResources" };
-                let outcome = match &c.outcome {
-                    ClaimOutcome::InProgress => "in progress".to_owned(),
-                    ClaimOutcome::CallFailed(s) => format!("call failed ({s})"),
-                    ClaimOutcome::ClaimFailed(s) => format!("failed for the claim ({s})"),
-                    ClaimOutcome::Succeeded => "OK".to_owned(),
-                };
                 let injected = if c.injected { " [injected]" } else { "" };
-                format!("#{} {name} -> {outcome}{injected}", c.id)
+                format!("#{} {name} -> {}{injected}", c.id, c.outcome)
             })
             .collect();
         write!(f, "{}", lines.join("; "))
@@ -249,6 +243,7 @@ mod tests {
         let log = CallLog {
             scope: String::new(),
             base: SystemTime::now(),
+            since: None,
             records: vec![
                 record(1, "NodePrepareResources", "u1", Some(tonic::Code::Unknown), json!(null)),
                 record(2, "NodePrepareResources", "u1", Some(tonic::Code::Ok), claim_error),
@@ -257,11 +252,11 @@ mod tests {
                 record(5, "NodeUnprepareResources", "u1", None, json!(null)),
             ],
         };
-        let calls = ClaimCalls::of(&log, "u1");
+        let calls = log.claim("u1");
         assert_eq!(calls.calls.len(), 4);
         assert_eq!((calls.prepared(), calls.prepare_failures()), (1, 2));
         assert_eq!((calls.unprepared(), calls.unprepare_failures()), (0, 0));
-        assert!(calls.calls[0].injected);
+        assert!(calls.calls[0].injected());
         assert_eq!(calls.calls[1].outcome, ClaimOutcome::ClaimFailed("not allocated".into()));
         let first = calls.first_prepared().unwrap();
         assert_eq!(first.id, 3);
@@ -271,7 +266,7 @@ mod tests {
         assert!(
             calls.to_string().contains("#1 NodePrepareResources -> call failed (Unknown: boom) [injected]")
         );
-        let none = ClaimCalls::of(&log, "u3");
+        let none = log.claim("u3");
         assert!(!none.is_prepared());
         assert_eq!(none.to_string(), "no prepare/unprepare call named claim UID u3");
     }

@@ -1,5 +1,6 @@
 //! What was recorded: one [`CallRecord`] per gRPC call, and [`CallLog`], a snapshot of a node's
-//! calls with the counts and expectations specs make on it.
+//! calls (all of them, or those after a [`CallMark`]) with the counts and expectations specs make
+//! on it.
 
 use std::{
     fmt,
@@ -8,7 +9,7 @@ use std::{
 
 use serde::Serialize;
 
-use super::{CallFilter, CallsError};
+use super::{CallFilter, CallsError, ClaimCalls};
 
 /// A claim named in a DRA request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
@@ -153,6 +154,15 @@ impl CallRecord {
     }
 }
 
+/// A point in a node's call log ([`super::Calls::mark`]): [`CallLog::since`] keeps the calls
+/// that started after it, to say what happened during an interval
+/// (`let m = calls.mark(); … calls.since(m).expect_none(…)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CallMark {
+    /// The id of the last call that started before the mark (0: none).
+    pub after: u64,
+}
+
 /// A snapshot of one node's recorded calls, as returned by [`super::Calls::log`] and passed to
 /// the conditions of the waits. Its `expect_*` methods fail with the whole log in the error.
 #[derive(Clone, Debug, Serialize)]
@@ -162,14 +172,27 @@ pub struct CallLog {
     /// Time the [`super::Calls`] was created; log lines show times relative to it.
     #[serde(serialize_with = "serialize_time")]
     pub base: SystemTime,
-    /// The calls in start order.
+    /// The calls in start order (of a [`CallLog::since`] log, only those after its mark).
     pub records: Vec<CallRecord>,
+    /// The mark of a [`CallLog::since`] log.
+    pub since: Option<CallMark>,
 }
 
 impl CallLog {
     /// An empty log (e.g. of a node without a plugin).
     pub fn empty(scope: impl Into<String>) -> Self {
-        CallLog { scope: scope.into(), base: SystemTime::now(), records: Vec::new() }
+        CallLog { scope: scope.into(), base: SystemTime::now(), records: Vec::new(), since: None }
+    }
+
+    /// The calls of this log that started after `mark`; counts, expectations and claim histories
+    /// on it see only those.
+    pub fn since(&self, mark: CallMark) -> CallLog {
+        CallLog {
+            scope: self.scope.clone(),
+            base: self.base,
+            records: self.records.iter().filter(|r| r.id > mark.after).cloned().collect(),
+            since: Some(mark),
+        }
     }
 
     /// Calls that match the filter.
@@ -178,43 +201,11 @@ impl CallLog {
         self.records.iter().filter(|r| filter.matches_record(r)).collect()
     }
 
-    /// Number of calls that match (started, including in progress, failed and injected):
-    /// upstream's `CallCount`.
+    /// Number of calls that match (started, including in progress, failed and injected, unless
+    /// the filter names an outcome): upstream's `CallCount`.
     pub fn count(&self, filter: impl Into<CallFilter>) -> usize {
         let filter = filter.into();
         self.records.iter().filter(|r| filter.matches_record(r)).count()
-    }
-
-    /// Number of matching calls that finished with `OK`.
-    pub fn succeeded(&self, filter: impl Into<CallFilter>) -> usize {
-        self.count_where(filter, CallRecord::succeeded)
-    }
-
-    /// Number of matching calls that finished with an error status (injected or not).
-    pub fn failed(&self, filter: impl Into<CallFilter>) -> usize {
-        self.count_where(filter, CallRecord::failed)
-    }
-
-    /// Number of matching calls failed as a whole by an injected fault (an injected per-claim
-    /// error does not fail its call: see [`super::Calls::claim`]).
-    pub fn injected(&self, filter: impl Into<CallFilter>) -> usize {
-        self.count_where(filter, |r| r.injected)
-    }
-
-    /// Number of matching calls that have not finished yet.
-    pub fn in_progress(&self, filter: impl Into<CallFilter>) -> usize {
-        self.count_where(filter, |r| !r.is_finished())
-    }
-
-    /// Number of matching calls currently held by a block.
-    pub fn blocked(&self, filter: impl Into<CallFilter>) -> usize {
-        self.count_where(filter, |r| r.blocked)
-    }
-
-    /// Number of matching calls for which `pred` holds.
-    pub fn count_where(&self, filter: impl Into<CallFilter>, pred: impl Fn(&CallRecord) -> bool) -> usize {
-        let filter = filter.into();
-        self.records.iter().filter(|r| filter.matches_record(r) && pred(r)).count()
     }
 
     /// The first matching call.
@@ -234,16 +225,18 @@ impl CallLog {
         self.records.iter().map(|r| r.method.as_str()).collect()
     }
 
+    /// The prepare and unprepare calls of this log that named the claim with this UID, and how
+    /// each ended for it.
+    pub fn claim(&self, uid: &str) -> ClaimCalls {
+        ClaimCalls::from_log(self, uid)
+    }
+
     /// The UID of the first claim with this name that a request named (for generated claims
     /// that may already be gone); an error with the log when no request named it.
     pub fn claim_uid(&self, claim_name: &str) -> Result<String, CallsError> {
         match self.records.iter().flat_map(|r| r.claims.iter()).find(|c| c.name == claim_name) {
             Some(claim) => Ok(claim.uid.clone()),
-            None => Err(CallsError::Unexpected {
-                expected: format!("a call that names claim {claim_name}"),
-                actual: 0,
-                log: self.clone(),
-            }),
+            None => Err(self.unexpected(format!("a call that names claim {claim_name}"), "0".to_owned())),
         }
     }
 
@@ -268,16 +261,56 @@ impl CallLog {
         self.check(actual == 0, || format!("no call of {filter}"), actual)
     }
 
+    /// Fails unless the first call of the filter's method (and claim) has the filter's outcome,
+    /// e.g. `expect_first(Method::NodePrepareResources.injected())`: "the first prepare was the
+    /// injected failure". Without an outcome: unless there is such a call.
+    pub fn expect_first(&self, filter: impl Into<CallFilter>) -> Result<(), CallsError> {
+        let filter = filter.into();
+        self.expect_at_end(&filter, self.first(filter.any_outcome()), "first")
+    }
+
+    /// Like [`CallLog::expect_first`], for the last call of the filter's method (and claim).
+    pub fn expect_last(&self, filter: impl Into<CallFilter>) -> Result<(), CallsError> {
+        let filter = filter.into();
+        self.expect_at_end(&filter, self.last(filter.any_outcome()), "last")
+    }
+
+    fn expect_at_end(
+        &self,
+        filter: &CallFilter,
+        call: Option<&CallRecord>,
+        end: &str,
+    ) -> Result<(), CallsError> {
+        let which = filter.any_outcome();
+        let expected = match filter.outcome {
+            Some(outcome) => format!("the {end} call of {which} {outcome}"),
+            None => format!("a call of {which}"),
+        };
+        match call {
+            Some(call) if filter.matches_record(call) => Ok(()),
+            Some(call) => Err(self.unexpected(expected, call.describe(self.base))),
+            None => Err(self.unexpected(expected, format!("no call of {which}"))),
+        }
+    }
+
     fn check(&self, ok: bool, expected: impl FnOnce() -> String, actual: usize) -> Result<(), CallsError> {
         if ok {
             return Ok(());
         }
-        Err(CallsError::Unexpected { expected: expected(), actual, log: self.clone() })
+        Err(self.unexpected(expected(), actual.to_string()))
+    }
+
+    /// The error of an expectation on this log.
+    pub(super) fn unexpected(&self, expected: String, actual: String) -> CallsError {
+        CallsError::Unexpected { expected, actual, log: Box::new(self.clone()) }
     }
 }
 
 impl fmt::Display for CallLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(mark) = self.since {
+            writeln!(f, "  (the calls after #{} only)", mark.after)?;
+        }
         if self.records.is_empty() {
             return writeln!(f, "  (no calls)");
         }

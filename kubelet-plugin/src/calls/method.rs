@@ -1,13 +1,19 @@
 //! Which calls a count, an expectation, a wait or a fault applies to: a [`Method`] of the kubelet
-//! plugin APIs (any API version, or exactly one), optionally narrowed to one claim
-//! ([`CallFilter`]). Full method paths are built from the generated service names
+//! plugin APIs (any API version, or exactly one), optionally narrowed to one claim and to one
+//! outcome ([`CallFilter`]). Full method paths are built from the generated service names
 //! ([`DraApi`], [`HealthApi`]), never typed by hand.
+//!
+//! ```
+//! use kubelet_plugin::calls::Method;
+//! let filter = Method::NodePrepareResources.for_claim_uid("uid-1").succeeded();
+//! assert_eq!(filter.to_string(), "NodePrepareResources for claim UID uid-1 that succeeded");
+//! ```
 
 use std::fmt;
 
 use crate::grpc::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 
-use super::ClaimRef;
+use super::{CallOutcome, CallRecord, ClaimRef};
 
 /// `/<service>/<method>`, the path of a gRPC call.
 fn path(service: &str, method: &str) -> String {
@@ -189,12 +195,37 @@ impl Method {
 
     /// Restricts this method to calls whose request names a claim with this UID.
     pub fn for_claim_uid(self, uid: impl Into<String>) -> CallFilter {
-        CallFilter { method: self, claim: Some(ClaimSelector::Uid(uid.into())) }
+        CallFilter::from(self).for_claim_uid(uid)
     }
 
     /// Restricts this method to calls whose request names a claim with this name.
     pub fn for_claim_name(self, name: impl Into<String>) -> CallFilter {
-        CallFilter { method: self, claim: Some(ClaimSelector::Name(name.into())) }
+        CallFilter::from(self).for_claim_name(name)
+    }
+
+    /// Its calls that succeeded (see [`CallOutcome::Succeeded`]).
+    pub fn succeeded(self) -> CallFilter {
+        CallFilter::from(self).succeeded()
+    }
+
+    /// Its calls that failed (see [`CallOutcome::Failed`]).
+    pub fn failed(self) -> CallFilter {
+        CallFilter::from(self).failed()
+    }
+
+    /// Its calls that carry an injected fault (see [`CallOutcome::Injected`]).
+    pub fn injected(self) -> CallFilter {
+        CallFilter::from(self).injected()
+    }
+
+    /// Its calls that have not finished yet.
+    pub fn in_progress(self) -> CallFilter {
+        CallFilter::from(self).in_progress()
+    }
+
+    /// Its calls held by a block now.
+    pub fn blocked(self) -> CallFilter {
+        CallFilter::from(self).blocked()
     }
 }
 
@@ -214,18 +245,71 @@ pub enum ClaimSelector {
 }
 
 /// Selects calls: a [`Method`], optionally narrowed to requests that name a given claim (only
-/// DRA prepare/unprepare requests name claims). Every API that takes a filter also takes a plain
-/// [`Method`].
+/// DRA prepare/unprepare requests name claims) and to one [`CallOutcome`] (of the named claim,
+/// when there is one). Every API that takes a filter also takes a plain [`Method`]; the builder
+/// methods combine in any order: `Method::NodePrepareResources.for_claim_uid(uid).succeeded()`.
+///
+/// Counts, expectations and waits use all three parts; faults use the method and the claim (a
+/// call's outcome is not known before it is handled), so an outcome in a fault's filter is
+/// ignored.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CallFilter {
     /// The method.
     pub method: Method,
     /// The claim the request must name, if any.
     pub claim: Option<ClaimSelector>,
+    /// The outcome the call must have (for the claim, if one is named), if any.
+    pub outcome: Option<CallOutcome>,
 }
 
 impl CallFilter {
-    /// Whether a call with this full method path and these request claims matches.
+    /// Restricts the filter to calls whose request names a claim with this UID.
+    pub fn for_claim_uid(self, uid: impl Into<String>) -> CallFilter {
+        CallFilter { claim: Some(ClaimSelector::Uid(uid.into())), ..self }
+    }
+
+    /// Restricts the filter to calls whose request names a claim with this name.
+    pub fn for_claim_name(self, name: impl Into<String>) -> CallFilter {
+        CallFilter { claim: Some(ClaimSelector::Name(name.into())), ..self }
+    }
+
+    /// Restricts the filter to calls with this outcome.
+    pub fn with_outcome(self, outcome: CallOutcome) -> CallFilter {
+        CallFilter { outcome: Some(outcome), ..self }
+    }
+
+    /// Only the calls that succeeded (see [`CallOutcome::Succeeded`]).
+    pub fn succeeded(self) -> CallFilter {
+        self.with_outcome(CallOutcome::Succeeded)
+    }
+
+    /// Only the calls that failed (see [`CallOutcome::Failed`]).
+    pub fn failed(self) -> CallFilter {
+        self.with_outcome(CallOutcome::Failed)
+    }
+
+    /// Only the calls that carry an injected fault (see [`CallOutcome::Injected`]).
+    pub fn injected(self) -> CallFilter {
+        self.with_outcome(CallOutcome::Injected)
+    }
+
+    /// Only the calls that have not finished yet.
+    pub fn in_progress(self) -> CallFilter {
+        self.with_outcome(CallOutcome::InProgress)
+    }
+
+    /// Only the calls held by a block now.
+    pub fn blocked(self) -> CallFilter {
+        self.with_outcome(CallOutcome::Blocked)
+    }
+
+    /// The same filter without its outcome: which calls, however they ended.
+    pub fn any_outcome(&self) -> CallFilter {
+        CallFilter { outcome: None, ..self.clone() }
+    }
+
+    /// Whether a call with this full method path and these request claims is one the filter
+    /// selects, its outcome aside (what faults match on).
     pub fn matches(&self, full_method: &str, claims: &[ClaimRef]) -> bool {
         if !self.method.matches(full_method) {
             return false;
@@ -237,15 +321,25 @@ impl CallFilter {
         }
     }
 
-    /// Whether a recorded call matches.
-    pub fn matches_record(&self, record: &super::CallRecord) -> bool {
-        self.matches(&record.method, &record.claims)
+    /// Whether a recorded call matches: method, claim and outcome.
+    pub fn matches_record(&self, record: &CallRecord) -> bool {
+        if !self.matches(&record.method, &record.claims) {
+            return false;
+        }
+        let Some(outcome) = self.outcome else { return true };
+        match &self.claim {
+            None => outcome.holds(record, None),
+            Some(ClaimSelector::Uid(uid)) => outcome.holds(record, Some(uid)),
+            Some(ClaimSelector::Name(name)) => {
+                record.claims.iter().filter(|c| &c.name == name).any(|c| outcome.holds(record, Some(&c.uid)))
+            }
+        }
     }
 }
 
 impl From<Method> for CallFilter {
     fn from(method: Method) -> Self {
-        CallFilter { method, claim: None }
+        CallFilter { method, claim: None, outcome: None }
     }
 }
 
@@ -253,9 +347,13 @@ impl fmt::Display for CallFilter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.method)?;
         match &self.claim {
+            None => {}
+            Some(ClaimSelector::Uid(uid)) => write!(f, " for claim UID {uid}")?,
+            Some(ClaimSelector::Name(name)) => write!(f, " for claim {name}")?,
+        }
+        match self.outcome {
             None => Ok(()),
-            Some(ClaimSelector::Uid(uid)) => write!(f, " for claim UID {uid}"),
-            Some(ClaimSelector::Name(name)) => write!(f, " for claim {name}"),
+            Some(outcome) => write!(f, " {outcome}"),
         }
     }
 }
@@ -322,5 +420,24 @@ mod tests {
             Method::NodePrepareResources.for_claim_uid("u").to_string(),
             "NodePrepareResources for claim UID u"
         );
+    }
+
+    /// Claim and outcome combine in either order; the outcome is no part of what faults match.
+    #[test]
+    fn outcome_filters_combine_with_claims_in_any_order() {
+        let claims = vec![ClaimRef { namespace: "ns".into(), name: "a".into(), uid: "uid-a".into() }];
+        let one = Method::NodePrepareResources.for_claim_uid("uid-a").injected();
+        let other = Method::NodePrepareResources.injected().for_claim_uid("uid-a");
+        assert_eq!(one, other);
+        assert_eq!(one.outcome, Some(CallOutcome::Injected));
+        assert!(one.matches(V1_PREPARE, &claims), "faults ignore the outcome");
+        assert_eq!(one.any_outcome(), Method::NodePrepareResources.for_claim_uid("uid-a"));
+        assert_eq!(
+            Method::NodeUnprepareResources.for_claim_name("a").failed().to_string(),
+            "NodeUnprepareResources for claim a that failed"
+        );
+        assert_eq!(Method::GetInfo.blocked().to_string(), "GetInfo held by a block");
+        assert_eq!(Method::GetInfo.in_progress().outcome, Some(CallOutcome::InProgress));
+        assert_eq!(Method::GetInfo.succeeded().outcome, Some(CallOutcome::Succeeded));
     }
 }

@@ -6,12 +6,17 @@
 //! tower `Layer`, not a tonic interceptor, because interceptors cannot see which method is called.
 //!
 //! - **Which calls**: a [`Method`] matches every API version ([`Method::NodePrepareResources`]),
-//!   [`DraApi`] / [`HealthApi`] give exactly one version (`DraApi::V1.prepare()`), and
-//!   [`Method::for_claim_uid`] narrows any of them to one claim ([`CallFilter`]).
+//!   [`DraApi`] / [`HealthApi`] give exactly one version (`DraApi::V1.prepare()`),
+//!   [`Method::for_claim_uid`] narrows any of them to one claim, and [`Method::succeeded`],
+//!   [`Method::failed`], [`Method::injected`] to one outcome ([`CallFilter`], [`CallOutcome`]):
+//!   `Method::NodePrepareResources.for_claim_uid(uid).succeeded()`.
 //! - **Counting and asserting**: [`Calls::count`] (upstream's `CallCount`), and
-//!   [`Calls::expect_count`], [`Calls::expect_at_least`], [`Calls::expect_none`], whose errors
-//!   carry the node's whole call log; the same on a snapshot ([`CallLog`]). Per claim:
-//!   [`Calls::claim`] says how each prepare/unprepare call that named the claim ended for it.
+//!   [`Calls::expect_count`], [`Calls::expect_at_least`], [`Calls::expect_none`],
+//!   [`Calls::expect_first`], [`Calls::expect_last`], whose errors carry the node's call log; the
+//!   same on a snapshot ([`CallLog`]), and on the calls after a mark ([`Calls::mark`],
+//!   [`Calls::since`]). Per claim: [`Calls::claim`] says how each prepare/unprepare call that
+//!   named the claim ended for it, and asserts on its history ([`ClaimCalls::expect_prepared_once`],
+//!   [`ClaimCalls::expect_unprepared_once`], [`ClaimCalls::expect_never_unprepared`]).
 //! - **Waiting**: [`Calls::eventually`], [`Calls::wait_for`], [`Calls::wait_at_least`],
 //!   [`Calls::wait_unprepared`]; each re-checks after every change and fails with the log.
 //! - **Faults**: [`Calls::fail`], [`Calls::fail_next`], [`Calls::delay`] and [`Calls::block`]
@@ -19,8 +24,9 @@
 //!   recorded ([`CallRecord::injected`]) and count like any other call. [`Calls::fail_claim`] and
 //!   [`Calls::fail_claim_next`] fail single claims of a call that succeeds (the per-claim `error`
 //!   of the answer), with the same guards; recorded per claim ([`CallRecord::injected_claims`],
-//!   [`ClaimCall::injected`]). The Driver also clears whatever is still injected when the spec's
-//!   cleanup starts.
+//!   [`ClaimCall::injected`]). Both kinds are what [`CallOutcome::Injected`] selects. The
+//!   status of a failed call is a [`GrpcStatus`]. The Driver also clears whatever is still
+//!   injected when the spec's cleanup starts.
 //!
 //! Each call waits only for the faults that match it; there is no global lock around handlers,
 //! so a blocked `NodePrepareResources` for one claim does not hold up calls for other claims or
@@ -29,11 +35,14 @@
 //! ```no_run
 //! # async fn f(calls: kubelet_plugin::calls::Calls) -> Result<(), kubelet_plugin::calls::CallsError> {
 //! use std::time::Duration;
-//! use kubelet_plugin::calls::Method;
-//! let failing = calls.fail(Method::NodePrepareResources, tonic::Status::unavailable("try again"));
-//! calls.wait_at_least(Method::NodePrepareResources, 1, Duration::from_secs(60)).await?;
+//! use kubelet_plugin::calls::{GrpcStatus, Method};
+//! let failing = calls.fail(Method::NodePrepareResources, GrpcStatus::unavailable("try again"));
+//! calls.wait_at_least(Method::NodePrepareResources.injected(), 1, Duration::from_secs(60)).await?;
 //! failing.clear();
-//! calls.expect_none(Method::NodeUnprepareResources)?;
+//! let mark = calls.mark();
+//! calls.wait_at_least(Method::NodePrepareResources.succeeded(), 1, Duration::from_secs(90)).await?;
+//! calls.expect_first(Method::NodePrepareResources.injected())?;
+//! calls.since(mark).expect_none(Method::NodeUnprepareResources)?;
 //! # Ok(()) }
 //! ```
 
@@ -44,6 +53,7 @@ mod guard;
 mod layer;
 mod log;
 mod method;
+mod outcome;
 
 use std::{
     fmt,
@@ -55,12 +65,16 @@ use std::{
 use faults::{Block, Fault};
 use tokio::sync::watch;
 
-pub use claim::{ClaimCall, ClaimCalls, ClaimOutcome};
+pub use claim::{ClaimCall, ClaimCalls};
 pub use faults::ClaimFaults;
 pub use guard::{BlockGuard, FaultGuard};
 pub use layer::{CallsLayer, CallsService};
-pub use log::{CallLog, CallRecord, CallStatus, ClaimRef};
+pub use log::{CallLog, CallMark, CallRecord, CallStatus, ClaimRef};
 pub use method::{CallFilter, ClaimSelector, DraApi, HealthApi, Method};
+pub use outcome::{CallOutcome, ClaimOutcome, PreparedDevice};
+/// The status an injected fault fails a call with (`GrpcStatus::unavailable("…")`), and its code:
+/// tonic's, re-exported so that a spec needs no tonic dependency of its own.
+pub use tonic::{Code as GrpcCode, Status as GrpcStatus};
 
 /// How long the kubelet may take to unprepare a claim after its pod is gone (upstream waits one
 /// minute for the plugin's prepared set to become empty).
@@ -76,16 +90,16 @@ pub enum CallsError {
         /// How long.
         timeout: Duration,
         /// All calls recorded when the wait gave up.
-        log: CallLog,
+        log: Box<CallLog>,
     },
     /// An expectation on the calls did not hold.
     Unexpected {
         /// What was expected, e.g. `exactly 2 call(s) of NodePrepareResources`.
         expected: String,
-        /// How many calls matched.
-        actual: usize,
+        /// What was found instead: how many calls matched, or the call or claim history seen.
+        actual: String,
         /// The calls the expectation was checked on.
-        log: CallLog,
+        log: Box<CallLog>,
     },
 }
 
@@ -112,7 +126,8 @@ impl fmt::Display for CallsError {
                 write!(f, "expected {expected}, got {actual}")?
             }
         }
-        write!(f, "\ncall log ({} calls):\n{log}", log.records.len())
+        let window = log.since.map(|m| format!(" after #{}", m.after)).unwrap_or_default();
+        write!(f, "\ncall log ({} calls{window}):\n{log}", log.records.len())
     }
 }
 
@@ -197,11 +212,23 @@ impl Calls {
             scope: self.inner.scope.clone(),
             base: self.inner.base,
             records: self.state().records.clone(),
+            since: None,
         }
     }
 
-    /// Number of calls that match (started, including in progress, failed and injected):
-    /// upstream's `CallCount`.
+    /// Marks the present: [`Calls::since`] then gives the calls that start from now on.
+    pub fn mark(&self) -> CallMark {
+        CallMark { after: self.state().next_call }
+    }
+
+    /// A snapshot of the calls that started after `mark` (to say what happened during an
+    /// interval: `calls.since(mark).expect_none(Method::NodeUnprepareResources)`).
+    pub fn since(&self, mark: CallMark) -> CallLog {
+        self.log().since(mark)
+    }
+
+    /// Number of calls that match (started, including in progress, failed and injected, unless
+    /// the filter names an outcome): upstream's `CallCount`.
     pub fn count(&self, filter: impl Into<CallFilter>) -> usize {
         let filter = filter.into();
         self.state().records.iter().filter(|r| filter.matches_record(r)).count()
@@ -222,10 +249,21 @@ impl Calls {
         self.log().expect_none(filter)
     }
 
+    /// Fails unless the first call of the filter's method (and claim) has the filter's outcome
+    /// (see [`CallLog::expect_first`]).
+    pub fn expect_first(&self, filter: impl Into<CallFilter>) -> Result<(), CallsError> {
+        self.log().expect_first(filter)
+    }
+
+    /// Fails unless the last call of the filter's method (and claim) has the filter's outcome.
+    pub fn expect_last(&self, filter: impl Into<CallFilter>) -> Result<(), CallsError> {
+        self.log().expect_last(filter)
+    }
+
     /// The prepare and unprepare calls that named the claim with this UID, and how each ended
-    /// for it.
+    /// for it (a snapshot: [`CallLog::claim`] of [`Calls::log`]).
     pub fn claim(&self, uid: &str) -> ClaimCalls {
-        ClaimCalls::of(&self.log(), uid)
+        self.log().claim(uid)
     }
 
     /// Forgets all recorded calls (counts start from zero again). Faults and blocks stay.
@@ -286,13 +324,13 @@ impl Calls {
             .wait_for(
                 what,
                 move |log| {
-                    let history = ClaimCalls::of(log, &owned);
-                    history.unprepared() > 0 && !history.is_prepared()
+                    let history = log.claim(&owned);
+                    history.last_unprepared().is_some() && !history.is_prepared()
                 },
                 timeout,
             )
             .await?;
-        Ok(ClaimCalls::of(&log, uid))
+        Ok(log.claim(uid))
     }
 
     async fn wait_until<F>(self, what: String, condition: F, timeout: Duration) -> Result<(), CallsError>
@@ -317,7 +355,7 @@ impl Calls {
                     if condition(&log) {
                         return Ok(());
                     }
-                    return Err(CallsError::Timeout { what, timeout, log });
+                    return Err(CallsError::Timeout { what, timeout, log: Box::new(log) });
                 }
             }
         }

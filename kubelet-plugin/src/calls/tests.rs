@@ -69,7 +69,7 @@ fn a_failed_expect_count_names_scope_expectation_and_carries_the_call_log() {
     assert!(text.contains("#1 +") && text.contains(&format!("{PREPARE_V1} -> OK")), "{text}");
     assert_eq!(err.log().records.len(), 1);
     match err {
-        CallsError::Unexpected { actual, .. } => assert_eq!(actual, 1),
+        CallsError::Unexpected { actual, .. } => assert_eq!(actual, "1"),
         other => panic!("unexpected error {other:?}"),
     }
 }
@@ -275,16 +275,23 @@ fn injected_claim_errors_are_recorded_per_claim() {
     let log = calls.log();
     assert_eq!(log.records[0].injected_claims, ["a"]);
     assert!(log.records[1].injected_claims.is_empty());
-    assert_eq!(
-        (log.succeeded(Method::NodePrepareResources), log.injected(Method::NodePrepareResources)),
-        (2, 0)
-    );
+    // An injected claim error does not fail its call; the claim's outcome says it.
+    let prepare = || Method::NodePrepareResources;
+    assert_eq!((log.count(prepare().succeeded()), log.count(prepare().failed())), (2, 0));
+    assert_eq!(log.count(prepare().injected()), 1, "the call carries an injected claim error");
+    assert_eq!(log.count(prepare().for_claim_uid("a").injected()), 1);
+    assert_eq!(log.count(prepare().for_claim_uid("a").failed()), 1);
+    assert_eq!(log.count(prepare().for_claim_uid("a").succeeded()), 1);
+    assert_eq!(log.count(prepare().for_claim_name("claim-a").failed()), 1);
+    assert_eq!(log.count(prepare().for_claim_uid("b").injected()), 0);
+    log.expect_first(prepare().for_claim_uid("a").injected()).unwrap();
+    log.expect_last(prepare().for_claim_uid("a").succeeded()).unwrap();
     assert!(log.to_string().contains("-> OK"), "{log}");
     assert!(log.to_string().contains("[injected for claim UID(s) a]"), "{log}");
 
     let a = calls.claim("a");
     assert_eq!((a.prepare_failures(), a.prepared()), (1, 1));
-    assert!(a.calls[0].injected && !a.calls[1].injected);
+    assert!(a.calls[0].injected() && !a.calls[1].injected());
     assert_eq!(a.calls[0].outcome, ClaimOutcome::ClaimFailed("disk full".into()));
     assert_eq!(
         a.to_string(),
@@ -292,5 +299,106 @@ fn injected_claim_errors_are_recorded_per_claim() {
     );
     let b = calls.claim("b");
     assert_eq!((b.prepare_failures(), b.prepared()), (0, 2));
-    assert!(b.calls.iter().all(|c| !c.injected), "{b}");
+    assert!(b.calls.iter().all(|c| !c.injected()), "{b}");
+}
+
+/// Records a finished prepare or unprepare of claim `uid` whose answer has `error` for it.
+fn claim_call(calls: &Calls, method: &str, uid: &str, error: &str) -> u64 {
+    let id = calls.start_call(method, claim(uid), None);
+    calls.update_call(id, |r| {
+        r.response = Some(serde_json::json!({"claims": {uid: {"devices": [], "error": error}}}))
+    });
+    calls.finish_call(id, ok(), false);
+    id
+}
+
+/// Records a call failed as a whole by an injected fault.
+fn injected_call(calls: &Calls, method: &str, uid: &str) {
+    let id = calls.start_call(method, claim(uid), None);
+    calls.finish_call(id, CallStatus { code: tonic::Code::Unknown, message: "injected error".into() }, true);
+}
+
+#[test]
+fn outcome_filters_work_with_every_expectation_and_say_which_call_they_saw() {
+    let calls = Calls::named("node n1");
+    injected_call(&calls, PREPARE_V1, "a");
+    claim_call(&calls, PREPARE_V1, "a", "");
+    let prepare = || Method::NodePrepareResources;
+    calls.expect_count(prepare().succeeded(), 1).unwrap();
+    calls.expect_count(prepare().injected(), 1).unwrap();
+    calls.expect_at_least(prepare().failed(), 1).unwrap();
+    calls.expect_none(prepare().in_progress()).unwrap();
+    calls.expect_none(prepare().blocked()).unwrap();
+    calls.expect_first(prepare().injected()).unwrap();
+    calls.expect_last(prepare().for_claim_uid("a").succeeded()).unwrap();
+    calls.expect_first(prepare()).unwrap();
+
+    let text = calls.expect_count(prepare().succeeded(), 2).unwrap_err().to_string();
+    assert!(
+        text.starts_with("node n1: expected exactly 2 call(s) of NodePrepareResources that succeeded, got 1"),
+        "{text}"
+    );
+    assert!(text.contains("call log (2 calls):") && text.contains("[injected]"), "{text}");
+    let text = calls.expect_first(prepare().succeeded()).unwrap_err().to_string();
+    assert!(
+        text.starts_with("node n1: expected the first call of NodePrepareResources that succeeded, got #1 +"),
+        "{text}"
+    );
+    let text = calls.expect_last(Method::NodeUnprepareResources.succeeded()).unwrap_err().to_string();
+    assert!(
+        text.contains("expected the last call of NodeUnprepareResources that succeeded, got no call of NodeUnprepareResources"),
+        "{text}"
+    );
+}
+
+#[test]
+fn marks_cut_the_log_for_intervals() {
+    let calls = Calls::named("node n1");
+    let unprepare = DraApi::V1.unprepare().name().to_owned();
+    let before = calls.mark();
+    assert_eq!(before.after, 0);
+    claim_call(&calls, PREPARE_V1, "a", "");
+    let running = calls.mark();
+    calls.since(running).expect_none(Method::NodeUnprepareResources).unwrap();
+    calls.since(running).claim("a").expect_never_unprepared().unwrap();
+    assert!(calls.since(running).claim("a").first_prepared().is_none(), "the prepare is before the mark");
+    calls.since(before).expect_count(Method::NodePrepareResources, 1).unwrap();
+    claim_call(&calls, &unprepare, "a", "");
+    let err = calls.since(running).expect_none(Method::NodeUnprepareResources).unwrap_err();
+    assert_eq!(err.log().records.len(), 1, "only the calls after the mark");
+    let text = err.to_string();
+    assert!(text.contains("call log (1 calls after #1):\n  (the calls after #1 only)\n  #2 +"), "{text}");
+    let text = calls.since(running).claim("a").expect_never_unprepared().unwrap_err().to_string();
+    assert!(text.contains("expected claim UID a never unprepared"), "{text}");
+}
+
+#[test]
+fn claim_histories_assert_prepared_once_unprepared_once_never_unprepared() {
+    let calls = Calls::named("node n1");
+    let unprepare = DraApi::V1.unprepare().name().to_owned();
+    injected_call(&calls, PREPARE_V1, "a");
+    claim_call(&calls, PREPARE_V1, "a", "full");
+    claim_call(&calls, PREPARE_V1, "a", "");
+    let history = calls.claim("a");
+    history.expect_prepared_once().unwrap();
+    history.expect_never_unprepared().unwrap();
+    let text = history.expect_unprepared_once().unwrap_err().to_string();
+    assert!(
+        text.starts_with(
+            "node n1: expected claim UID a unprepared successfully exactly once, after its last successful prepare, got 0: #1 NodePrepareResources -> call failed (Unknown: injected error) [injected]; #2"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("call log (3 calls):"), "{text}");
+
+    claim_call(&calls, &unprepare, "a", "busy");
+    claim_call(&calls, &unprepare, "a", "");
+    let history = calls.claim("a");
+    history.expect_unprepared_once().unwrap();
+    assert!(history.expect_never_unprepared().is_err());
+    // Prepared again after the unprepare: neither once any more.
+    claim_call(&calls, PREPARE_V1, "a", "");
+    let history = calls.claim("a");
+    assert!(history.expect_prepared_once().is_err() && history.expect_unprepared_once().is_err());
+    assert_eq!(history.last_prepared().map(|c| c.id), Some(6));
 }

@@ -207,7 +207,7 @@ mod tests {
             .into_inner();
         assert_eq!(unprepared.claims["uid-1"].error, "");
         assert_eq!(interposer.calls().count(Method::NodePrepareResources), 1);
-        assert_eq!(interposer.calls().log().succeeded(Method::NodeUnprepareResources), 1);
+        assert_eq!(interposer.calls().count(Method::NodeUnprepareResources.succeeded()), 1);
         assert_eq!(driver.calls().count(Method::NodePrepareResources), 2);
 
         // A fault answers in place of the driver, which never sees the call.

@@ -104,11 +104,12 @@ fn every_committed_list_matches_the_texts_of_its_version() {
         let discrepancies = compare::compare(&upstream, &ours, &declarations);
         if !discrepancies.is_empty() {
             failures.push(format!(
-                "{version}: {} discrepancies between our specs and upstream's {} (declarations: {}):\n{}",
+                "{version}: {} discrepancies between our specs and upstream's {} (declarations: {}):\n{}{}",
                 discrepancies.len(),
                 list_path(&dir, version).display(),
                 declarations_file.display(),
-                discrepancies.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n")
+                discrepancies.iter().map(|d| format!("  - {d}")).collect::<Vec<_>>().join("\n"),
+                ours_hint(&discrepancies, &declarations_file)
             ));
         }
         // The counts, for the record (`cargo test -- --nocapture`).
@@ -121,6 +122,36 @@ fn every_committed_list_matches_the_texts_of_its_version() {
         );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// For specs of ours not declared yet: the lines that declare them, to paste into the version's
+/// declarations file (empty when there are none).
+fn ours_hint(discrepancies: &[compare::Discrepancy], file: &Path) -> String {
+    let undeclared: Vec<&str> = discrepancies
+        .iter()
+        .filter_map(|d| match d {
+            compare::Discrepancy::Unknown { ours, .. } => Some(ours.as_str()),
+            _ => None,
+        })
+        .collect();
+    if undeclared.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n  A spec of our own is declared in {}: add these lines, with the reason upstream lacks it:\n\nours: <why upstream lacks it>\n{}\n",
+        file.display(),
+        undeclared.join("\n")
+    )
+}
+
+#[test]
+fn a_spec_of_ours_not_declared_gets_the_lines_that_declare_it() {
+    let unknown =
+        compare::Discrepancy::Unknown { ours: "[sig-node] [DRA] kubelet x".to_owned(), closest: None };
+    let hint = ours_hint(&[unknown], Path::new("parity-v1.37.2.txt"));
+    assert!(hint.contains("declared in parity-v1.37.2.txt: add these lines"), "{hint}");
+    assert!(hint.ends_with("\nours: <why upstream lacks it>\n[sig-node] [DRA] kubelet x\n"), "{hint}");
+    assert_eq!(ours_hint(&[], Path::new("p")), "");
 }
 
 #[test]

@@ -22,6 +22,7 @@
 //! | `kubelet [FeatureGate:DRAOptionalNodeOperations]`, `DriverResources(1)` with `skipNodeOperations` | [`optional_node_ops`] | 5 (3 without plugin, 2 with) |
 //! | `kubelet [FeatureGate:DRADeviceTaints]`, `NetworkResources(10)`, all devices tainted | [`device_taints`] | 8: `NoSchedule` (3), `NoExecute` (2), the 3 PodGroup ones (workload lane) |
 //! | ours: `kubelet per-claim errors`, `NetworkResources(10)`, a pod with two claims | [`per_claim_errors`] | 2: a claim's prepare, a claim's unprepare failed in a successful call |
+//! | ours: `kubelet two claims in one pod`, `NetworkResources(10)` (the guide's example) | [`two_claims`] | 1: a failed prepare, then each claim prepared and unprepared once |
 //!
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
@@ -36,6 +37,7 @@ mod optional_node_ops;
 mod per_claim_errors;
 mod pod_groups;
 mod reconcile_pool;
+mod two_claims;
 
 use harness::framework::{Label, Registry};
 
@@ -70,6 +72,11 @@ pub fn register(registry: &mut Registry) {
         r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
             r.context("per-claim errors", per_claim_errors::register);
         });
+        // guide:begin register_two_claims
+        r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
+            r.context("two claims in one pod", two_claims::register);
+        });
+        // guide:end
     });
 }
 
@@ -86,7 +93,7 @@ mod tests {
         registry.validate().unwrap();
         let texts: Vec<String> = registry.specs().map(|s| s.full_text().to_owned()).collect();
         let k = "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation]";
-        for expected in [
+        let mut expected = vec![
             format!("{k} registers plugin"),
             format!("{k} must retry NodePrepareResources"),
             format!("{k} must not run a pod if a claim is not ready"),
@@ -108,6 +115,19 @@ mod tests {
             format!("{k} sequential update with pods replacing each other [KubeletMinVersion:1.33] [Slow]"),
             format!("{k} on single node supports claim and class parameters"),
             format!("{k} on single node must deallocate after use"),
+            format!("{k} on single node supports reusing resources"),
+            format!("{k} on single node supports sharing a claim concurrently"),
+            format!("{k} on single node retries pod scheduling after creating device class"),
+            format!("{k} on single node retries pod scheduling after updating device class"),
+            format!("{k} on single node runs a pod without a generated resource claim"),
+            format!("{k} on single node supports simple pod referencing inline resource claim"),
+            format!("{k} on single node supports inline claim referenced by multiple containers"),
+            format!("{k} on single node supports simple pod referencing external resource claim"),
+            format!("{k} on single node supports external claim referenced by multiple pods"),
+            format!(
+                "{k} on single node supports external claim referenced by multiple containers of multiple pods"
+            ),
+            format!("{k} on single node supports init containers"),
             format!("{k} on single node supports extended resources together with ResourceClaim [Serial]"),
             format!(
                 "{k} on single node with multiple claims allocation requests an already allocated and a new claim for a pod"
@@ -116,14 +136,12 @@ mod tests {
                 "{k} on multiple nodes with different ResourceSlices keeps pod pending because of CEL runtime errors"
             ),
             format!("{k} on multiple nodes with node-local resources uses all resources"),
-        ] {
-            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
-        }
+        ];
         let (gate, taints) = ("[FeatureGate:DRAOptionalNodeOperations]", "[FeatureGate:DRADeviceTaints]");
         let ops = "[Alpha] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation] [FeatureGate:NodeDeclaredFeatures]";
         let (cp, std) =
             ("with control-plane only driver (no node plugin)", "with standard driver (node plugin running)");
-        for expected in [
+        expected.extend([
             format!("{k} {gate} {cp} bypasses node preparation when SkipNodeOperations is All {ops}"),
             format!("{k} {gate} {cp} fails node preparation when SkipNodeOperations is not set {ops}"),
             format!("{k} {gate} {cp} fails node preparation when SkipNodeOperations is UnprepareOnly {ops}"),
@@ -140,16 +158,14 @@ mod tests {
             ),
             format!("{k} {taints} NoExecute keeps pod pending [FeatureGate:DynamicResourceAllocation]"),
             format!("{k} {taints} NoExecute can be tolerated [FeatureGate:DynamicResourceAllocation]"),
-        ] {
-            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
-        }
+        ]);
         let (groups, tail) = (
             "[FeatureGate:DRAWorkloadResourceClaims] [FeatureGate:GenericWorkload] [KubeletMinVersion:1.36]",
             "[Beta] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation]",
         );
         let workload =
             "[FeatureGate:GenericWorkload] [FeatureGate:DRAWorkloadResourceClaims] [KubeletMinVersion:1.36]";
-        for expected in [
+        expected.extend([
             format!("{k} {workload} allocates devices for PodGroups {tail}"),
             format!("{k} {workload} generates claims from templates for PodGroups {tail}"),
             format!("{k} {taints} {groups} NoSchedule keeps pod with PodGroup claim pending {tail}"),
@@ -157,21 +173,20 @@ mod tests {
             format!(
                 "{k} {taints} {groups} DeviceTaintRule evicts pod with PodGroup claim [FeatureGate:DRADeviceTaintRules] {tail}"
             ),
-        ] {
-            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
-        }
+        ]);
         // Ours (declared `ours:` in every suites/upstream/parity-V.txt).
-        for expected in [
+        expected.extend([
             format!(
                 "{k} per-claim errors must not start a pod before the claim that failed to prepare is prepared"
             ),
             format!(
                 "{k} per-claim errors must unprepare a claim again after its unprepare failed while the other claims succeeded"
             ),
-        ] {
-            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
-        }
-        assert_eq!(texts.len(), 8 + 5 + 1 + 5 + 14 + 1 + 2 + 2 + 5 + 8 + 2);
+            format!(
+                "{k} two claims in one pod are prepared once after a failed NodePrepareResources and unprepared once after the pod is deleted"
+            ),
+        ]);
+        crate::specs::expect_texts(&texts, &expected);
         let serial: Vec<_> =
             registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
         assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);

@@ -227,21 +227,12 @@ async fn containers(ctx: Ctx, versions: &'static [MetadataVersion]) -> SpecResul
     devices.requests = Some(vec![named("req0"), named("req1")]);
     let claim = b.create_claim(&claim).await?;
 
-    let mut pod = b.pod_external(&claim.name_any());
-    let pod_spec = pod.spec.as_mut().context("the builder's pod has no spec")?;
-    let mut second = pod_spec.containers.first().cloned().context("the builder's pod has no container")?;
-    second.name = "req1-only".to_owned();
-    let claim_ref = |request: Option<&str>| {
-        serde_json::from_value(json!([{ "name": "resource-claim", "request": request }])).unwrap_or_default()
-    };
-    if let Some(resources) = second.resources.as_mut() {
-        resources.claims = Some(claim_ref(Some("req1")));
-    }
-    pod_spec.containers[0].name = "all-requests".to_owned();
-    if let Some(resources) = pod_spec.containers[0].resources.as_mut() {
-        resources.claims = Some(claim_ref(None));
-    }
-    pod_spec.containers.push(second);
+    let (pod, _) = b
+        .pod_with_claims()
+        .claim("resource-claim", &claim.name_any())
+        .container("all-requests", &["resource-claim"])
+        .container("req1-only", &["resource-claim/req1"])
+        .build();
     b.create_pod(&pod).await?;
     let pod = b.test_pod(&pod, &[]).await?;
     let claim = checks::claims(&ctx).get(&claim.name_any()).await.context("get the allocated claim")?;

@@ -21,6 +21,8 @@ mod compatibility_groups;
 mod control_plane;
 mod crud;
 mod extended_resource;
+#[cfg(test)]
+mod guide;
 mod health;
 mod kubelet;
 mod kubelet_drivers;
@@ -73,4 +75,22 @@ pub(crate) fn registered_texts(register: impl FnOnce(&mut Registry)) -> Vec<Stri
     register(&mut registry);
     registry.validate().unwrap();
     registry.specs().map(|s| s.full_text().to_owned()).collect()
+}
+
+/// Fails unless `registered` (a module's full texts) are exactly `expected`, in any order,
+/// naming every text registered but not expected (a new spec: add its full text to the module's
+/// `full_texts_match_upstream`; one of our own also goes into every
+/// `suites/upstream/parity-V.txt`, see suites/README.md) and every text expected but not
+/// registered.
+#[cfg(test)]
+pub(crate) fn expect_texts(registered: &[String], expected: &[String]) {
+    let unexpected: Vec<&String> = registered.iter().filter(|t| !expected.contains(t)).collect();
+    let missing: Vec<&String> = expected.iter().filter(|t| !registered.contains(t)).collect();
+    assert!(
+        unexpected.is_empty() && missing.is_empty() && registered.len() == expected.len(),
+        "registered but not in the test's list: {unexpected:#?}\nin the list but not registered: {missing:#?}\n\
+         ({} registered, {} listed)",
+        registered.len(),
+        expected.len()
+    );
 }

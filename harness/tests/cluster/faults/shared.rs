@@ -75,7 +75,7 @@ async fn prepared_after_the_move(
     let running = b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
     let claim = the_prepared_claim(driver, node)?;
     let log = driver.calls(node).log();
-    let history = harness::calls::ClaimCalls::of(&log, &claim.uid);
+    let history = log.claim(&claim.uid);
     anyhow::ensure!(
         history.prepares().all(|c| c.id >= first_call),
         "claim {claim:?} of driver {} was prepared before the move (#{first_call}): {history}",
@@ -83,7 +83,7 @@ async fn prepared_after_the_move(
     );
     b.delete_pod_and_wait(&running).await?;
     let uid = claim.uid.clone();
-    let unprepared = move |log: &CallLog| !harness::calls::ClaimCalls::of(log, &uid).is_prepared();
+    let unprepared = move |log: &CallLog| !log.claim(&uid).is_prepared();
     driver.calls(node).wait_for("the claim unprepared", unprepared, T).await?;
     anyhow::ensure!(
         driver.prepared_claims(node).is_empty(),

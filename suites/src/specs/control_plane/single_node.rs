@@ -474,12 +474,9 @@ async fn extended_resources(ctx: Ctx) -> SpecResult {
     let running = b.test_pod(&pod, EXPECTED_ENV).await?;
 
     let uid = created.uid().unwrap_or_default();
-    let history = driver.calls(&node).claim(&uid);
-    expect!(
-        history.prepared() == 1 && history.prepare_failures() == 0,
-        "the kubelet should have prepared claim {} once and without failure: {history}",
-        claim.name_any()
-    );
+    let calls = driver.calls(&node);
+    calls.expect_none(Method::NodePrepareResources.for_claim_uid(&uid).failed())?;
+    calls.claim(&uid).expect_prepared_once()?;
     expect_held(&driver, true, &[&created])?;
 
     // One device of the extended resource: the device plugin's mount for exactly one of them.

@@ -108,11 +108,9 @@ async fn runs_pod_after_driver_starts(ctx: Ctx) -> SpecResult {
     let node = node_name(&running).unwrap_or_default().to_owned();
     let stored = b.pod_claims(&running).await?;
     let uid = stored.values().next().and_then(|c| c.uid()).unwrap_or_default();
-    let history = driver.calls(&node).claim(&uid);
-    expect!(
-        history.prepared() == 1 && history.prepare_failures() == 0,
-        "expected one successful prepare: {history}"
-    );
+    let calls = driver.calls(&node);
+    calls.expect_none(Method::NodePrepareResources.for_claim_uid(&uid).failed())?;
+    calls.claim(&uid).expect_prepared_once()?;
 
     // Clean up explicitly, as upstream does, and see the kubelet unprepare the claim.
     b.delete_pod_and_wait(&pod).await?;

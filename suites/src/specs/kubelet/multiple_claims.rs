@@ -5,11 +5,11 @@
 use anyhow::Context as _;
 use harness::{
     builder::Builder,
+    calls::Method,
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Registry, SpecResult},
 };
 use kube::ResourceExt as _;
-use serde_json::json;
 
 use super::checks::only_node;
 
@@ -37,25 +37,17 @@ async fn already_allocated_and_new_claim(ctx: Ctx) -> SpecResult {
     b.test_pod(&first_pod, &[]).await?;
 
     // The second pod uses the first claim (already prepared) and the second one (new).
-    let mut second_pod = b.pod_external("");
-    let spec = second_pod.spec.as_mut().context("pod without spec")?;
-    spec.resource_claims = Some(serde_json::from_value(json!([
-        { "name": "first", "resourceClaimName": first.name_any() },
-        { "name": "second", "resourceClaimName": second.name_any() },
-    ]))?);
-    spec.containers.first_mut().context("pod without container")?.resources.get_or_insert_default().claims =
-        Some(serde_json::from_value(json!([{ "name": "first" }, { "name": "second" }]))?);
+    let (second_pod, _) =
+        b.pod_with_claims().claim("first", &first.name_any()).claim("second", &second.name_any()).build();
     b.create_pod(&second_pod).await?;
     b.test_pod(&second_pod, &[]).await?;
 
     // The kubelet prepared the first claim once, for the first pod, and for the second pod
     // asked the driver only for the new claim.
-    let first_history = driver.calls(&node).claim(&first_uid);
-    expect!(
-        first_history.prepared() == 1 && first_history.prepare_failures() == 0,
-        "the already prepared claim must not be prepared again: {first_history}"
-    );
-    let second_history = driver.calls(&node).claim(&second_uid);
+    let calls = driver.calls(&node);
+    calls.expect_count(Method::NodePrepareResources.for_claim_uid(&first_uid), 1)?;
+    calls.claim(&first_uid).expect_prepared_once().context("the already prepared claim")?;
+    let second_history = calls.claim(&second_uid);
     let call = second_history.first_prepared().context("the second claim was never prepared")?;
     expect!(
         call.record.claims.iter().all(|c| c.uid != first_uid),

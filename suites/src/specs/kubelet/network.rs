@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, time::Duration};
 use anyhow::Context as _;
 use harness::{
     builder::{Builder, condition, node_name, phase},
-    calls::{CallLog, DraApi, FaultGuard, Method, UNPREPARE_TIMEOUT},
+    calls::{Method, UNPREPARE_TIMEOUT},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{Ctx, Registry, SpecResult},
     plugin::ClaimId,
@@ -26,9 +26,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::checks::{
-    self, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, force_delete, only_node, stays, wait_event,
-};
+use super::checks::{self, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, force_delete, stays, wait_event};
 
 /// How long a pod whose claim is not ready must stay pending (upstream: 20 s `Consistently`).
 const STAYS_PENDING: Duration = Duration::from_secs(20);
@@ -40,7 +38,9 @@ const ADMIN_ACCESS_LABEL: &str = "resource.kubernetes.io/admin-access";
 /// Registers the specs (inside the `kubelet` context).
 pub fn register(r: &mut Registry) {
     r.it("registers plugin", registers_plugin);
+    // guide:begin register_retry_prepare
     r.it("must retry NodePrepareResources", retry_prepare);
+    // guide:end
     r.it("must not run a pod if a claim is not ready", claim_not_ready);
     r.it("must unprepare resources for force-deleted pod", unprepare_force_deleted);
     r.it("must call NodePrepareResources even if not used by any container", prepare_unused_claim);
@@ -50,14 +50,17 @@ pub fn register(r: &mut Registry) {
     r.it("DaemonSet with admin access", daemonset_admin_access);
 }
 
-/// One node, ten network-attached devices, a driver registered with the node's kubelet.
+// guide:begin setup
+/// One node, ten network-attached devices, a driver registered with the node's kubelet, a
+/// DeviceClass for it.
 async fn setup(ctx: &Ctx) -> SpecResult<(Driver, Builder, String)> {
     let nodes = Nodes::select(ctx, 1, 1).await?;
     let driver = Driver::start(ctx, &nodes, DriverConfig::kubelet(resources::network(10, false))).await?;
     let b = Builder::start(ctx, &driver, None).await?;
-    let node = only_node(&driver)?;
+    let node = nodes.names()[0].clone();
     Ok((driver, b, node))
 }
+// guide:end
 
 async fn registers_plugin(ctx: Ctx) -> SpecResult {
     let (driver, _b, node) = setup(&ctx).await?;
@@ -95,12 +98,12 @@ async fn registers_plugin(ctx: Ctx) -> SpecResult {
     Ok(())
 }
 
-// guide:begin (suites/README.md shows this spec; a test keeps the two identical)
+// guide:begin retry_prepare
 async fn retry_prepare(ctx: Ctx) -> SpecResult {
     let (driver, b, node) = setup(&ctx).await?;
     let calls = driver.calls(&node);
-    // Which API version the kubelet uses depends on its version: fail both.
-    let failures: Vec<FaultGuard> = DraApi::ALL.iter().map(|api| driver.fail(&node, api.prepare())).collect();
+    // Every NodePrepareResources fails, in whichever API version the kubelet uses.
+    let failing = driver.fail(&node, Method::NodePrepareResources);
     let (pod, template) = b.pod_inline();
     b.create_pod(&pod).await?;
     b.create_template(&template).await?;
@@ -108,23 +111,15 @@ async fn retry_prepare(ctx: Ctx) -> SpecResult {
     // The kubelet calls and fails. As upstream, the failure is lifted after the first call:
     // the kubelet retries only at its next pod resync (60-90 s), so waiting for a second failed
     // call would cost a minute.
-    let what = "a failed NodePrepareResources call";
-    let failed = |log: &CallLog| log.injected(Method::NodePrepareResources) >= 1;
-    let log = calls.wait_for(what, failed, POD_START_TIMEOUT).await?;
-    let failing = log.count(Method::NodePrepareResources);
-    expect!(log.succeeded(Method::NodePrepareResources) == 0, "a call got through the fault:\n{log}");
-
-    failures.into_iter().for_each(FaultGuard::clear);
+    calls.wait_at_least(Method::NodePrepareResources.injected(), 1, POD_START_TIMEOUT).await?;
+    failing.clear();
     let running = b.test_pod(&pod, &[]).await?;
-    calls.expect_at_least(Method::NodePrepareResources, failing + 1)?;
-    let claim = checks::generated_claim(&running)?;
-    let history = calls.claim(&calls.log().claim_uid(&claim)?);
-    let first_ok = history.first_prepared().map(|c| c.id).unwrap_or_default();
-    let last_failure = log.last(Method::NodePrepareResources).map(|r| r.id).unwrap_or_default();
-    expect!(
-        history.prepare_failures() >= 1 && first_ok > last_failure,
-        "expected failed prepares of claim {claim}, then a successful one: {history}"
-    );
+
+    // The claim's first prepare was the injected failure, and it was prepared exactly once.
+    for uid in b.pod_claim_uids(&running).await?.values() {
+        calls.expect_first(Method::NodePrepareResources.for_claim_uid(uid).injected())?;
+        calls.claim(uid).expect_prepared_once()?;
+    }
     Ok(())
 }
 // guide:end
@@ -248,26 +243,16 @@ async fn map_configs_and_devices(ctx: Ctx) -> SpecResult {
     let (driver, b, node) = setup(&ctx).await?;
     let claims =
         [mapping_claim(&b, "all")?, mapping_claim(&b, "container0")?, mapping_claim(&b, "container1")?];
-    let mut pod = b.pod_external("");
-    let spec = pod.spec.as_mut().context("pod without spec")?;
-    spec.resource_claims = Some(serde_json::from_value(json!([
-        { "name": "all", "resourceClaimName": "all" },
-        { "name": "container0", "resourceClaimName": "container0" },
-        { "name": "container1", "resourceClaimName": "container1" },
-    ]))?);
-    let mut c0 = spec.containers.first().cloned().context("pod without container")?;
-    let mut c1 = c0.clone();
-    c0.name = "container0".into();
-    c1.name = "container1".into();
-    // Everything from "all" and "container0".
-    c0.resources.get_or_insert_default().claims =
-        Some(serde_json::from_value(json!([{ "name": "all" }, { "name": "container0" }]))?);
-    // Everything from "all", but only req1 of "container1": only configs 0 and 1 apply.
-    c1.resources.get_or_insert_default().claims = Some(serde_json::from_value(json!([
-        { "name": "all" },
-        { "name": "container1", "request": "req1" },
-    ]))?);
-    spec.containers = vec![c0, c1];
+    let (pod, _) = b
+        .pod_with_claims()
+        .claim("all", "all")
+        .claim("container0", "container0")
+        .claim("container1", "container1")
+        // Everything from "all" and "container0".
+        .container("container0", &["all", "container0"])
+        // Everything from "all", but only req1 of "container1": only configs 0 and 1 apply.
+        .container("container1", &["all", "container1/req1"])
+        .build();
 
     let all = [
         "user_all_config0",
@@ -508,30 +493,4 @@ async fn daemonset_admin_access(ctx: Ctx) -> SpecResult {
         .context("the DaemonSet pod disappeared")?;
     b.test_pod(&ds_pod, &[]).await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    /// The text between the line that starts with `begin` and the next line that starts with
-    /// `end`.
-    fn between<'a>(text: &'a str, begin: &str, end: &str) -> Option<&'a str> {
-        let start = text.find(begin)?;
-        let body = &text[start..];
-        let body = &body[body.find('\n')? + 1..];
-        Some(&body[..body.find(end)?])
-    }
-
-    /// The worked example of suites/README.md is this module's registered `retry_prepare`,
-    /// verbatim.
-    #[test]
-    fn guide_example_is_the_registered_spec() {
-        let source = include_str!("network.rs");
-        let readme = include_str!("../../../README.md");
-        let spec = between(source, "// guide:begin", "// guide:end").expect("guide markers in network.rs");
-        let example = between(readme, "## A worked example", "## ")
-            .and_then(|section| between(section, "```rust", "```"))
-            .expect("a rust block in the guide's worked example");
-        assert_eq!(example, spec, "suites/README.md's example differs from network.rs's retry_prepare");
-        assert!(source.contains("r.it(\"must retry NodePrepareResources\", retry_prepare);"));
-    }
 }

@@ -236,10 +236,8 @@ async fn keeps_claims_of_restarting_pod(ctx: Ctx) -> SpecResult {
     let node = node_name(&restarted).context("the pod runs on no node")?.to_owned();
     let uid = claim.uid().unwrap_or_default();
     let history = driver.calls(&node).claim(&uid);
-    expect!(
-        history.prepared() == 1 && history.unprepares().count() == 0,
-        "expected one successful NodePrepareResources and no NodeUnprepareResources for claim {name}: {history}"
-    );
+    history.expect_prepared_once()?;
+    history.expect_never_unprepared()?;
     let id = ClaimId { name: name.clone(), uid };
     expect!(
         driver.prepared_claims(&node).contains(&id),

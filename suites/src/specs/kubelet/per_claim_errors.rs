@@ -37,7 +37,6 @@ use harness::{
 };
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 use kube::{ResourceExt as _, api::DeleteParams, runtime::watcher};
-use serde_json::json;
 
 use super::checks::{self, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, only_node, wait_event};
 
@@ -72,26 +71,10 @@ async fn setup(ctx: &Ctx) -> SpecResult<(Driver, Builder, String, [ResourceClaim
     let b = Builder::start(ctx, &driver, None).await?;
     let node = only_node(&driver)?;
     let (first, second) = (b.external_claim(), b.external_claim());
-    let pod = pod_with_claims(&b, &[&first.name_any(), &second.name_any()])?;
+    let (pod, _) =
+        b.pod_with_claims().claim("claim-0", &first.name_any()).claim("claim-1", &second.name_any()).build();
     let claims = [b.create_claim(&first).await?, b.create_claim(&second).await?];
     Ok((driver, b, node, claims, pod))
-}
-
-/// A test pod whose container uses every claim in `claims` (pod claims `claim-<i>`).
-fn pod_with_claims(b: &Builder, claims: &[&str]) -> anyhow::Result<Pod> {
-    let mut pod = b.pod();
-    let spec = pod.spec.as_mut().context("pod without spec")?;
-    let names: Vec<String> = (0..claims.len()).map(|i| format!("claim-{i}")).collect();
-    let pod_claims: Vec<_> = names
-        .iter()
-        .zip(claims)
-        .map(|(name, claim)| json!({ "name": name, "resourceClaimName": claim }))
-        .collect();
-    spec.resource_claims = Some(serde_json::from_value(json!(pod_claims))?);
-    let uses: Vec<_> = names.iter().map(|name| json!({ "name": name })).collect();
-    let container = spec.containers.first_mut().context("pod without container")?;
-    container.resources.get_or_insert_default().claims = Some(serde_json::from_value(json!(uses))?);
-    Ok(pod)
 }
 
 fn uid(claim: &ResourceClaim) -> String {
@@ -106,7 +89,7 @@ fn expect_named_alike(failing: &ClaimCalls, other: &ClaimCalls, prepare: bool, l
     };
     let mut finished = other.calls.iter().filter(|c| c.prepare == prepare && c.record.is_finished());
     expect!(
-        ids(failing) == ids(other) && finished.all(|c| c.succeeded() && !c.injected),
+        ids(failing) == ids(other) && finished.all(|c| c.succeeded() && !c.injected()),
         "the other claim {} must be named, and succeed, in exactly the calls that named the failing \
          claim {}: {other}\ncall log:\n{log}",
         other.uid,
@@ -123,10 +106,10 @@ async fn prepare_retried(ctx: Ctx) -> SpecResult {
     let (driver, b, node, [failing, other], pod) = setup(&ctx).await?;
     let calls = driver.calls(&node).clone();
     let (failing_uid, other_uid) = (uid(&failing), uid(&other));
-    let _fault = calls.fail_claim_next(
+    let _fault = driver.fail_claim_next(
+        &node,
         Method::NodePrepareResources.for_claim_uid(&failing_uid),
         FAILED_PREPARES,
-        INJECTED_CLAIM_ERROR,
     );
     b.create_pod(&pod).await?;
 
@@ -142,7 +125,7 @@ async fn prepare_retried(ctx: Ctx) -> SpecResult {
     // pod seen until it runs is checked against the call log read after it.
     let name = pod.name_any();
     let watched = calls.clone();
-    let history = move || ClaimCalls::of(&watched.log(), &failing_uid);
+    let history = move || watched.claim(&failing_uid);
     wait::objects(
         &checks::pods(&ctx),
         watcher::Config::default().fields(&format!("metadata.name={name}")),
@@ -176,21 +159,17 @@ async fn prepare_retried(ctx: Ctx) -> SpecResult {
         running.spec.as_ref().and_then(|s| s.containers.first()).context("pod without container")?;
     b.expect_env_exact(&running, &container.name, &env).await?;
 
-    // Exactly: the injected failures, then one successful prepare; the kubelet does not prepare
-    // a prepared claim again (manager.go:386-390). The other claim went along in every call.
+    // Exactly: the injected failures, then one successful prepare, the last; the kubelet does not
+    // prepare a prepared claim again (manager.go:386-390). The other claim went along in every
+    // call.
     let log = calls.log();
-    let failing_history = ClaimCalls::of(&log, &uid(&failing));
-    let prepares: Vec<_> = failing_history.prepares().collect();
-    let injected = prepares.iter().take_while(|c| c.injected && c.failed()).count();
-    expect!(
-        injected == FAILED_PREPARES as usize
-            && prepares.len() == injected + 1
-            && failing_history.prepared() == 1,
-        "claim {}: expected {FAILED_PREPARES} prepares failed by the injected claim error, then exactly one \
-         successful prepare: {failing_history}\ncall log:\n{log}",
-        failing.name_any()
-    );
-    expect_named_alike(&failing_history, &ClaimCalls::of(&log, &other_uid), true, &log)?;
+    let failing_prepare = Method::NodePrepareResources.for_claim_uid(uid(&failing));
+    log.expect_count(failing_prepare.clone().injected(), FAILED_PREPARES as usize)?;
+    log.expect_count(failing_prepare.clone(), FAILED_PREPARES as usize + 1)?;
+    log.expect_last(failing_prepare.succeeded())?;
+    let failing_history = log.claim(&uid(&failing));
+    failing_history.expect_prepared_once()?;
+    expect_named_alike(&failing_history, &log.claim(&other_uid), true, &log)?;
     tracing::info!(claim = %failing.name_any(), calls = %failing_history, "prepared after per-claim errors");
     calls.expect_none(Method::NodeUnprepareResources).context("the pod runs")?;
     Ok(())
@@ -212,23 +191,16 @@ async fn unprepare_retried(ctx: Ctx) -> SpecResult {
     let (failing_uid, other_uid) = (uid(&failing), uid(&other));
     b.create_pod(&pod).await?;
     let running = b.test_pod(&pod, &[]).await?;
-    let prepares = calls.count(Method::NodePrepareResources);
-
-    let fault = driver.fail_claim(&node, Method::NodeUnprepareResources.for_claim_uid(&failing_uid));
+    let failing_unprepare = Method::NodeUnprepareResources.for_claim_uid(&failing_uid);
+    let fault = driver.fail_claim(&node, failing_unprepare.clone());
     let name = pod.name_any();
+    let deleted = calls.mark();
     checks::pods(&ctx).delete(&name, &DeleteParams::default()).await?;
-    let failures = {
-        let uid = failing_uid.clone();
-        move |log: &CallLog| {
-            ClaimCalls::of(log, &uid).unprepares().filter(|c| c.injected && c.failed()).count()
-        }
-    };
-    let what = format!("{FAILED_UNPREPARES} injected unprepare failures of claim {}", failing.name_any());
     let timeout = UNPREPARE_TIMEOUT + UNPREPARE_RETRY * FAILED_UNPREPARES as u32;
-    let log = calls.wait_for(what, move |log| failures(log) >= FAILED_UNPREPARES, timeout).await?;
+    let log = calls.wait_at_least(failing_unprepare.clone().injected(), FAILED_UNPREPARES, timeout).await?;
 
     // The other claim was unprepared in the same calls; the failing one is still prepared.
-    expect_named_alike(&ClaimCalls::of(&log, &failing_uid), &ClaimCalls::of(&log, &other_uid), false, &log)?;
+    expect_named_alike(&log.claim(&failing_uid), &log.claim(&other_uid), false, &log)?;
     let failing_id = ClaimId { name: failing.name_any(), uid: failing_uid.clone() };
     let prepared = driver.prepared_claims(&node);
     expect!(
@@ -259,19 +231,15 @@ async fn unprepare_retried(ctx: Ctx) -> SpecResult {
     fault.clear();
     calls.wait_unprepared(&failing_uid, UNPREPARE_TIMEOUT + UNPREPARE_RETRY).await?;
     b.wait_pod_gone(&name, POD_DELETE_TIMEOUT).await?;
+    // The injected failures, then exactly one successful unprepare, the last.
     let log = calls.log();
-    let failing_history = ClaimCalls::of(&log, &failing_uid);
-    let unprepares: Vec<_> = failing_history.unprepares().collect();
-    let injected = unprepares.iter().take_while(|c| c.injected && c.failed()).count();
-    expect!(
-        injected >= FAILED_UNPREPARES
-            && unprepares.len() == injected + 1
-            && failing_history.unprepared() == 1,
-        "claim {}: expected unprepares failed by the injected claim error, then exactly one successful \
-         unprepare, the last: {failing_history}\ncall log:\n{log}",
-        failing.name_any()
-    );
-    expect_named_alike(&failing_history, &ClaimCalls::of(&log, &other_uid), false, &log)?;
+    let injected = log.count(failing_unprepare.clone().injected());
+    log.expect_at_least(failing_unprepare.clone().injected(), FAILED_UNPREPARES)?;
+    log.expect_count(failing_unprepare.clone(), injected + 1)?;
+    log.expect_last(failing_unprepare.succeeded())?;
+    let failing_history = log.claim(&failing_uid);
+    failing_history.expect_unprepared_once()?;
+    expect_named_alike(&failing_history, &log.claim(&other_uid), false, &log)?;
     tracing::info!(claim = %failing.name_any(), calls = %failing_history, "unprepared after per-claim errors");
     expect!(
         driver.prepared_claims(&node).is_empty(),
@@ -279,6 +247,6 @@ async fn unprepare_retried(ctx: Ctx) -> SpecResult {
         driver.prepared_claims(&node)
     );
     // Never prepared again after the pod was deleted.
-    calls.expect_count(Method::NodePrepareResources, prepares).context("the pod is gone")?;
+    calls.since(deleted).expect_none(Method::NodePrepareResources).context("the pod is gone")?;
     Ok(())
 }

@@ -65,7 +65,7 @@ mod tests {
         let k = "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation]";
         let p = format!("{k} [FeatureGate:DRAPrioritizedList]");
         let dra = "[FeatureGate:DynamicResourceAllocation]";
-        for expected in [
+        let expected = [
             format!("{p} selects the first subrequest that can be satisfied {dra}"),
             format!("{p} uses the config for the selected subrequest {dra}"),
             format!("{p} chooses the correct subrequest subject to constraints {dra}"),
@@ -75,15 +75,19 @@ mod tests {
             ),
             format!("{k} with v1beta1 API supports simple ResourceClaim"),
             format!(
+                "{k} with v1beta1 API supports requests with alternatives [FeatureGate:DRAPrioritizedList] {dra}"
+            ),
+            format!("{k} with v1beta2 API supports simple ResourceClaim"),
+            format!(
                 "{k} with v1beta2 API supports requests with alternatives [FeatureGate:DRAPrioritizedList] {dra}"
             ),
             format!(
                 "{k} [FeatureGate:DRAPartitionableDevices] must consume and free up counters [Beta] {dra}"
             ),
             format!("{k} with multiple drivers using only drapbv1 [KubeletMinVersion:1.34] work"),
-        ] {
-            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
-        }
-        assert_eq!(texts.len(), 4 + 1 + 4 + 1 + 3);
+            format!("{k} with multiple drivers using only drapbv1beta1 work"),
+            format!("{k} with multiple drivers using drapbv1beta1 and drapbv1 work"),
+        ];
+        crate::specs::expect_texts(&texts, &expected);
     }
 }

@@ -164,12 +164,8 @@ async fn check_calls_and_unprepare(s: &Setup, pod: &Pod, claim: &ResourceClaim) 
                 .with_context(|| format!("driver {} has no device in claim {CLAIM}", driver.name()))?;
             continue;
         }
-        let history = calls.claim(&uid);
-        expect!(
-            history.prepared() == 1 && history.prepare_failures() == 0,
-            "driver {}: expected one successful NodePrepareResources for claim {CLAIM}: {history}",
-            driver.name()
-        );
+        calls.expect_none(Method::NodePrepareResources.for_claim_uid(&uid).failed())?;
+        calls.claim(&uid).expect_prepared_once()?;
         with_devices.push(driver);
     }
     s.b1.delete_pod_and_wait(pod).await?;
@@ -318,19 +314,12 @@ async fn filters_config(ctx: Ctx) -> SpecResult {
             config(&["request-2"], d2, json!({"g": "h"})),
         ]),
     )?;
-    let mut pod = s.b1.pod();
-    let spec = pod.spec.as_mut().context("pod without spec")?;
-    let mut c0 = spec.containers.first().cloned().context("pod without container")?;
-    let mut c1 = c0.clone();
-    c0.name = "with-resource-0".into();
-    c1.name = "with-resource-1".into();
-    c0.resources.get_or_insert_default().claims =
-        Some(serde_json::from_value(json!([{ "name": CLAIM, "request": "request-1" }]))?);
-    c1.resources.get_or_insert_default().claims =
-        Some(serde_json::from_value(json!([{ "name": CLAIM, "request": "request-2" }]))?);
-    spec.containers = vec![c0, c1];
-    spec.resource_claims =
-        Some(serde_json::from_value(json!([{ "name": CLAIM, "resourceClaimName": CLAIM }]))?);
+    let (pod, _) =
+        s.b1.pod_with_claims()
+            .claim(CLAIM, CLAIM)
+            .container("with-resource-0", &[&format!("{CLAIM}/request-1")])
+            .container("with-resource-1", &[&format!("{CLAIM}/request-2")])
+            .build();
 
     let (running, allocated) = run(&s, &claim, Some(pod)).await?;
     let got = results_of(&allocated, &[d1, d2])?;

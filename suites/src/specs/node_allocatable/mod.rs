@@ -98,7 +98,7 @@ mod tests {
     #[test]
     fn full_texts_match_upstream() {
         let texts = crate::specs::registered_texts(register);
-        assert_eq!(texts.len(), 18);
+        assert_eq!(texts.len(), cgroup_cases().len() + resize_cases().len());
         let head = "[sig-node] DRA Node Allocatable Resources [Feature:DynamicResourceAllocation] \
                     [FeatureGate:DRANodeAllocatableResources] [FeatureGate:InPlacePodLevelResourcesVerticalScaling]";
         let tail = "[Alpha] [Beta] [Feature:OffByDefault] [FeatureGate:DynamicResourceAllocation] \
