@@ -4,8 +4,8 @@
 //! in-process driver).
 //!
 //! Each spec picks the node under test: the first node, by name, with a ResourceSlice of the
-//! driver. Its claims ask for one device of the DeviceClass (`--device-class`, default the class
-//! whose CEL selector names the driver). What a spec asserts is what the API and the node show
+//! driver. Its claims ask for one device of the DeviceClass (`--device-class`, default the first
+//! class whose CEL selectors require `device.driver == "NAME"`, see [`class_selector`]). What a spec asserts is what the API and the node show
 //! (claims, pods, the node's CDI spec files in `/etc/cdi` and `/var/run/cdi`, read by a busybox
 //! pod on the node); with `--interpose` ([`harness::interposer`]) also the driver's gRPC calls,
 //! with exact counts, and a failure message then ends with the node's call log.
@@ -29,6 +29,8 @@ mod args;
 mod cdi;
 mod checks;
 mod claims;
+mod class_selector;
+mod evidence;
 mod health;
 mod pods;
 mod session;
