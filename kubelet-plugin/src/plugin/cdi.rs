@@ -53,6 +53,35 @@ pub fn spec_path(cdi_dir: &Path, driver: &str, claim_uid: &str, base_request: &s
     cdi_dir.join(format!("{driver}-{claim_uid}-{base_request}.json"))
 }
 
+/// The CDI class of static devices: kind `<driver>/device`.
+pub const STATIC_CLASS: &str = "device";
+
+/// `<driver>/device=<device>`: a device of the [`static_spec`] ([`PluginConfig::static_cdi`](super::PluginConfig::static_cdi)).
+pub fn static_device_id(driver: &str, device: &str) -> String {
+    format!("{driver}/{STATIC_CLASS}={device}")
+}
+
+/// The static spec of `devices` (kind `<driver>/device`): each sets `<DEVICE>=<device>` in the
+/// container, its name in upper case with every character outside `[A-Z0-9]` replaced by `_`.
+pub fn static_spec(driver: &str, devices: &[String]) -> CdiSpec {
+    let device = |name: &String| {
+        let key: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+            .collect();
+        CdiDevice {
+            name: name.clone(),
+            container_edits: CdiContainerEdits { env: vec![format!("{key}={name}")], mounts: Vec::new() },
+        }
+    };
+    CdiSpec {
+        version: CDI_VERSION.to_string(),
+        kind: format!("{driver}/{STATIC_CLASS}"),
+        devices: devices.iter().map(device).collect(),
+        container_edits: CdiContainerEdits::default(),
+    }
+}
+
 /// `claim_<claim>_<baseRequest>` with every character outside `[a-zA-Z0-9]`
 /// replaced by `_`.
 pub fn claim_env_name(claim_name: &str, base_request: &str) -> String {
@@ -119,7 +148,7 @@ pub struct CdiSpec {
     pub version: String,
     /// `<driver>/test`.
     pub kind: String,
-    /// Exactly one device.
+    /// Exactly one device (every device of the node in a [`static_spec`]).
     pub devices: Vec<CdiDevice>,
     /// Spec-wide edits: always empty, present because upstream's Go encoder
     /// writes the empty struct.
@@ -184,6 +213,8 @@ impl CdiSpec {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use k8s_openapi::{
         api::resource::v1::OpaqueDeviceConfiguration, apimachinery::pkg::runtime::RawExtension,
@@ -260,5 +291,62 @@ mod tests {
             spec_path(Path::new("/cdi"), "d.k8s.io", "uid", "r"),
             Path::new("/cdi/d.k8s.io-uid-r.json")
         );
+    }
+
+    #[test]
+    fn the_static_spec_defines_every_device_with_its_env() {
+        let spec = static_spec("d.k8s.io", &["device-00".to_owned(), "gpu.1".to_owned()]);
+        assert_eq!(spec.kind, "d.k8s.io/device");
+        let devices: Vec<(&str, &[String])> =
+            spec.devices.iter().map(|d| (d.name.as_str(), d.container_edits.env.as_slice())).collect();
+        assert_eq!(
+            devices,
+            [
+                ("device-00", &["DEVICE_00=device-00".to_owned()][..]),
+                ("gpu.1", &["GPU_1=gpu.1".to_owned()][..])
+            ]
+        );
+        assert_eq!(static_device_id("d.k8s.io", "device-00"), "d.k8s.io/device=device-00");
+    }
+
+    /// With static CDI devices, prepare answers the static IDs and writes no file; unprepare
+    /// removes none (the static spec stays).
+    #[tokio::test]
+    async fn static_cdi_prepares_and_unprepares_without_a_file_per_claim() {
+        use super::super::{
+            LocalDirFiles, MemoryClaims, PluginConfig,
+            dra::{ClaimRequest, DraCore},
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("d.k8s.io-static.json");
+        std::fs::write(&spec, static_spec("d.k8s.io", &["device-00".to_owned()]).to_json().unwrap()).unwrap();
+        let claims = MemoryClaims::new();
+        claims.insert(
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "c", "namespace": "ns", "uid": "u1" },
+                "spec": {},
+                "status": { "allocation": { "devices": { "results": [
+                    { "request": "req", "driver": "d.k8s.io", "pool": "node-1", "device": "device-00" },
+                ] } } },
+            }))
+            .unwrap(),
+        );
+        let config = PluginConfig::new("d.k8s.io", "node-1", dir.path()).static_cdi(true);
+        let core = DraCore::new(config, Arc::new(claims), Arc::new(LocalDirFiles), Default::default());
+        let request = ClaimRequest { namespace: "ns".into(), name: "c".into(), uid: "u1".into() };
+        let prepared = core.prepare(std::slice::from_ref(&request)).await.unwrap();
+        let devices = prepared["u1"].clone().unwrap();
+        assert_eq!(devices[0].cdi_ids, ["d.k8s.io/device=device-00"]);
+        let files = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(files(), ["d.k8s.io-static.json"]);
+        assert!(core.unprepare(&[request]).await["u1"].is_ok());
+        assert_eq!(files(), ["d.k8s.io-static.json"]);
     }
 }

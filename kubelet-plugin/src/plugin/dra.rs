@@ -262,6 +262,16 @@ impl DraCore {
                 continue;
             }
             let base = cdi::base_request(&result.request);
+            if self.config.static_cdi {
+                devices.push(PreparedDevice {
+                    pool: result.pool.clone(),
+                    device: result.device.clone(),
+                    share_id: result.share_id.clone(),
+                    requests: vec![base.to_string()],
+                    cdi_ids: vec![cdi::static_device_id(driver, &result.device)],
+                });
+                continue;
+            }
             let env = cdi::env_for_result(driver, name, configs, result)?;
             if env.is_empty() {
                 // CDI rejects empty container edits; inject nothing instead.
@@ -405,7 +415,9 @@ impl DraCore {
                 None => Ok(()),
                 Some(devices) => {
                     let mut result = Ok(());
-                    'devices: for device in &devices {
+                    // Static CDI devices stay defined: no file per claim.
+                    let per_claim = if self.config.static_cdi { &[][..] } else { &devices[..] };
+                    'devices: for device in per_claim {
                         for request in &device.requests {
                             let path = self.spec_path(&req.uid, request);
                             if let Err(e) = self.files.remove(&path).await {

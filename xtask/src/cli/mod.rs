@@ -248,8 +248,9 @@ async fn run_example_driver(action: ExampleDriverAction) -> anyhow::Result<()> {
         None => example_driver::default_kubeconfig(),
     };
     match action {
-        ExampleDriverAction::Deploy(ExampleDriverDeployArgs { cluster, brk }) => {
-            example_driver::deploy(&kubeconfig(cluster)?, brk.map(Into::into)).await
+        ExampleDriverAction::Deploy(ExampleDriverDeployArgs { cluster, brk, static_cdi }) => {
+            let options = example_driver::Options { brk: brk.map(Into::into), static_cdi };
+            example_driver::deploy_with(&kubeconfig(cluster)?, options).await
         }
         ExampleDriverAction::Remove(cluster) => example_driver::remove(&kubeconfig(cluster)?).await,
     }
@@ -347,6 +348,12 @@ mod tests {
         };
         assert_eq!(args.brk.map(example_driver::Break::from), Some(example_driver::Break::FailUnprepare));
         assert_eq!(args.cluster.kubeconfig, None);
+        assert!(!args.static_cdi);
+        let cli = Cli::try_parse_from(["xtask", "example-driver", "deploy", "--static-cdi"]).unwrap();
+        let Command::ExampleDriver { action: ExampleDriverAction::Deploy(args) } = cli.command else {
+            panic!("not deploy")
+        };
+        assert!(args.static_cdi && args.brk.is_none());
         let cli = Cli::try_parse_from(["xtask", "example-driver", "remove", "--kubeconfig", "/k"]).unwrap();
         let Command::ExampleDriver { action: ExampleDriverAction::Remove(args) } = cli.command else {
             panic!("not remove")

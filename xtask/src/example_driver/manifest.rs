@@ -47,6 +47,8 @@ pub struct Objects {
 pub struct Deployment {
     /// `--break` for the driver.
     pub brk: Option<Break>,
+    /// `--static-cdi` for the driver.
+    pub static_cdi: bool,
     /// The image archive's sha256.
     pub image_digest: String,
     /// The API server's address as pods on the host network reach it.
@@ -89,7 +91,7 @@ pub fn objects() -> Result<Objects> {
     Ok(objects)
 }
 
-/// The DaemonSet of `objects` for `deployment`: `--break` appended to the driver's args, the
+/// The DaemonSet of `objects` for `deployment`: `--break` and `--static-cdi` appended to the driver's args, the
 /// image digest annotated, the API server's address in the environment.
 pub fn customize(daemonset: &mut DaemonSet, deployment: &Deployment) -> Result<()> {
     let template = &mut daemonset.spec.template;
@@ -103,6 +105,9 @@ pub fn customize(daemonset: &mut DaemonSet, deployment: &Deployment) -> Result<(
     let container = pod.containers.first_mut().context("the DaemonSet has no container")?;
     if let Some(brk) = deployment.brk {
         container.args.get_or_insert_with(Vec::new).extend(["--break".to_string(), brk.as_str().to_string()]);
+    }
+    if deployment.static_cdi {
+        container.args.get_or_insert_with(Vec::new).push("--static-cdi".to_string());
     }
     let env = container.env.get_or_insert_with(Vec::new);
     let (host, port) = &deployment.api_server;
@@ -192,10 +197,11 @@ mod tests {
     }
 
     #[test]
-    fn a_deployment_adds_its_break_digest_and_api_server() {
+    fn a_deployment_adds_its_break_static_cdi_digest_and_api_server() {
         let mut ds = objects().unwrap().daemonset;
         let deployment = Deployment {
             brk: Some(Break::SkipUnprepare),
+            static_cdi: true,
             image_digest: "abc".into(),
             api_server: ("10.1.2.3".into(), 443),
         };
@@ -206,7 +212,7 @@ mod tests {
             "abc"
         );
         let container = &template.spec.as_ref().unwrap().containers[0];
-        assert_eq!(container.args.as_ref().unwrap()[2..], ["--break", "skip-unprepare"]);
+        assert_eq!(container.args.as_ref().unwrap()[2..], ["--break", "skip-unprepare", "--static-cdi"]);
         let env = container.env.as_ref().unwrap();
         let value =
             |name: &str| env.iter().filter(|e| e.name == name).map(|e| e.value.clone()).collect::<Vec<_>>();
