@@ -4,8 +4,8 @@
 //! - Which CDI devices the driver prepared for a claim: interposed, its `NodePrepareResources`
 //!   response; otherwise the kubelet's pod status (`allocatedResourcesStatus`, with
 //!   `ResourceHealthStatus` on: the first CDI device ID of each prepared device, or
-//!   `<driver>/<pool>/<device>` for a device without one) and the IDs that appeared on the node
-//!   while the pod started. With none of them (a driver whose CDI specs are static, or that
+//!   `<driver>/<pool>/<device>` for a device without one); without it, the IDs that appeared on
+//!   the node while the pod started (which may include other pods' devices). With none of them (a driver whose CDI specs are static, or that
 //!   writes none, on a kubelet without `allocatedResourcesStatus`) nobody can tell.
 //! - Which of those were written for the claim: the ones not defined on the node before its pod
 //!   started. Only these must go when the claim is unprepared; a static spec stays.
@@ -26,7 +26,7 @@ use super::cdi::{CdiDevices, new_ids};
 pub enum IdSource {
     /// The driver's `NodePrepareResources` response, through the interposer.
     Interposer,
-    /// The kubelet's pod status (`allocatedResourcesStatus`), with what appeared on the node.
+    /// The kubelet's pod status (`allocatedResourcesStatus`).
     PodStatus,
     /// The CDI devices that appeared on the node while the pod started.
     Appeared,
@@ -46,8 +46,8 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The IDs from `returned` (interposed: the response; else the pod status's, if it has them)
-    /// and those that appeared between `before` and `now`; which of them are per claim.
+    /// The IDs the driver returned (`interposed`: its response), else those of the pod `status`,
+    /// else those that appeared between `before` and `now`; which of them are per claim.
     pub fn new(
         interposed: Option<Vec<String>>,
         status: Option<Vec<String>>,
@@ -57,7 +57,8 @@ impl Prepared {
         let appeared = new_ids(before, now);
         let (ids, source): (BTreeSet<String>, IdSource) = match (interposed, status) {
             (Some(returned), _) => (returned.into_iter().collect(), IdSource::Interposer),
-            (None, Some(listed)) => (listed.into_iter().chain(appeared).collect(), IdSource::PodStatus),
+            // Not with what appeared: other pods on the node (other runs) add CDI files too.
+            (None, Some(listed)) => (listed.into_iter().collect(), IdSource::PodStatus),
             (None, None) if !appeared.is_empty() => (appeared, IdSource::Appeared),
             (None, None) => (BTreeSet::new(), IdSource::Unknown),
         };
@@ -193,9 +194,13 @@ mod tests {
             (p.ids.clone(), p.per_claim.clone(), p.source),
             (vec![STATIC.to_owned()], vec![], IdSource::Interposer)
         );
-        // The pod status names a static device: known, nothing per claim.
-        let p = Prepared::new(None, Some(vec![STATIC.into()]), &static_only, &static_only);
-        assert_eq!((p.per_claim.is_empty(), p.source), (true, IdSource::PodStatus));
+        // The pod status names a static device: known, nothing per claim, and another pod's
+        // device that appeared meanwhile is not taken for the claim's.
+        let p = Prepared::new(None, Some(vec![STATIC.into()]), &static_only, &with_claim);
+        assert_eq!(
+            (p.ids.clone(), p.per_claim.is_empty(), p.source),
+            (vec![STATIC.to_owned()], true, IdSource::PodStatus)
+        );
         // A per-claim device appeared.
         let p = Prepared::new(None, None, &static_only, &with_claim);
         assert_eq!(
