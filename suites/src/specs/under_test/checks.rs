@@ -1,5 +1,5 @@
 //! The checks the pod specs share: the devices a claim got, the CDI devices the driver prepared
-//! for it ([`evidence::Prepared`]) and their env in the container, and that unprepare happened
+//! for it ([`Prepared`]) and their env in the container, and that unprepare happened
 //! (interposed: once) and removed the CDI devices written for the claim.
 
 use std::time::Duration;
