@@ -3,7 +3,8 @@
 //! The spec's context and results ([`Ctx`], [`SpecResult`], [`Skip`], [`Registry`]), the test
 //! driver ([`Driver`], [`DriverConfig`], [`Nodes`], [`resources`]), the object builder
 //! ([`Builder`]), the call-assertion API ([`Method`], [`DraApi`], [`HealthApi`], [`Calls`],
-//! [`CallLog`], [`ClaimCalls`], the fault guards, [`UNPREPARE_TIMEOUT`]) and the waits
+//! [`CallLog`], [`ClaimCalls`] with [`ClaimCall`] and [`ClaimOutcome`], the fault guards,
+//! [`INJECTED_CLAIM_ERROR`], [`UNPREPARE_TIMEOUT`]) and the waits
 //! ([`wait`], [`Verdict`]).
 //!
 //! ```
@@ -22,10 +23,10 @@
 pub use crate::{
     builder::{Builder, POD_DELETE_TIMEOUT, POD_START_TIMEOUT},
     calls::{
-        BlockGuard, CallFilter, CallLog, Calls, CallsError, ClaimCalls, DraApi, FaultGuard, HealthApi,
-        Method, UNPREPARE_TIMEOUT,
+        BlockGuard, CallFilter, CallLog, Calls, CallsError, ClaimCall, ClaimCalls, ClaimOutcome, DraApi,
+        FaultGuard, HealthApi, Method, UNPREPARE_TIMEOUT,
     },
-    driver::{Driver, DriverConfig, Nodes, resources},
+    driver::{Driver, DriverConfig, INJECTED_CLAIM_ERROR, Nodes, resources},
     framework::{Ctx, Label, Registry, Skip, SpecResult},
     wait::{self, Verdict},
 };

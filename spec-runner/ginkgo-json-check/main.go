@@ -18,9 +18,14 @@ type spec struct {
 	RunTimeNs   int64
 	NumAttempts int
 	Failure     string
-	Flaky       bool
-	StartBefore bool
-	Entries     []string
+	// Where the failure happened: ginkgo's node type and its context ("It" and "leaf-node"
+	// for a spec's body, "BeforeEach", "DeferCleanup (Each)" ... for the nodes around it).
+	FailureNode    string
+	FailureContext string
+	ForwardedPanic string
+	Flaky          bool
+	StartBefore    bool
+	Entries        []string
 }
 
 type summary struct {
@@ -78,15 +83,18 @@ func main() {
 	}
 	for _, s := range r.SpecReports {
 		out.Specs = append(out.Specs, spec{
-			FullText:    s.FullText(),
-			Labels:      s.Labels(),
-			State:       s.State.String(),
-			RunTimeNs:   int64(s.RunTime),
-			NumAttempts: s.NumAttempts,
-			Failure:     s.Failure.Message,
-			Flaky:       s.State == types.SpecStatePassed && s.NumAttempts > 1,
-			StartBefore: !s.StartTime.After(s.EndTime),
-			Entries:     entries(s.ReportEntries),
+			FullText:       s.FullText(),
+			Labels:         s.Labels(),
+			State:          s.State.String(),
+			RunTimeNs:      int64(s.RunTime),
+			NumAttempts:    s.NumAttempts,
+			Failure:        s.Failure.Message,
+			FailureNode:    nodeType(s.Failure.FailureNodeType),
+			FailureContext: failureContext(s.Failure.FailureNodeContext),
+			ForwardedPanic: s.Failure.ForwardedPanic,
+			Flaky:          s.State == types.SpecStatePassed && s.NumAttempts > 1,
+			StartBefore:    !s.StartTime.After(s.EndTime),
+			Entries:        entries(s.ReportEntries),
 		})
 	}
 	enc := json.NewEncoder(os.Stdout)
@@ -103,4 +111,20 @@ func entries(list types.ReportEntries) []string {
 		out = append(out, fmt.Sprintf("%s=%v (%s)", e.Name, e.GetRawValue(), e.Visibility))
 	}
 	return out
+}
+
+// nodeType is ginkgo's name of a node type; "" for none (a spec that did not fail).
+func nodeType(t types.NodeType) string {
+	if t == types.NodeTypeInvalid {
+		return ""
+	}
+	return t.String()
+}
+
+// failureContext is ginkgo's name of a failure's node context; "" for none.
+func failureContext(c types.FailureNodeContext) string {
+	if c == types.FailureNodeContextInvalid {
+		return ""
+	}
+	return c.String()
 }

@@ -14,8 +14,12 @@ use crate::{
     run::monitor::Monitor,
     run::options::RunOptions,
     run::runner::run_with_backend,
-    select::selection::Selection,
+    select::balance::Timings,
+    select::partition::{Partition, PartitionError, PartitionFlag},
+    select::rerun::Rerun,
+    select::selection::{Selection, SelectionError},
     spec::gate::{GateTable, table_for_flag, table_for_server},
+    spec::info::SpecInfo,
     spec::registry::Registry,
 };
 
@@ -128,13 +132,32 @@ pub struct RunnerArgs {
     /// by default a run removes them before its specs start.
     #[arg(long)]
     pub keep_leftovers: bool,
+
+    /// Run shard M of N of the selection (after --focus, --skip, --label-filter), so that N
+    /// machines together run every selected spec once; the other shards' specs are reported as
+    /// skipped "in shard K of N". KIND: hash (by each spec's full text: a spec keeps its shard
+    /// when others are added), slice (even sizes) or time (balanced by --timings for this -p).
+    /// KIND:ci (or ci for slice:ci) takes M and N from CI_NODE_INDEX (counted from 1, as
+    /// GitLab's) and CI_NODE_TOTAL.
+    #[arg(long, value_name = "KIND:M/N", value_parser = clap::value_parser!(PartitionFlag))]
+    pub partition: Option<PartitionFlag>,
+
+    /// The JSON report of an earlier run (--json-report, or `report merge` of shards) whose spec
+    /// durations --partition time balances the shards by.
+    #[arg(long, value_name = "FILE")]
+    pub timings: Option<PathBuf>,
+
+    /// Run exactly the specs that failed (or timed out, or were interrupted) in this JSON report
+    /// of an earlier run, by their full texts; when none did, say so and exit 0.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["focus", "skip", "label_filter"])]
+    pub rerun_failed: Option<PathBuf>,
 }
 
 impl RunnerArgs {
     /// The run options these flags stand for (progress on stdout).
     pub fn options(&self) -> RunOptions {
         RunOptions {
-            procs: self.procs.map_or_else(default_procs, |p| usize::try_from(p).unwrap_or(usize::MAX)),
+            procs: self.procs(),
             procs_is_default: self.procs.is_none(),
             default_timeout: self.timeout,
             cleanup_bound: self.cleanup_bound,
@@ -160,9 +183,37 @@ impl RunnerArgs {
         }
     }
 
-    /// The selection these flags stand for.
-    pub fn selection(&self) -> Result<Selection, crate::select::selection::SelectionError> {
-        Selection::new(&self.focus, &self.skip, self.label_filter.as_deref())
+    /// `-p`, or its default.
+    fn procs(&self) -> usize {
+        self.procs.map_or_else(default_procs, |p| usize::try_from(p).unwrap_or(usize::MAX))
+    }
+
+    /// The selection these flags stand for: it reads the reports of `--rerun-failed` and
+    /// `--timings`, and for `--partition ci` the CI's variables.
+    pub fn selection(&self) -> Result<Selection, SelectionError> {
+        let mut selection = Selection::new(&self.focus, &self.skip, self.label_filter.as_deref())?;
+        if let Some(rerun) = self.rerun()? {
+            selection = selection.with_names(rerun.failed);
+        }
+        let timings = self
+            .timings
+            .as_deref()
+            .map(Timings::read)
+            .transpose()
+            .map_err(|source| SelectionError::Report { flag: "--timings", source })?;
+        if let Some(flag) = self.partition {
+            let env = |name: &str| std::env::var(name).ok();
+            selection = selection.with_partition(Partition::resolve(flag, env, timings, self.procs())?);
+        } else if timings.is_some() {
+            return Err(PartitionError::TimingsWithoutTime.into());
+        }
+        Ok(selection)
+    }
+
+    /// The failed specs of `--rerun-failed`'s report.
+    fn rerun(&self) -> Result<Option<Rerun>, SelectionError> {
+        let read = self.rerun_failed.as_deref().map(Rerun::read).transpose();
+        read.map_err(|source| SelectionError::Report { flag: "--rerun-failed", source })
     }
 }
 
@@ -194,7 +245,7 @@ const CLEANUP_STATUS_EVERY: Duration = Duration::from_secs(3);
 /// lists the cleanup steps not done and exits at once.
 pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
     capture::init_tracing();
-    if let Some(code) = before_the_cluster(&registry, &args) {
+    if let Some(code) = before_the_cluster(&registry, &args, true) {
         return code;
     }
     let backend = match KubeBackend::connect(args.kubeconfig.as_deref()).await {
@@ -223,7 +274,7 @@ pub async fn run_versioned(
     if let Some(table) = flagged.or(args.list.then_some(default)) {
         return run(register(table), args).await;
     }
-    if let Some(code) = before_the_cluster(&register(default), &args) {
+    if let Some(code) = before_the_cluster(&register(default), &args, false) {
         return code;
     }
     let backend = match KubeBackend::connect(args.kubeconfig.as_deref()).await {
@@ -267,7 +318,7 @@ async fn run_connected(registry: Registry, args: RunnerArgs, backend: KubeBacken
 /// real command line and signal handling without a cluster.
 pub async fn run_on(registry: Registry, args: RunnerArgs, backend: Arc<dyn ClusterBackend>) -> ExitCode {
     capture::init_tracing();
-    if let Some(code) = before_the_cluster(&registry, &args) {
+    if let Some(code) = before_the_cluster(&registry, &args, true) {
         return code;
     }
     let Ok(selection) = args.selection() else { return ExitCode::from(2) };
@@ -289,8 +340,11 @@ fn usage_error(message: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// What needs no cluster: a valid registry and selection, and `--list`. `Some` ends the run.
-fn before_the_cluster(registry: &Registry, args: &RunnerArgs) -> Option<ExitCode> {
+/// What needs no cluster: a valid registry and selection, `--rerun-failed` with nothing to run
+/// (exit 0), and `--list`. `Some` ends the run. `final_registry`: `registry` is the one the run
+/// uses (not a stand-in until the cluster's version is known), so that `--rerun-failed`'s specs
+/// must be in it.
+fn before_the_cluster(registry: &Registry, args: &RunnerArgs, final_registry: bool) -> Option<ExitCode> {
     if let Err(e) = registry.validate() {
         return Some(usage_error(&e.to_string()));
     }
@@ -298,8 +352,24 @@ fn before_the_cluster(registry: &Registry, args: &RunnerArgs) -> Option<ExitCode
         Ok(s) => s,
         Err(e) => return Some(usage_error(&e.to_string())),
     };
+    if let Ok(Some(rerun)) = args.rerun() {
+        if let Some(nothing) = rerun.nothing_to_run() {
+            if args.list {
+                eprintln!("{nothing}")
+            } else {
+                println!("{nothing}")
+            }
+            return Some(ExitCode::SUCCESS);
+        }
+        let version = registry.gate_table().map(|table| table.version);
+        let known = |text: &str| registry.specs().any(|s| s.full_text() == text);
+        if let Some(unknown) = rerun.unknown(known, version).filter(|_| final_registry) {
+            return Some(usage_error(&unknown));
+        }
+    }
     if args.list {
-        for spec in registry.specs().filter(|s| selection.matches(s)) {
+        let selected: Vec<&SpecInfo> = registry.specs().filter(|s| selection.matches(s)).collect();
+        for spec in selection.split(selected, |s| s).0 {
             println!("{}", spec.full_text());
             if let Some(description) = spec.description().filter(|_| args.verbose) {
                 println!("    {description}");

@@ -101,7 +101,9 @@
 //! `-p N`, `--timeout 10m`, `--cleanup-bound 3m`, `--list`, `--junit FILE`, `--artifacts DIR`,
 //! `--repeat N`, `--kubeconfig PATH`, `--seed N`, `--randomize-all`, `--fail-fast`,
 //! `--flake-attempts N`, `--json-report FILE`, `--poll-progress-after D`,
-//! `--poll-progress-interval D`, `-v`, `--succinct`, `--keep-leftovers`. SIGUSR1 prints a progress report of every
+//! `--poll-progress-interval D`, `-v`, `--succinct`, `--keep-leftovers`, `--partition KIND:M/N`
+//! with `--timings FILE` (a shard of the selection; [`Merged`] merges the shards' reports),
+//! `--rerun-failed FILE`. SIGUSR1 prints a progress report of every
 //! running spec (see [`waiting`] and [`step`] for what it names). Before any spec runs, preflight checks
 //! within seconds that the cluster answers and serves `resource.k8s.io/v1`.
 //! Specs labelled `Serial` run alone after the others. Exit codes: 0 nothing
@@ -131,10 +133,9 @@ mod select;
 mod spec;
 
 pub use args::{RunnerArgs, run, run_on, run_versioned};
+pub use cluster::artifact_files::write_list;
 pub use cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace};
-pub use cluster::kube_backend::{
-    KubeBackend, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client, write_list,
-};
+pub use cluster::kube_backend::{KubeBackend, PREFLIGHT_TIMEOUT, SPEC_ANNOTATION, nodelay_client};
 pub use cluster::leftovers::{
     GoneRun, Leftover, LeftoverError, Leftovers, find as find_leftovers, remove as remove_leftovers,
 };
@@ -148,8 +149,10 @@ pub use cluster::run_identity::{
     RUN_LABEL, RunLease, lease_name, new_run_id, stamp as stamp_run_identity,
 };
 pub use duration::{display as display_duration, parse as parse_duration};
-pub use report::json_report::{JsonConfig, render as json_report, write as write_json_report};
+pub use report::ginkgo_json::{ReadError, ReadSpec, ReportFile, read as read_json_report};
+pub use report::json_report::{JsonConfig, SHARD_ENTRY, render as json_report, write as write_json_report};
 pub use report::junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
+pub use report::merge::{MergeArgs, MergeError, Merged, merge_command};
 pub use report::outcome::OUTCOME_TARGET;
 pub use report::outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};
 pub use report::progress::{Output, OutputBuffer, Verbosity};
@@ -163,7 +166,13 @@ pub use run::monitor::{Monitor, WaitGuard, step, waiting};
 pub use run::options::{DEFAULT_CLEANUP_BOUND, RunOptions};
 pub use run::phases::Phases;
 pub use run::runner::run_with_backend;
+pub use select::balance::{Load, Timings};
 pub use select::label_filter::{LabelFilter, LabelFilterError};
+pub use select::partition::{
+    CI_NODE_INDEX, CI_NODE_TOTAL, Partition, PartitionError, PartitionFlag, PartitionKind, Shard,
+    elsewhere_reason, elsewhere_shard,
+};
+pub use select::rerun::Rerun;
 pub use select::selection::{Selection, SelectionError};
 pub use spec::ctx::{Ctx, current_cancellation};
 pub use spec::error::{Skip, SpecError, SpecResult, skip};

@@ -5,6 +5,9 @@
 //! dra-e2e --list --label-filter 'DRA && !Slow'
 //! dra-e2e --list --k8s-version v1.38.0-beta.0      # upstream's texts of another version
 //! dra-e2e cleanup --kubeconfig ~/.kube/config   # remove what killed runs left behind
+//! dra-e2e --kubeconfig K --partition slice:1/2 --json-report s1.json   # shard 1 of 2 (docs/ci.md)
+//! dra-e2e report merge s1.json s2.json --json-report all.json --junit all.xml
+//! dra-e2e --kubeconfig K --rerun-failed all.json   # only what failed there
 //! dra-e2e --kubeconfig ~/.kube/config --driver gpu.example.com --interpose  # check an installed driver
 //! dra-e2e kubelet-plugin --driver-name D --node-name N --plugin-dir P --registry-dir R --cdi-dir C
 //! ```
@@ -13,6 +16,9 @@ mod kubelet_plugin_cmd;
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod parity;
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod shards;
 mod specs;
 mod versions;
 
@@ -40,6 +46,19 @@ enum Command {
     /// Remove the objects of runs that are gone (their Lease expired: killed runs) and exit;
     /// objects of live runs and objects without a run identity are never touched.
     Cleanup(harness::framework::CleanupArgs),
+    /// The JSON reports of runs.
+    #[command(subcommand)]
+    Report(ReportCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ReportCommand {
+    /// Merge the JSON reports of a run's shards (--partition) into one.
+    ///
+    /// Writes one JSON (--json-report) and one JUnit report (--junit) and says which shard ran
+    /// which spec. Exit 1 when a spec failed, ran in two shards, or ran in none (every report
+    /// lists it as another shard's); 2 when a file is no report (docs/ci.md).
+    Merge(harness::framework::MergeArgs),
 }
 
 /// Every spec, with the texts of Kubernetes `gates.version`; with a driver under test, only the
@@ -68,6 +87,7 @@ async fn main() -> ExitCode {
             }
         },
         Some(Command::Cleanup(args)) => harness::framework::cleanup(args).await,
+        Some(Command::Report(ReportCommand::Merge(args))) => harness::framework::merge_command(&args),
         None => {
             let kubeconfig = cli.runner.kubeconfig.as_deref();
             let target = match cli.under_test.target(kubeconfig, cli.runner.list).await {

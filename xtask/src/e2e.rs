@@ -46,16 +46,12 @@ pub enum Build {
 
 /// Builds `dra-e2e` and returns its path.
 pub fn build_runner(repo: &Path, build: Build) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let args: &[&str] = match build {
         Build::Binary => &["build", "--quiet", "--package", "suites", "--bin", "dra-e2e"],
         Build::SameAsTests => &["build", "--quiet", "--workspace", "--all-targets"],
     };
-    let status = std::process::Command::new(cargo)
-        .args(args)
-        .current_dir(repo)
-        .status()
-        .context("run cargo build for dra-e2e")?;
+    let status =
+        crate::repo::cargo_command(repo).args(args).status().context("run cargo build for dra-e2e")?;
     if !status.success() {
         bail!("building dra-e2e failed");
     }

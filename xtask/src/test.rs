@@ -3,142 +3,37 @@
 //! tests and the e2e suites run against it, then the cluster goes down and must leave nothing
 //! behind; then the kind lane ([`kind_lane`]) does the same on a kind cluster. Every step runs (a
 //! failure does not hide the others' results) and a table of steps, outcomes and durations closes
-//! the run.
+//! the run. With `--partition M/N` ([`partition`]) a machine runs its share of those steps only,
+//! with the set-up its share needs.
 
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 
-use crate::{e2e, local, overrides::OverrideArgs, progress::human};
+use crate::{e2e, local, progress::human, usage::UsageError};
 
 mod background;
 mod budget;
 mod cluster_tests;
 mod disk;
+mod doc_table;
 mod driver_lane;
+pub(crate) mod host_skips;
 pub(crate) mod kind_lane;
+pub(crate) mod lane_run;
+mod local_lanes;
+pub(crate) mod partition;
 pub(crate) mod report;
+mod restart_exceptions;
 mod restarts;
+pub(crate) mod steps;
 mod table;
 
 pub use budget::StepStart;
-
-/// The workload lane: the cluster restarted with what PodGroups need (beta gates off by default
-/// and a beta API, which kind.yaml leaves off because they change how every pod is scheduled),
-/// running the specs that need them. The skip message of those specs names the same flags
-/// (suites/src/specs/kubelet/pod_groups.rs, `LANE_FLAGS`; a unit test keeps them equal).
-/// `--feature-gates` of the workload lane.
-const WORKLOAD_GATES: &str = "GenericWorkload=true,DRAWorkloadResourceClaims=true";
-/// `--runtime-config` of the workload lane.
-const WORKLOAD_APIS: &str = "scheduling.k8s.io/v1beta1=true";
-/// What the workload lane runs (and the other kubelet lane skips).
-const WORKLOAD_FOCUS: &str = "GenericWorkload";
-
-/// The skew lane: the cluster restarted with kind-worker's kubelet at the oldest supported minor
-/// (built from its own module, see xtask/src/local/old_kubelet.rs) beside v1.37.2 workers.
-/// Specs without `KubeletMinVersion` get kind-worker first (nodes are chosen by name), so every
-/// one-node kubelet spec runs against the old kubelet; newer-only specs run on the other workers
-/// or are skipped with the reason.
-const SKEW_KUBELETS: &str = "v1.34.4";
-/// What the skew lane runs: the kubelet suites but the slow specs and the workload lane's.
-const SKEW_FOCUS: &str = "kubelet";
-/// What the skew lane leaves out (Slow: bounded time; GenericWorkload: needs its own lane's gates).
-const SKEW_SKIP: &str = "Slow|GenericWorkload";
-
-/// The next release lane: the cluster restarted at the next Kubernetes release (built from its
-/// own module, see xtask/src/common/kube_module.rs), every spec but the workload lane's, with the
-/// spec texts of that release (dra-e2e reads the cluster's version); then again with the
-/// workload lane's gates for those.
-const NEXT_RELEASE: &str = "v1.38.0-beta.0";
-
-/// A restart of the cluster with overrides, and what runs on it afterwards.
-struct Lane {
-    /// The step name of the restart.
-    restart: &'static str,
-    /// `cluster up`'s flags.
-    args: OverrideArgs,
-    /// What the restart needs built beyond the default cluster, built in the background while
-    /// the lanes before it run ([`background`]).
-    build: Option<background::Build>,
-    /// Cluster tests (cargo test arguments) run first.
-    cluster_tests: Vec<(&'static str, Vec<&'static str>)>,
-    /// The suite run: step name and dra-e2e arguments.
-    suite: (&'static str, Vec<String>),
-}
-
-fn lane_overrides(lane: &Lane) -> Result<crate::overrides::Overrides> {
-    Ok(lane.args.parse()?.unwrap_or_default())
-}
-
-/// The lanes after the default one, in order.
-fn lanes(repo: &Path) -> Vec<Lane> {
-    vec![
-        Lane {
-            restart: "local cluster restarted for the workload lane (GenericWorkload)",
-            args: OverrideArgs {
-                feature_gates: Some(WORKLOAD_GATES.to_owned()),
-                runtime_config: Some(WORKLOAD_APIS.to_owned()),
-                ..OverrideArgs::default()
-            },
-            build: None,
-            cluster_tests: vec![],
-            suite: workload_run(repo),
-        },
-        Lane {
-            restart: "local cluster restarted for the skew lane (kind-worker's kubelet v1.34.4)",
-            args: OverrideArgs { kubelet_version: Some(SKEW_KUBELETS.to_owned()), ..OverrideArgs::default() },
-            build: Some(background::Build {
-                key: "skew-kubelet",
-                what: format!("kubelet {SKEW_KUBELETS}"),
-                args: vec!["--kubelet-version".into(), SKEW_KUBELETS.into()],
-            }),
-            cluster_tests: vec![(
-                "skew cluster tests (harness/tests/cluster/skew.rs)",
-                vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "skew::"],
-            )],
-            suite: (
-                "e2e: skew lane (kubelet suites, kind-worker at v1.34.4)",
-                suite_args(repo, &["--focus", SKEW_FOCUS, "--skip", SKEW_SKIP], "skew"),
-            ),
-        },
-        Lane {
-            restart: "local cluster restarted at Kubernetes v1.38.0-beta.0 (the next release)",
-            args: OverrideArgs { k8s_version: Some(NEXT_RELEASE.to_owned()), ..OverrideArgs::default() },
-            build: Some(background::Build {
-                key: "next-release",
-                what: format!("Kubernetes {NEXT_RELEASE}"),
-                args: vec!["--k8s-version".into(), NEXT_RELEASE.into()],
-            }),
-            cluster_tests: vec![],
-            suite: (
-                "e2e: v1.38.0-beta.0 lane (every spec but the workload lane's)",
-                suite_args(repo, &["--skip", WORKLOAD_FOCUS], "next-release"),
-            ),
-        },
-        Lane {
-            restart: "local cluster restarted at v1.38.0-beta.0 for its workload lane",
-            args: OverrideArgs {
-                feature_gates: Some(WORKLOAD_GATES.to_owned()),
-                runtime_config: Some(WORKLOAD_APIS.to_owned()),
-                k8s_version: Some(NEXT_RELEASE.to_owned()),
-                ..OverrideArgs::default()
-            },
-            build: None, // the lane before built it
-            cluster_tests: vec![],
-            suite: (
-                "e2e: v1.38.0-beta.0 workload lane (PodGroup specs)",
-                suite_args(repo, &["--focus", WORKLOAD_FOCUS], "next-release-workload"),
-            ),
-        },
-    ]
-}
 
 /// Which clusters `cargo xtask test` runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -166,6 +61,8 @@ pub struct TestOptions {
     pub lane: TestLane,
     /// Leave the local cluster running afterwards (`--keep-cluster`).
     pub keep_cluster: bool,
+    /// Run only this machine's share of a run split over machines (`--partition M/N`).
+    pub partition: Option<partition::Partition>,
 }
 
 /// `text` cut to at most `max` bytes (on a character boundary), marked where it was cut.
@@ -177,245 +74,339 @@ fn clip(text: &str, max: usize) -> String {
     format!("{}… ({} bytes more)", &text[..end], text.len() - end)
 }
 
-/// Runs the steps and prints the summary.
-pub async fn run(args: TestOptions) -> Result<ExitCode> {
-    let repo = crate::repo::repo_root();
-    let interrupted = interrupt_flag();
-    let disk = disk::DiskWatch::start(&disk::paths(&repo), disk::FLOOR, interrupted.clone());
-    let mut outcomes = Vec::new();
-    let mut step = |name: &str, result: Result<()>, started: StepStart| {
-        if let Err(e) = &result {
-            eprintln!("==> step failed: {name}: {e:#}");
-        }
-        let (cost, lowest_free) = (started.cost(), disk.take_lowest());
-        outcomes.push(table::Outcome { name: name.to_string(), result, cost, lowest_free });
-    };
-
+/// Refuses options that do not go together, each with one sentence.
+fn check(args: &TestOptions) -> Result<(), UsageError> {
     if args.lane == TestLane::Kind && (args.no_cluster || args.keep_cluster) {
-        return Err(crate::usage::UsageError::new(
+        return Err(UsageError::new(
             "--lane kind runs the kind lane only, whose cluster is always deleted: leave out --no-cluster and --keep-cluster",
-        )
-        .into());
+        ));
     }
     if args.lane == TestLane::Driver && args.no_cluster {
-        return Err(crate::usage::UsageError::new(
+        return Err(UsageError::new(
             "--lane driver runs the driver lane on the local cluster: leave out --no-cluster",
-        )
-        .into());
+        ));
     }
+    if args.partition.is_some() && (args.lane != TestLane::All || args.no_cluster) {
+        return Err(UsageError::new(
+            "--partition splits the whole run (every lane) over machines: leave out --lane and --no-cluster",
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the steps and prints the summary; the exit code is 130 after Ctrl-C, else 1 when a step
+/// failed.
+pub async fn run(args: TestOptions) -> Result<ExitCode> {
+    check(&args)?;
+    let share = partition::this_machine(args.partition);
+    let repo = crate::repo::repo_root();
+    let stop = steps::Stop::on_ctrl_c();
+    let disk = disk::DiskWatch::start(&disk::paths(&repo), disk::FLOOR, stop.any.clone());
     eprintln!("==> {}", disk.describe());
-    let go_on = || !interrupted.load(Ordering::SeqCst);
-    let local_lanes = !args.no_cluster && args.lane != TestLane::Kind;
+    let mut steps = steps::Steps::new(stop, Some(disk));
+    let local_lanes = !args.no_cluster && args.lane != TestLane::Kind && !share.local_lanes().is_empty();
+    let kind_lane =
+        !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) && share.needs_kind();
     // `--lane driver`: the local cluster and the driver lane, nothing else.
     let only_driver = args.lane == TestLane::Driver;
-    let lanes = if only_driver { Vec::new() } else { lanes(&repo) };
+    let lanes: Vec<local_lanes::Lane> = if only_driver {
+        Vec::new()
+    } else {
+        local_lanes::lanes(&repo)
+            .into_iter()
+            .filter(|lane| share.local_lanes().contains(&lane.lane))
+            .collect()
+    };
     let mut kind = None;
     let mut background = None;
     // Everything the run builds for its clusters (the local cluster first, the kind node image
     // last) builds from the start, in the background at the least CPU priority: beside the unit
     // tests, then beside the lanes before the one that needs it, which mostly wait on the
     // cluster. The kind lane's engine starts first: the image is imported into it.
-    if local_lanes {
-        if args.lane == TestLane::All {
-            kind = Some(kind_lane::prepare(&mut step).await);
+    if local_lanes || (kind_lane && args.partition.is_some()) {
+        if args.lane == TestLane::All && kind_lane {
+            kind = Some(kind_lane::prepare(&mut steps).await);
         }
-        let builds: Vec<_> = std::iter::once(local_cluster_build())
-            .chain(lanes.iter().filter_map(|lane| lane.build.clone()))
-            .chain(kind.as_ref().and_then(kind_lane::KindLane::image_build))
-            .collect();
+        let image = kind.as_ref().is_some_and(kind_lane::KindLane::builds_image);
+        let builds: Vec<_> =
+            background_builds(&share, &lanes, image).into_iter().map(local_lanes::background_build).collect();
         let t = StepStart::now();
         let started = background::Background::start(&repo, builds);
         let ok = started.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}"));
         background = started.ok();
-        step("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
+        steps.record("background builds started (SCHED_IDLE, least CPU weight)", ok, t);
     }
     if !matches!(args.lane, TestLane::Kind | TestLane::Driver) {
-        let t = StepStart::now();
-        step(
-            "unit and protocol tests (cargo test --workspace)",
-            cargo(&repo, &["test", "--workspace"], &[]),
-            t,
-        );
+        if share.runs(partition::Unit::CargoTests) {
+            steps
+                .run("unit and protocol tests (cargo test --workspace)", async {
+                    cargo(&repo, &["test", "--workspace"], &[])
+                })
+                .await;
+        } else {
+            // Beside the builds, before the first step that would compile it.
+            steps
+                .run(
+                    "the workspace built for this machine's steps (cargo test --workspace --no-run)",
+                    async { cargo(&repo, &["test", "--workspace", "--no-run"], &[]) },
+                )
+                .await;
+        }
     }
-
-    if local_lanes && go_on() {
-        let t = wait_for_build(background.as_mut(), LOCAL_CLUSTER_BUILD, &mut step).await;
-        // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
-        let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
-            .with_overrides(Some(crate::overrides::Overrides::default()));
-        let up = cluster.up(true).await.map(|_| ());
-        let up_ok = up.is_ok();
-        step("local cluster up", up, t);
-        if up_ok {
-            let kubeconfig = cluster.kubeconfig();
-            if go_on() && !only_driver {
-                let t = StepStart::now();
-                let tests = cluster_tests::cluster_tests();
-                let (name, result) =
-                    cluster_tests::run_side_by_side(&repo, &tests.iter().collect::<Vec<_>>(), &kubeconfig)
-                        .await;
-                step(&name, result, t);
-            }
-            if go_on() && !only_driver {
-                let (name, suite_args) = suite_run(&repo);
-                let t = StepStart::now();
-                step(name, run_suite(&repo, &kubeconfig, &suite_args).await, t);
-            }
-            if go_on() && !only_driver {
-                let t = StepStart::now();
-                let (cmd, restart) = restarts::cluster_test();
-                let result = cargo(
-                    &repo,
-                    &cmd,
-                    &[
-                        ("DRA_E2E_KUBECONFIG", kubeconfig.as_path()),
-                        ("DRA_E2E_RESTART_KUBELET", Path::new(&restart)),
-                    ],
-                );
-                step(
-                    "restart cluster test: a kubelet restarted under a running pod (harness/tests/cluster/restart.rs)",
-                    result,
-                    t,
-                );
-            }
-            let restart_runs = if only_driver { Vec::new() } else { restarts::restart_runs() };
-            for run in restart_runs.iter().take_while(|_| go_on()) {
-                let t = StepStart::now();
-                step(run.name, restarts::run_with_restart(&repo, &cluster, run).await, t);
-            }
-            if go_on() {
-                driver_lane::run(&repo, &cluster, &mut step).await;
-            }
-            for lane in lanes.into_iter().take_while(|_| go_on()) {
-                let t = match &lane.build {
-                    Some(build) => wait_for_build(background.as_mut(), build.key, &mut step).await,
-                    None => StepStart::now(),
-                };
-                let up = match lane_overrides(&lane) {
-                    Ok(overrides) => {
-                        cluster.clone().with_overrides(Some(overrides)).up(false).await.map(|_| ())
-                    }
-                    Err(e) => Err(e),
-                };
-                let up_ok = up.is_ok();
-                step(lane.restart, up, t);
-                if !up_ok {
-                    continue;
-                }
-                for (name, cmd) in lane.cluster_tests.iter().take_while(|_| go_on()) {
-                    let t = StepStart::now();
-                    let result = cargo(&repo, cmd, &[("DRA_E2E_KUBECONFIG", kubeconfig.as_path())]);
-                    step(name, result, t);
-                }
-                if !go_on() {
-                    break;
-                }
-                let t = StepStart::now();
-                let (name, suite_args) = &lane.suite;
-                step(name, run_suite(&repo, &kubeconfig, suite_args).await, t);
-            }
-        }
-        if !args.keep_cluster {
-            let t = StepStart::now();
-            let down = async {
-                cluster.down().await?;
-                let left = cluster.leftovers();
-                if !left.is_empty() {
-                    bail!("cluster down left: {}", left.join("; "));
-                }
-                Ok(())
-            }
-            .await;
-            step("local cluster down leaves nothing behind", down, t);
-        }
+    if local_lanes {
+        on_local_cluster(&repo, &args, &share, lanes, background.as_mut(), &mut steps).await?;
     }
     // After the local cluster is down: two clusters at once do not fit two cores.
-    if !args.no_cluster && matches!(args.lane, TestLane::All | TestLane::Kind) && (kind.is_some() || go_on())
-    {
+    if kind_lane {
         let lane = match kind {
-            Some(lane) => lane,
-            None => kind_lane::prepare(&mut step).await,
+            Some(lane) => Some(lane),
+            None if steps.go_on() => Some(kind_lane::prepare(&mut steps).await),
+            None => None,
         };
-        lane.run(&repo, &interrupted, background.as_mut(), &mut step).await;
+        match lane {
+            Some(lane) => lane.run(&repo, &share, background.as_mut(), &mut steps).await,
+            None => kind_lane::not_run(&mut steps),
+        }
     }
     drop(background); // stops a build still running (after an interrupt)
-    if let Some(why) = disk.fell_below_floor() {
-        step("the disk kept its floor of free space", Err(anyhow::anyhow!("{why}")), StepStart::now());
-    }
-    if !go_on() {
-        eprintln!("==> interrupted: the steps after the one that was running did not run");
-    }
+    Ok(steps.finish())
+}
 
-    eprint!("\n{}", table::step_table(&outcomes));
-    let failed = outcomes.iter().filter(|o| o.result.is_err()).count();
-    eprintln!("{} steps, {failed} failed", outcomes.len());
-    // Again after the table: CI's log keeps the end of the output, where the reason belongs.
-    for outcome in &outcomes {
-        if let Err(e) = &outcome.result {
-            eprintln!("failed: {}: {}", outcome.name, clip(&format!("{e:#}"), 2000));
+/// What a machine builds in the background, in order: the local cluster's binaries when its
+/// share's local lanes need them or the kind node image is built here (its Kubernetes binaries
+/// are those), what the `lanes` it restarts into need, the kind node image when its kind lane
+/// builds one here (not with `KIND_NODE_IMAGE`).
+fn background_builds(
+    share: &partition::Share,
+    lanes: &[local_lanes::Lane],
+    kind_image: bool,
+) -> Vec<partition::ClusterBuild> {
+    partition::ClusterBuild::ALL
+        .into_iter()
+        .filter(|build| match build {
+            partition::ClusterBuild::LocalCluster => {
+                kind_image || share.local_lanes().iter().any(|lane| lane.builds().contains(build))
+            }
+            partition::ClusterBuild::KindImage => kind_image,
+            lane_build => lanes.iter().any(|lane| lane.lane.builds().contains(lane_build)),
+        })
+        .collect()
+}
+
+/// The local cluster's steps: up (as kind.yaml says, or straight into the share's first lane),
+/// its cluster tests and lanes, down (also after a failure or an interrupt, unless
+/// `--keep-cluster`).
+async fn on_local_cluster(
+    repo: &Path,
+    args: &TestOptions,
+    share: &partition::Share,
+    lanes: Vec<local_lanes::Lane>,
+    mut background: Option<&mut background::Background>,
+    steps: &mut steps::Steps,
+) -> Result<()> {
+    let only_driver = args.lane == TestLane::Driver;
+    // kind.yaml's nodes and settings, also when a kept cluster runs the workload lane.
+    let cluster = local::LocalCluster::new(Some(local::default_node_count()?))?
+        .with_overrides(Some(crate::overrides::Overrides::default()));
+    let default = share.local_lanes().first() == Some(&partition::LocalLane::Default);
+    let mut lanes = lanes.into_iter();
+    let first = if default { None } else { lanes.next() };
+    let up_step = first.as_ref().map_or("local cluster up", |lane| lane.up);
+    // Stopped before: every step on it is listed as not run (each records itself so).
+    let stopped = steps.skipped(up_step);
+    if !stopped {
+        let first_lane = first.as_ref().map_or(partition::LocalLane::Default, |lane| lane.lane);
+        let t = wait_for_builds(background.as_deref_mut(), first_lane.builds(), steps).await;
+        let up = match first.as_ref().map(local_lanes::Lane::overrides).transpose() {
+            Ok(overrides) => {
+                let up_cluster = cluster.clone().with_overrides(overrides);
+                up_cluster.up(true).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        };
+        let up_ok = up.is_ok();
+        steps.record(up_step, up, t);
+        if !up_ok {
+            return down_unless_kept(&cluster, args, steps).await;
         }
     }
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    let kubeconfig = cluster.kubeconfig();
+    if default && !only_driver {
+        default_lane(repo, share, &cluster, steps).await;
+    }
+    if default && share.runs(partition::Unit::Driver) {
+        driver_lane::run(repo, &cluster, steps).await;
+    }
+    if let Some(lane) = first {
+        lane_steps(repo, &lane, share, &kubeconfig, steps).await;
+    }
+    for lane in lanes {
+        restarted_lane(repo, &cluster, lane, share, background.as_deref_mut(), &kubeconfig, steps).await;
+    }
+    if stopped {
+        return Ok(());
+    }
+    down_unless_kept(&cluster, args, steps).await
 }
 
-/// The background build of the local cluster's binaries (`cluster build`), which the first
-/// `cluster up` waits for.
-const LOCAL_CLUSTER_BUILD: &str = "local-cluster";
-
-fn local_cluster_build() -> background::Build {
-    background::Build { key: LOCAL_CLUSTER_BUILD, what: "the local cluster's binaries".into(), args: vec![] }
+/// `cluster down`, which must leave nothing behind, unless `--keep-cluster`.
+async fn down_unless_kept(
+    cluster: &local::LocalCluster,
+    args: &TestOptions,
+    steps: &mut steps::Steps,
+) -> Result<()> {
+    if !args.keep_cluster {
+        let t = StepStart::now();
+        let down = async {
+            cluster.down().await?;
+            let left = cluster.leftovers();
+            if !left.is_empty() {
+                bail!("cluster down left: {}", left.join("; "));
+            }
+            Ok(())
+        }
+        .await;
+        steps.record("local cluster down leaves nothing behind", down, t);
+    }
+    Ok(())
 }
 
-/// Waits for the background build `key` (if it was queued) and returns the start of the step
-/// that needed it, carrying the wait (the step table's `waited`). A failed build is a failed step
-/// of its own (with its log's tail); the step after it then builds in the foreground.
-async fn wait_for_build(
+/// On the cluster as `cluster up` starts it, what of it `share` runs: the cluster tests side by
+/// side, every spec but the workload lane's, then the restart steps.
+async fn default_lane(
+    repo: &Path,
+    share: &partition::Share,
+    cluster: &local::LocalCluster,
+    steps: &mut steps::Steps,
+) {
+    let kubeconfig = cluster.kubeconfig();
+    if share.runs(partition::Unit::ClusterTests) {
+        let tests = cluster_tests::cluster_tests();
+        cluster_tests_step(repo, &tests.iter().collect::<Vec<_>>(), &kubeconfig, "", steps).await;
+    }
+    if share.runs(partition::Unit::Suites) {
+        let (name, suite) = local_lanes::suite_run(repo);
+        let slice = share.slice(partition::Unit::Suites);
+        steps.run(&sliced(name, slice), run_suite(repo, &kubeconfig, &suite.sliced(slice))).await;
+    }
+    if share.runs(partition::Unit::RestartTest) {
+        let restart_test = restarts::cluster_test();
+        cluster_tests_step(repo, &[&restart_test], &kubeconfig, "", steps).await;
+    }
+    for run in restarts::restart_runs().iter().filter(|run| share.runs(run.unit)) {
+        steps.run(run.name, restarts::run_with_restart(repo, cluster, run)).await;
+    }
+}
+
+/// A suite run's step name, with the slice of its specs it runs if it runs one.
+fn sliced(name: &str, slice: Option<partition::Slice>) -> String {
+    match slice {
+        Some(slice) => format!("{name}, slice {slice} of its specs"),
+        None => name.to_owned(),
+    }
+}
+
+/// The cluster tests `tests` side by side as one step (its name says what each took), `prefix`
+/// before its name.
+async fn cluster_tests_step(
+    repo: &Path,
+    tests: &[&cluster_tests::ClusterTest],
+    kubeconfig: &Path,
+    prefix: &str,
+    steps: &mut steps::Steps,
+) {
+    let names: Vec<&str> = tests.iter().map(|t| t.short).collect();
+    if steps.skipped(&format!("{prefix}cluster tests: {}", names.join(", "))) {
+        return;
+    }
+    let t = StepStart::now();
+    let (name, result) = cluster_tests::run_side_by_side(repo, tests, kubeconfig).await;
+    steps.record(&format!("{prefix}{name}"), result, t);
+}
+
+/// A lane after the default one: the cluster restarted with its overrides (once its builds are
+/// done), then its steps.
+async fn restarted_lane(
+    repo: &Path,
+    cluster: &local::LocalCluster,
+    lane: local_lanes::Lane,
+    share: &partition::Share,
     background: Option<&mut background::Background>,
-    key: &str,
-    step: &mut impl FnMut(&str, Result<()>, StepStart),
+    kubeconfig: &Path,
+    steps: &mut steps::Steps,
+) {
+    if steps.skipped(lane.restart) {
+        if let Some((unit, test)) = &lane.cluster_tests
+            && share.runs(*unit)
+        {
+            steps.skipped(test.name);
+        }
+        let (unit, name, _) = &lane.suite;
+        if share.runs(*unit) {
+            steps.skipped(&sliced(name, share.slice(*unit)));
+        }
+        return;
+    }
+    let t = wait_for_builds(background, lane.lane.builds(), steps).await;
+    let up = match lane.overrides() {
+        Ok(overrides) => cluster.clone().with_overrides(Some(overrides)).up(false).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let up_ok = up.is_ok();
+    steps.record(lane.restart, up, t);
+    if !up_ok {
+        return;
+    }
+    lane_steps(repo, &lane, share, kubeconfig, steps).await;
+}
+
+/// What of a lane after the default one `share` runs, on its cluster: its cluster tests, its
+/// suite run.
+async fn lane_steps(
+    repo: &Path,
+    lane: &local_lanes::Lane,
+    share: &partition::Share,
+    kubeconfig: &Path,
+    steps: &mut steps::Steps,
+) {
+    if let Some((unit, test)) = &lane.cluster_tests
+        && share.runs(*unit)
+    {
+        cluster_tests_step(repo, &[test], kubeconfig, "", steps).await;
+    }
+    let (unit, name, suite) = &lane.suite;
+    if share.runs(*unit) {
+        let slice = share.slice(*unit);
+        let suite = suite.clone().sliced(slice);
+        steps.run(&sliced(name, slice), run_suite(repo, kubeconfig, &suite)).await;
+    }
+}
+
+/// Waits for the background builds `builds` (those that were queued and not waited for yet) and
+/// returns the start of the step that needed them, carrying the wait (the step table's
+/// `waited`). A failed build is a failed step of its own (with its log's tail); the step after
+/// it then builds in the foreground.
+async fn wait_for_builds(
+    mut background: Option<&mut background::Background>,
+    builds: &[partition::ClusterBuild],
+    steps: &mut steps::Steps,
 ) -> StepStart {
     let t = StepStart::now();
-    let Some(waited) = (match background {
-        Some(background) => background.wait(key).await,
-        None => None,
-    }) else {
-        return t;
-    };
-    match waited.result {
-        Ok(()) => eprintln!("==> {} (waited {})", waited.name, human(waited.waited)),
-        Err(e) => step(&waited.name, Err(e), StepStart::now()),
-    }
-    t.waited(waited.waited)
-}
-
-/// Set once Ctrl-C (SIGINT) reaches the run. The step that is running gets it too (same process
-/// group) and ends; no further step starts, and the clusters the run made are taken down.
-fn interrupt_flag() -> Arc<AtomicBool> {
-    let flag = Arc::new(AtomicBool::new(false));
-    let set = flag.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("==> interrupted: finishing the running step, then taking the clusters down");
-            set.store(true, Ordering::SeqCst);
+    let mut total = Duration::ZERO;
+    for build in builds {
+        let Some(waited) = (match background.as_deref_mut() {
+            Some(background) => background.wait(build.key()).await,
+            None => None,
+        }) else {
+            continue;
+        };
+        match waited.result {
+            Ok(()) => eprintln!("==> {} (waited {})", waited.name, human(waited.waited)),
+            Err(e) => steps.record::<()>(&waited.name, Err(e), StepStart::now()),
         }
-    });
-    flag
-}
-
-/// The e2e suite run against the local cluster as `cluster up` starts it (kind.yaml's gates):
-/// every registered spec but the workload lane's, in one run, so the parallel specs of every
-/// context fill the slots around the `[Serial]` specs' chain and the run ends with one tail of
-/// deferred observations instead of one per context (measured in docs/spec-time.md).
-fn suite_run(repo: &Path) -> (&'static str, Vec<String>) {
-    (
-        "e2e: every spec but the workload lane's (control plane, CRUD, kubelet, Node Allocatable, ...)",
-        suite_args(repo, &["--skip", WORKLOAD_FOCUS], "suites"),
-    )
-}
-
-/// The workload lane's run: the specs that need PodGroups.
-fn workload_run(repo: &Path) -> (&'static str, Vec<String>) {
-    ("e2e: workload lane (PodGroup specs)", suite_args(repo, &["--focus", WORKLOAD_FOCUS], "workload"))
+        total += waited.waited;
+    }
+    t.waited(total)
 }
 
 /// How many specs a lane on the local cluster runs at once. Its specs mostly wait on the
@@ -424,47 +415,22 @@ fn workload_run(repo: &Path) -> (&'static str, Vec<String>) {
 /// (docs/spec-time.md).
 pub(crate) const LANE_PROCS: &str = "8";
 
-/// dra-e2e's arguments for one lane: the selection, [`LANE_PROCS`] at once, its JUnit and JSON
-/// reports (`<junit>.xml`, `<junit>.json`) and the artifacts.
-fn suite_args(repo: &Path, selection: &[&str], junit: &str) -> Vec<String> {
-    suite_args_with(repo, selection, junit, LANE_PROCS)
-}
-
-/// [`suite_args`] with `procs` specs at once.
-fn suite_args_with(repo: &Path, selection: &[&str], junit: &str, procs: &str) -> Vec<String> {
-    let out = e2e::target_dir(repo).join("e2e");
-    let artifacts = out.join("artifacts").display().to_string();
-    let json = report::path(repo, junit).display().to_string();
-    let junit = out.join(format!("{junit}.xml")).display().to_string();
-    let mut args: Vec<String> = selection.iter().map(|s| s.to_string()).collect();
-    args.extend(
-        ["-p", procs, "--junit", &junit, report::FLAG, &json, "--artifacts", &artifacts].map(String::from),
-    );
-    args
-}
-
-/// Runs dra-e2e with `args`; a failed run's error names its failed specs (from its JSON report).
-async fn run_suite(repo: &Path, kubeconfig: &Path, args: &[String]) -> Result<()> {
+/// Runs `suite` against the cluster of `kubeconfig` and judges it ([`lane_run`]): what ran,
+/// counted, when it passed; a failed run's error names its failed specs.
+async fn run_suite(repo: &Path, kubeconfig: &Path, suite: &lane_run::SuiteRun) -> Result<String> {
+    let skips = host_skips::HostSkips::load(repo)?;
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
-    let code = e2e::run_runner(&runner, kubeconfig, args).await?;
-    if code != 0 {
-        match report::named_in(args) {
-            Some(json) => bail!("dra-e2e exited with {code}: {}", report::why_failed(&json)),
-            None => bail!("dra-e2e exited with {code}"),
-        }
-    }
-    Ok(())
+    let texts = lane_run::texts_version(repo, kubeconfig).await?;
+    suite.run(&runner, kubeconfig, &texts).await?.judge(&skips)
 }
 
 /// Runs cargo in the workspace with extra environment.
 fn cargo(repo: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(&cargo)
+    let status = crate::repo::cargo_command(repo)
         .args(args)
         .envs(env.iter().map(|(k, v)| (k.to_string(), PathBuf::from(v))))
-        .current_dir(repo)
         .status()
-        .with_context(|| format!("run {cargo} {}", args.join(" ")))?;
+        .with_context(|| format!("run {} {}", crate::repo::cargo_program(), args.join(" ")))?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
@@ -473,11 +439,10 @@ fn cargo(repo: &Path, args: &[&str], env: &[(&str, &Path)]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    fn lane(prefix: &str) -> Lane {
-        lanes(&crate::repo::repo_root()).into_iter().find(|l| l.restart.contains(prefix)).unwrap()
-    }
+    use super::{
+        partition::{ClusterBuild, Partition, Share, Slice, Unit},
+        *,
+    };
 
     #[test]
     fn long_reasons_are_clipped_on_a_character_boundary() {
@@ -504,62 +469,75 @@ mod tests {
     }
 
     #[test]
-    fn the_skew_lane_runs_an_old_kubelet_beside_new_ones() {
-        let lane = lane("skew lane");
-        let overrides = lane_overrides(&lane).unwrap();
-        assert_eq!(overrides.kubelet_flag(), "v1.34.4");
-        assert!(overrides.feature_gates.is_empty() && overrides.runtime_config.is_empty());
-        // An older minor than the cluster's, and the cluster keeps other workers at its version.
-        let cluster = crate::common::kube_version::KubeVersion::new(1, 37, 2);
-        let versions = crate::skew::node_versions(&cluster, 4, &[], &overrides.kubelet_versions).unwrap();
-        assert!(versions[1].minor() < cluster.minor() && versions[2] == cluster && versions[3] == cluster);
-        assert!(lane.cluster_tests.iter().any(|(_, cmd)| cmd.contains(&"skew::")));
-        let args = &lane.suite.1;
-        assert!(args.windows(2).any(|w| w == ["--focus", SKEW_FOCUS]), "{args:?}");
-        assert!(args.windows(2).any(|w| w == ["--skip", SKEW_SKIP]), "{args:?}");
-    }
-
-    #[test]
-    fn the_next_release_lanes_run_every_spec_at_that_release() {
-        let all = lane("v1.38.0-beta.0 (the next release)");
-        let overrides = lane_overrides(&all).unwrap();
-        assert_eq!(overrides.k8s_version.map(|v| v.to_string()).as_deref(), Some(NEXT_RELEASE));
-        assert!(overrides.feature_gates.is_empty() && overrides.kubelet_versions.is_empty());
-        assert_eq!(all.suite.1[..2], ["--skip", WORKLOAD_FOCUS]);
-        let workload = lane_overrides(&lane("v1.38.0-beta.0 for its workload lane")).unwrap();
-        let default_workload = lane_overrides(&lane("for the workload lane")).unwrap();
-        assert_eq!(
-            workload,
-            crate::overrides::Overrides {
-                k8s_version: Some(crate::common::kube_version::KubeVersion::parse(NEXT_RELEASE).unwrap()),
-                ..default_workload
-            }
-        );
-        // The release has committed upstream spec texts (the parity test checks them).
-        let list = crate::repo::repo_root().join(format!("suites/upstream/specs-{NEXT_RELEASE}.txt"));
-        assert!(list.is_file(), "{} is missing", list.display());
-    }
-
-    #[test]
-    fn the_default_run_and_the_workload_lane_split_the_specs_between_them() {
-        let repo = Path::new("/repo");
-        let (_, default) = suite_run(repo);
-        let (_, workload) = workload_run(repo);
-        assert_eq!(default[..2], ["--skip", WORKLOAD_FOCUS]);
-        assert_eq!(workload[..2], ["--focus", WORKLOAD_FOCUS]);
-        for args in [&default, &workload] {
-            assert!(!args[2..].iter().any(|a| a == "--focus" || a == "--skip"), "{args:?}");
+    fn a_partition_goes_with_the_whole_run_only() {
+        let partition = Some(Partition { machine: 1, machines: 2 });
+        check(&TestOptions { partition, ..TestOptions::default() }).unwrap();
+        check(&TestOptions { partition, keep_cluster: true, ..TestOptions::default() }).unwrap();
+        for refused in [
+            TestOptions { partition, lane: TestLane::Local, ..TestOptions::default() },
+            TestOptions { partition, lane: TestLane::Kind, ..TestOptions::default() },
+            TestOptions { partition, no_cluster: true, ..TestOptions::default() },
+        ] {
+            let err = check(&refused).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                "--partition splits the whole run (every lane) over machines: leave out --lane and --no-cluster"
+            );
         }
     }
 
     #[test]
-    fn the_workload_lane_is_what_the_pod_group_specs_ask_for() {
-        let lane = lane_overrides(&lane("workload lane")).unwrap();
-        let specs =
-            std::fs::read_to_string(crate::repo::repo_root().join("suites/src/specs/kubelet/pod_groups.rs"))
-                .unwrap();
-        let flags = format!("{lane}");
-        assert!(specs.contains(&format!("\"{flags}\"")), "pod_groups.rs must name {flags:?} as LANE_FLAGS");
-        assert!(lane.feature_gates["GenericWorkload"] && lane.feature_gates["DRAWorkloadResourceClaims"]);
+    fn a_machine_builds_what_its_share_needs_only() {
+        let repo = Path::new("/repo");
+        let lanes = |share: &Share| -> Vec<local_lanes::Lane> {
+            local_lanes::lanes(repo).into_iter().filter(|l| share.local_lanes().contains(&l.lane)).collect()
+        };
+        // Unsplit: everything, in the order the lanes need it; the driver lane alone: the
+        // local cluster's binaries.
+        let everything = Share::everything();
+        assert_eq!(background_builds(&everything, &lanes(&everything), true), ClusterBuild::ALL);
+        assert_eq!(background_builds(&everything, &[], false), [ClusterBuild::LocalCluster]);
+        for machines in 1..=partition::MAX_MACHINES {
+            for share in partition::plan::plan(machines).shares {
+                let builds = background_builds(&share, &lanes(&share), share.needs_kind());
+                assert_eq!(builds, share.builds(), "{}", share.describe_units());
+                // A kind node image pulled (KIND_NODE_IMAGE): no build of it or for it.
+                let pulled = background_builds(&share, &lanes(&share), false);
+                assert!(!pulled.contains(&ClusterBuild::KindImage));
+                let local =
+                    share.local_lanes().iter().any(|l| l.builds().contains(&ClusterBuild::LocalCluster));
+                assert_eq!(pulled.contains(&ClusterBuild::LocalCluster), local, "{}", share.describe_units());
+                assert_eq!(builds.contains(&ClusterBuild::KindImage), share.needs_kind());
+                let next = share.runs(Unit::NextRelease) || share.runs(Unit::NextReleaseWorkload);
+                assert_eq!(builds.contains(&ClusterBuild::NextRelease), next, "{}", share.describe_units());
+            }
+        }
+    }
+
+    #[test]
+    fn a_sliced_step_says_its_slice() {
+        assert_eq!(sliced("e2e: x", None), "e2e: x");
+        assert_eq!(sliced("e2e: x", Some(Slice { index: 2, total: 3 })), "e2e: x, slice 2/3 of its specs");
+    }
+
+    #[test]
+    fn every_host_skip_names_a_lane_of_the_run() {
+        let repo = crate::repo::repo_root();
+        let mut stems: Vec<String> =
+            local_lanes::lanes(&repo).into_iter().map(|lane| lane.suite.2.stem).collect();
+        stems.extend([local_lanes::suite_run(&repo).1.stem, kind_lane::JUNIT.to_owned()]);
+        stems.extend(restarts::restart_runs().iter().map(|run| run.report.to_owned()));
+        stems.extend(driver_lane::STEMS.map(String::from));
+        let skips = host_skips::HostSkips::load(&repo).unwrap();
+        assert!(!skips.rows.is_empty(), "{} documents no host skip", host_skips::DOC);
+        for row in &skips.rows {
+            for lane in &row.lanes {
+                assert!(
+                    stems.contains(lane),
+                    "{}: no lane is `{lane}`; the lanes: {stems:?}",
+                    host_skips::DOC
+                );
+            }
+        }
     }
 }

@@ -101,6 +101,8 @@ use crate::{
 pub const SLICE_REMOVAL_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long RBAC and the admission policy may take to become effective.
 pub const PERMISSIONS_TIMEOUT: Duration = Duration::from_secs(30);
+/// The per-claim error of [`Driver::fail_claim`]; the kubelet quotes it in its errors and events.
+pub const INJECTED_CLAIM_ERROR: &str = "injected per-claim error";
 
 /// Per-node state of a driver.
 struct NodeState {
@@ -413,6 +415,15 @@ impl Driver {
     #[must_use = "dropping the guard stops the failures at once"]
     pub fn fail(&self, node: &str, method: impl Into<crate::calls::CallFilter>) -> FaultGuard {
         self.calls(node).fail(method, tonic::Status::unknown("injected error"))
+    }
+
+    /// Fails the claims `filter` matches (usually one: `Method::NodePrepareResources
+    /// .for_claim_uid(uid)`) in every prepare or unprepare call on `node`, with the per-claim
+    /// error [`INJECTED_CLAIM_ERROR`] in an answer that otherwise succeeds, until the guard is
+    /// cleared or dropped. The next `n` only: `driver.calls(node).fail_claim_next(..)`.
+    #[must_use = "dropping the guard stops the failures at once"]
+    pub fn fail_claim(&self, node: &str, filter: impl Into<crate::calls::CallFilter>) -> FaultGuard {
+        self.calls(node).fail_claim(filter, INJECTED_CLAIM_ERROR)
     }
 
     /// The device health a node's plugin reports.

@@ -8,6 +8,7 @@ mod common;
 mod tunnel_support;
 
 mod cargo_env;
+mod connection_cuts;
 mod driver;
 mod faults;
 mod framework;

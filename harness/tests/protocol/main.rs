@@ -15,6 +15,7 @@ mod errors;
 mod interop;
 mod kubelet;
 mod metadata;
+mod per_claim_faults;
 mod plugin_tunnel;
 mod rolling_update;
 mod tunnel_host;

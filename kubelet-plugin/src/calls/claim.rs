@@ -39,7 +39,7 @@ pub struct ClaimCall {
     pub method: String,
     /// How it ended for the claim.
     pub outcome: ClaimOutcome,
-    /// The call was failed by an injected fault.
+    /// The call as a whole, or its answer for this claim, was failed by an injected fault.
     pub injected: bool,
     /// For a successful prepare: the devices returned for the claim as `(pool, device, CDI IDs)`.
     pub devices: Vec<(String, String, Vec<String>)>,
@@ -128,7 +128,7 @@ impl ClaimCalls {
                     prepare: is_prepare,
                     method: r.method.clone(),
                     outcome,
-                    injected: r.injected,
+                    injected: r.injected || r.injected_claims.iter().any(|u| u == uid),
                     devices,
                     record: r.clone(),
                 })
@@ -233,6 +233,7 @@ mod tests {
             responses: 1,
             status: status.map(|code| CallStatus { code, message: "boom".into() }),
             injected: status == Some(tonic::Code::Unknown),
+            injected_claims: Vec::new(),
             blocked: false,
             started: SystemTime::now(),
             finished: None,

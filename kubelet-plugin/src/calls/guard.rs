@@ -3,8 +3,9 @@
 
 use super::Calls;
 
-/// Keeps a failure or delay from [`Calls::fail`], [`Calls::fail_next`] or [`Calls::delay`] in
-/// effect; [`FaultGuard::clear`] or dropping it removes the fault.
+/// Keeps a failure or delay from [`Calls::fail`], [`Calls::fail_next`], [`Calls::fail_claim`],
+/// [`Calls::fail_claim_next`] or [`Calls::delay`] in effect; [`FaultGuard::clear`] or dropping it
+/// removes the fault.
 #[derive(Debug)]
 pub struct FaultGuard {
     calls: Calls,

@@ -13,7 +13,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{
-    CallStatus, Calls,
+    CallStatus, Calls, ClaimFaults,
     decode::{MethodCodec, claims_of, codec_for, drain_frames},
 };
 
@@ -163,6 +163,9 @@ where
         return Ok(status.into_http());
     }
 
+    // The handler applies the per-claim faults where it builds its answer.
+    let mut req = req;
+    req.extensions_mut().insert(ClaimFaults::new(calls.clone(), id, path));
     let response = inner.call(req).await?;
     pending.disarm();
     let (parts, body) = response.into_parts();

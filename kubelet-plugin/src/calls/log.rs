@@ -67,6 +67,9 @@ pub struct CallRecord {
     pub status: Option<CallStatus>,
     /// The call was failed by an injected fault without reaching the handler.
     pub injected: bool,
+    /// UIDs of the claims whose answer carries an injected per-claim error
+    /// ([`super::Calls::fail_claim`]); the call itself went on.
+    pub injected_claims: Vec<String>,
     /// The call is currently held by a [`super::Calls::block`].
     pub blocked: bool,
     /// When the call arrived.
@@ -133,6 +136,9 @@ impl CallRecord {
         if self.injected {
             line.push_str(" [injected]");
         }
+        if !self.injected_claims.is_empty() {
+            line.push_str(&format!(" [injected for claim UID(s) {}]", self.injected_claims.join(", ")));
+        }
         if let Some(request) = &self.request {
             line.push_str(&format!(" request={request}"));
         }
@@ -189,7 +195,8 @@ impl CallLog {
         self.count_where(filter, CallRecord::failed)
     }
 
-    /// Number of matching calls failed by an injected fault.
+    /// Number of matching calls failed as a whole by an injected fault (an injected per-claim
+    /// error does not fail its call: see [`super::Calls::claim`]).
     pub fn injected(&self, filter: impl Into<CallFilter>) -> usize {
         self.count_where(filter, |r| r.injected)
     }

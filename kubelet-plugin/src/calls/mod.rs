@@ -16,8 +16,11 @@
 //!   [`Calls::wait_unprepared`]; each re-checks after every change and fails with the log.
 //! - **Faults**: [`Calls::fail`], [`Calls::fail_next`], [`Calls::delay`] and [`Calls::block`]
 //!   return a guard; the fault lasts until the guard is cleared or dropped. Injected failures are
-//!   recorded ([`CallRecord::injected`]) and count like any other call. The Driver also clears
-//!   whatever is still injected when the spec's cleanup starts.
+//!   recorded ([`CallRecord::injected`]) and count like any other call. [`Calls::fail_claim`] and
+//!   [`Calls::fail_claim_next`] fail single claims of a call that succeeds (the per-claim `error`
+//!   of the answer), with the same guards; recorded per claim ([`CallRecord::injected_claims`],
+//!   [`ClaimCall::injected`]). The Driver also clears whatever is still injected when the spec's
+//!   cleanup starts.
 //!
 //! Each call waits only for the faults that match it; there is no global lock around handlers,
 //! so a blocked `NodePrepareResources` for one claim does not hold up calls for other claims or
@@ -36,6 +39,7 @@
 
 mod claim;
 mod decode;
+mod faults;
 mod guard;
 mod layer;
 mod log;
@@ -48,9 +52,11 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use faults::{Block, Fault};
 use tokio::sync::watch;
 
 pub use claim::{ClaimCall, ClaimCalls, ClaimOutcome};
+pub use faults::ClaimFaults;
 pub use guard::{BlockGuard, FaultGuard};
 pub use layer::{CallsLayer, CallsService};
 pub use log::{CallLog, CallRecord, CallStatus, ClaimRef};
@@ -112,30 +118,6 @@ impl fmt::Display for CallsError {
 
 impl std::error::Error for CallsError {}
 
-/// What an injected fault does.
-#[derive(Clone, Debug)]
-enum FaultKind {
-    /// Fail with this status; `remaining` calls (None = every call).
-    Fail { status: tonic::Status, remaining: Option<u64> },
-    /// Sleep before handling.
-    Delay(Duration),
-}
-
-#[derive(Debug)]
-struct Fault {
-    id: u64,
-    filter: CallFilter,
-    kind: FaultKind,
-}
-
-#[derive(Debug)]
-struct Block {
-    id: u64,
-    filter: CallFilter,
-    /// Dropped on release; held calls wait for the channel to close.
-    release: watch::Sender<()>,
-}
-
 #[derive(Debug, Default)]
 struct State {
     next_call: u64,
@@ -173,14 +155,6 @@ impl Default for Calls {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// What the layer must do with a call before running the handler.
-pub(crate) struct Admission {
-    /// Held calls wait until all of these are closed.
-    pub blocks: Vec<watch::Receiver<()>>,
-    /// Total delay.
-    pub delay: Duration,
 }
 
 impl Calls {
@@ -258,80 +232,6 @@ impl Calls {
     pub fn reset(&self) {
         self.state().records.clear();
         self.notify();
-    }
-
-    /// Fails every matching call with `status` until the guard is cleared or dropped (upstream's
-    /// `Fail(method, true)` … `Fail(method, false)`).
-    #[must_use = "dropping the guard stops the failures at once"]
-    pub fn fail(&self, filter: impl Into<CallFilter>, status: tonic::Status) -> FaultGuard {
-        self.add_fault(filter.into(), FaultKind::Fail { status, remaining: None })
-    }
-
-    /// Fails the next `n` matching calls with `status` (fewer if the guard goes first).
-    #[must_use = "dropping the guard stops the failures at once"]
-    pub fn fail_next(&self, filter: impl Into<CallFilter>, n: u64, status: tonic::Status) -> FaultGuard {
-        if n == 0 {
-            return FaultGuard::none(self.clone());
-        }
-        self.add_fault(filter.into(), FaultKind::Fail { status, remaining: Some(n) })
-    }
-
-    /// Delays every matching call by `delay` before it is handled, until the guard is cleared
-    /// or dropped.
-    #[must_use = "dropping the guard stops the delays at once"]
-    pub fn delay(&self, filter: impl Into<CallFilter>, delay: Duration) -> FaultGuard {
-        self.add_fault(filter.into(), FaultKind::Delay(delay))
-    }
-
-    fn add_fault(&self, filter: CallFilter, kind: FaultKind) -> FaultGuard {
-        tracing::debug!(scope = %self.inner.scope, %filter, ?kind, "injecting fault");
-        let mut state = self.state();
-        state.next_fault += 1;
-        let id = state.next_fault;
-        state.faults.push(Fault { id, filter, kind });
-        FaultGuard::new(self.clone(), id)
-    }
-
-    pub(crate) fn remove_fault(&self, id: u64) {
-        self.state().faults.retain(|f| f.id != id);
-    }
-
-    /// Holds every matching call that arrives from now on before its handler runs, until the
-    /// returned guard is released or dropped. Other calls are not affected.
-    #[must_use = "dropping the guard releases the block at once"]
-    pub fn block(&self, filter: impl Into<CallFilter>) -> BlockGuard {
-        let filter = filter.into();
-        let mut state = self.state();
-        state.next_fault += 1;
-        let id = state.next_fault;
-        tracing::debug!(scope = %self.inner.scope, %filter, "blocking calls");
-        state.blocks.push(Block { id, filter, release: watch::Sender::new(()) });
-        BlockGuard::new(self.clone(), id)
-    }
-
-    pub(crate) fn release_block(&self, id: u64) {
-        let removed = {
-            let mut state = self.state();
-            let before = state.blocks.len();
-            state.blocks.retain(|b| b.id != id);
-            before != state.blocks.len()
-        };
-        if removed {
-            self.notify();
-        }
-    }
-
-    /// Removes every failure and delay and releases every block, whoever holds their guards
-    /// (their guards then do nothing). The Driver does this when a spec's cleanup starts.
-    pub fn clear_all(&self) {
-        let released = {
-            let mut state = self.state();
-            state.faults.clear();
-            std::mem::take(&mut state.blocks)
-        };
-        if !released.is_empty() {
-            self.notify();
-        }
     }
 
     /// Waits until `condition` holds for the call log, for at most `timeout`. On timeout the
@@ -445,6 +345,7 @@ impl Calls {
                 responses: 0,
                 status: None,
                 injected: false,
+                injected_claims: Vec::new(),
                 blocked: false,
                 started: SystemTime::now(),
                 finished: None,
@@ -453,48 +354,6 @@ impl Calls {
         };
         self.notify();
         id
-    }
-
-    /// Blocks and delays that apply to a call.
-    pub(crate) fn admission(&self, method: &str, claims: &[ClaimRef]) -> Admission {
-        let state = self.state();
-        let blocks = state
-            .blocks
-            .iter()
-            .filter(|b| b.filter.matches(method, claims))
-            .map(|b| b.release.subscribe())
-            .collect();
-        let delay = state
-            .faults
-            .iter()
-            .filter(|f| f.filter.matches(method, claims))
-            .filter_map(|f| match f.kind {
-                FaultKind::Delay(d) => Some(d),
-                FaultKind::Fail { .. } => None,
-            })
-            .sum();
-        Admission { blocks, delay }
-    }
-
-    /// The injected failure for a call, if any (consumes one of "fail next N").
-    pub(crate) fn take_failure(&self, method: &str, claims: &[ClaimRef]) -> Option<tonic::Status> {
-        let mut state = self.state();
-        let index = state
-            .faults
-            .iter()
-            .position(|f| f.filter.matches(method, claims) && matches!(f.kind, FaultKind::Fail { .. }))?;
-        let fault = state.faults.get_mut(index)?;
-        let FaultKind::Fail { status, remaining } = &mut fault.kind else {
-            return None;
-        };
-        let status = status.clone();
-        if let Some(n) = remaining {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                state.faults.remove(index);
-            }
-        }
-        Some(status)
     }
 
     pub(crate) fn update_call(&self, id: u64, update: impl FnOnce(&mut CallRecord)) {

@@ -203,3 +203,94 @@ async fn wait_unprepared_waits_for_a_successful_unprepare_after_the_prepare() {
     assert_eq!((history.prepared(), history.unprepared()), (1, 1));
     assert!(!history.is_prepared());
 }
+
+fn claim_ref(uid: &str) -> ClaimRef {
+    ClaimRef { namespace: "ns".into(), name: format!("claim-{uid}"), uid: uid.into() }
+}
+
+#[test]
+fn fail_claim_fails_only_the_claims_it_names_and_only_per_claim() {
+    let calls = Calls::new();
+    let id = calls.start_call(PREPARE_V1, [claim("a"), claim("b")].concat(), None);
+    let guard = calls.fail_claim(Method::NodePrepareResources.for_claim_uid("a"), "disk full");
+    // A per-claim fault never fails the whole call, nor delays it.
+    assert!(calls.take_failure(PREPARE_V1, &claim("a")).is_none());
+    assert_eq!(calls.admission(PREPARE_V1, &claim("a")).delay, Duration::ZERO);
+    assert_eq!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("a")).as_deref(), Some("disk full"));
+    assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("b")).is_none());
+    assert!(
+        calls.take_claim_failure(id, DraApi::V1.unprepare().name(), &claim_ref("a")).is_none(),
+        "another method"
+    );
+    // Until cleared: every answer for the claim.
+    assert!(calls.take_claim_failure(id, PREPARE_V1BETA1, &claim_ref("a")).is_some());
+    guard.clear();
+    assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("a")).is_none());
+    // A whole-call fault is not a per-claim one either.
+    let whole = calls.fail(Method::NodePrepareResources, tonic::Status::unknown("injected error"));
+    assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("a")).is_none());
+    drop(whole);
+}
+
+#[test]
+fn fail_claim_next_counts_claim_answers_and_goes_with_its_guard_or_clear_all() {
+    let calls = Calls::new();
+    let id = calls.start_call(PREPARE_V1, [claim("a"), claim("b")].concat(), None);
+    // Without a claim in the filter: every claim of a matching call, n answers in all.
+    let any = calls.fail_claim_next(Method::NodePrepareResources, 3, "x");
+    for uid in ["a", "b", "a"] {
+        assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref(uid)).is_some(), "{uid}");
+    }
+    assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("b")).is_none());
+    drop(any);
+    let nothing = calls.fail_claim_next(Method::NodePrepareResources, 0, "x");
+    assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("a")).is_none());
+    drop(nothing);
+    let dropped = calls.fail_claim_next(Method::NodePrepareResources, 5, "x");
+    drop(dropped);
+    assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("a")).is_none());
+    let cleared = calls.fail_claim(Method::NodePrepareResources.for_claim_name("claim-b"), "x");
+    calls.clear_all();
+    assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("b")).is_none());
+    drop(cleared);
+}
+
+#[test]
+fn injected_claim_errors_are_recorded_per_claim() {
+    let calls = Calls::named("node n1");
+    let _failing = calls.fail_claim_next(Method::NodePrepareResources.for_claim_uid("a"), 1, "disk full");
+    let answer = |a: &str| {
+        serde_json::json!({"claims": {
+            "a": {"devices": [], "error": a},
+            "b": {"devices": [], "error": ""},
+        }})
+    };
+    for _ in 0..2 {
+        let id = calls.start_call(PREPARE_V1, [claim("a"), claim("b")].concat(), None);
+        let error = calls.take_claim_failure(id, PREPARE_V1, &claim_ref("a")).unwrap_or_default();
+        assert!(calls.take_claim_failure(id, PREPARE_V1, &claim_ref("b")).is_none());
+        calls.update_call(id, |r| r.response = Some(answer(&error)));
+        calls.finish_call(id, ok(), false);
+    }
+    let log = calls.log();
+    assert_eq!(log.records[0].injected_claims, ["a"]);
+    assert!(log.records[1].injected_claims.is_empty());
+    assert_eq!(
+        (log.succeeded(Method::NodePrepareResources), log.injected(Method::NodePrepareResources)),
+        (2, 0)
+    );
+    assert!(log.to_string().contains("-> OK"), "{log}");
+    assert!(log.to_string().contains("[injected for claim UID(s) a]"), "{log}");
+
+    let a = calls.claim("a");
+    assert_eq!((a.prepare_failures(), a.prepared()), (1, 1));
+    assert!(a.calls[0].injected && !a.calls[1].injected);
+    assert_eq!(a.calls[0].outcome, ClaimOutcome::ClaimFailed("disk full".into()));
+    assert_eq!(
+        a.to_string(),
+        "#1 NodePrepareResources -> failed for the claim (disk full) [injected]; #2 NodePrepareResources -> OK"
+    );
+    let b = calls.claim("b");
+    assert_eq!((b.prepare_failures(), b.prepared()), (0, 2));
+    assert!(b.calls.iter().all(|c| !c.injected), "{b}");
+}

@@ -12,6 +12,10 @@
 //!   file and a CDI spec that mounts it per request, and adds the mount's CDI ID to the
 //!   request's first device (see [`super::metadata`]); unprepare removes them.
 //! - Unprepare removes the files of prepared claims; unknown claims succeed.
+//! - Injected per-claim faults ([`Calls::fail_claim`](crate::calls::Calls::fail_claim), reached
+//!   through the request's [`ClaimFaults`]) are applied here, claim by claim, after the claims
+//!   were read: such a claim gets the injected error and is left as it was (not prepared, or
+//!   still prepared), the others are handled as usual.
 //!
 //! Unlike upstream there is no global lock: calls for different claims run in
 //! parallel; operations on the same claim are serialized by a per-claim lock.
@@ -42,7 +46,10 @@ use super::{
         self, DeviceMetadata, DeviceMetadataRequest, MetadataConfig, MetadataDevice, MetadataObjectMeta,
     },
 };
-use crate::grpc::{dra_v1, dra_v1beta1};
+use crate::{
+    calls::{ClaimFaults, ClaimRef},
+    grpc::{dra_v1, dra_v1beta1},
+};
 
 /// A claim as identified by the kubelet: name and UID (the namespace is not
 /// needed to make it unique).
@@ -75,6 +82,18 @@ pub(crate) struct ClaimRequest {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+}
+
+impl ClaimRequest {
+    /// The per-claim error injected for this claim in this call, if any.
+    fn injected_error(&self, faults: Option<&ClaimFaults>) -> Option<String> {
+        let faults = faults?;
+        faults.take(&ClaimRef {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        })
+    }
 }
 
 type ClaimLock = Arc<tokio::sync::Mutex<()>>;
@@ -201,18 +220,24 @@ impl DraCore {
         Ok(claims)
     }
 
-    /// Prepares all claims: whole-call errors as status, per-claim results keyed by UID.
+    /// Prepares all claims: whole-call errors as status, per-claim results keyed by UID. A claim
+    /// with an injected per-claim fault gets its error and is not prepared.
     pub(crate) async fn prepare(
         &self,
         requests: &[ClaimRequest],
+        faults: Option<&ClaimFaults>,
     ) -> Result<HashMap<String, Result<Vec<PreparedDevice>, String>>, Status> {
         let claims = self.read_claims(requests).await.inspect_err(|status| {
             tracing::warn!(error = %status.message(), "NodePrepareResources failed");
         })?;
         let mut results = HashMap::new();
-        for claim in &claims {
+        // read_claims returns the claims in request order.
+        for (request, claim) in requests.iter().zip(&claims) {
             let uid = claim.metadata.uid.clone().unwrap_or_default();
-            let result = self.prepare_claim(claim).await;
+            let result = match request.injected_error(faults) {
+                Some(error) => Err(error),
+                None => self.prepare_claim(claim).await,
+            };
             if let Err(e) = &result {
                 tracing::warn!(claim = ?claim.metadata.name, error = %e, "prepare failed");
             }
@@ -392,11 +417,19 @@ impl DraCore {
         Ok(())
     }
 
-    /// Unprepares all claims; per-claim results keyed by UID (`Ok` = success).
-    pub(crate) async fn unprepare(&self, requests: &[ClaimRequest]) -> HashMap<String, Result<(), String>> {
+    /// Unprepares all claims; per-claim results keyed by UID (`Ok` = success). A claim with an
+    /// injected per-claim fault gets its error and stays prepared.
+    pub(crate) async fn unprepare(
+        &self,
+        requests: &[ClaimRequest],
+        faults: Option<&ClaimFaults>,
+    ) -> HashMap<String, Result<(), String>> {
         let mut results = HashMap::new();
         for req in requests {
-            let result = self.unprepare_claim(req).await;
+            let result = match req.injected_error(faults) {
+                Some(error) => Err(error),
+                None => self.unprepare_claim(req).await,
+            };
             if let Err(e) = &result {
                 tracing::warn!(claim = %req.name, error = %e, "unprepare failed");
             }
@@ -469,8 +502,9 @@ impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
         &self,
         request: Request<dra_v1::NodePrepareResourcesRequest>,
     ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
+        let faults = ClaimFaults::of(&request).cloned();
         let requests = claim_requests!(request.into_inner().claims);
-        let results = self.0.prepare(&requests).await?;
+        let results = self.0.prepare(&requests, faults.as_ref()).await?;
         let claims = results
             .into_iter()
             .map(|(uid, result)| {
@@ -500,10 +534,11 @@ impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
         &self,
         request: Request<dra_v1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
+        let faults = ClaimFaults::of(&request).cloned();
         let requests = claim_requests!(request.into_inner().claims);
         let claims = self
             .0
-            .unprepare(&requests)
+            .unprepare(&requests, faults.as_ref())
             .await
             .into_iter()
             .map(|(uid, result)| {
@@ -521,8 +556,9 @@ impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
         &self,
         request: Request<dra_v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
+        let faults = ClaimFaults::of(&request).cloned();
         let requests = claim_requests!(request.into_inner().claims);
-        let results = self.0.prepare(&requests).await?;
+        let results = self.0.prepare(&requests, faults.as_ref()).await?;
         let claims = results
             .into_iter()
             .map(|(uid, result)| {
@@ -552,10 +588,11 @@ impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
         &self,
         request: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let faults = ClaimFaults::of(&request).cloned();
         let requests = claim_requests!(request.into_inner().claims);
         let claims = self
             .0
-            .unprepare(&requests)
+            .unprepare(&requests, faults.as_ref())
             .await
             .into_iter()
             .map(|(uid, result)| {

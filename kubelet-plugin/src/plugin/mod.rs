@@ -456,7 +456,7 @@ impl KubeletPlugin {
         let uid = uid.to_owned();
         let request =
             dra::ClaimRequest { namespace: namespace.to_owned(), name: name.to_owned(), uid: uid.clone() };
-        async move { dra.unprepare(&[request]).await.remove(&uid).unwrap_or(Ok(())) }
+        async move { dra.unprepare(&[request], None).await.remove(&uid).unwrap_or(Ok(())) }
     }
 
     /// Stops both servers: stops accepting, ends health streams, gives

@@ -2,35 +2,34 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    error::Error as StdError,
     path::Path,
     time::Duration,
 };
 
+use crate::{
+    cluster::artifact_files::{pod_logs, write_list},
+    cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
+    cluster::credentials::Credentials,
+    cluster::preflight::{ClusterInfo, NodeInfo, PreflightError},
+    cluster::reconnect,
+    cluster::refusal::{self, root_cause},
+    cluster::resend::CREATE_TOKEN_LABEL,
+    cluster::run_identity::MANAGED_BY_LABEL,
+    duration,
+};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use kube::{
     Api, Client, Config,
-    api::{DeleteParams, ListParams, LogParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
     core::ObjectMeta,
-};
-use serde::Serialize;
-
-use crate::{
-    cluster::backend::{ArtifactRequest, ClusterBackend, ClusterError, NamespaceRequest, SpecNamespace},
-    cluster::preflight::{ClusterInfo, NodeInfo, PreflightError},
-    cluster::reconnect,
-    cluster::run_identity::MANAGED_BY_LABEL,
-    duration,
 };
 
 /// How long preflight may take in total (connect, discovery, nodes).
 pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP connect timeout of the client.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Container logs are cut after this many bytes (the API server's `limitBytes`).
-const LOG_LIMIT_BYTES: i64 = 10 << 20;
 
 /// How long a new namespace may wait for its `default` ServiceAccount (upstream's
 /// `ServiceAccountProvisionTimeout`).
@@ -38,10 +37,6 @@ const DEFAULT_SERVICE_ACCOUNT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Annotation with the spec's full text on its namespace.
 pub const SPEC_ANNOTATION: &str = "dra-e2e.k8s.io/spec";
-
-/// Label with a token per namespace create request: a create whose answer was lost (the API
-/// server went away) may still have made the namespace, which is then found by it.
-const CREATE_TOKEN_LABEL: &str = "dra-e2e.k8s.io/create-token";
 
 /// How long removing a namespace that a failed create may have made may take, its being gone
 /// included.
@@ -83,6 +78,8 @@ pub struct KubeBackend {
     /// The same identity, with `TCP_NODELAY` connections, for port-forward and exec.
     stream_client: Client,
     server: String,
+    /// The kubeconfig's credentials, for the sentence of a refusal.
+    credentials: Credentials,
 }
 
 impl KubeBackend {
@@ -114,6 +111,7 @@ impl KubeBackend {
         };
         config.connect_timeout = Some(CONNECT_TIMEOUT);
         let server = config.cluster_url.to_string();
+        let credentials = Credentials::of(&config);
         let bad = |e: kube::Error| PreflightError::Kubeconfig {
             path: kubeconfig.map_or_else(|| "(inferred)".to_owned(), |p| p.display().to_string()),
             reason: root_cause(&e),
@@ -121,12 +119,12 @@ impl KubeBackend {
         let stream_client = nodelay_client(&config).map_err(bad)?;
         let client =
             reconnect::reconnecting(Client::try_from(config).map_err(bad)?, reconnect::RECONNECT_BUDGET);
-        Ok(Self { client, stream_client, server })
+        Ok(Self { client, stream_client, server, credentials })
     }
 
     /// Uses an existing client.
     pub fn new(client: Client, server: impl Into<String>) -> Self {
-        Self { stream_client: client.clone(), client, server: server.into() }
+        Self { stream_client: client.clone(), client, server: server.into(), credentials: Credentials::None }
     }
 
     /// The same backend whose clients stamp every object they create with the run's identity
@@ -136,28 +134,22 @@ impl KubeBackend {
             client: crate::cluster::run_identity::stamp(self.client, run_id),
             stream_client: crate::cluster::run_identity::stamp(self.stream_client, run_id),
             server: self.server,
+            credentials: self.credentials,
         }
     }
 
-    fn classify(&self, error: kube::Error) -> PreflightError {
-        let server = self.server.clone();
-        match error {
-            kube::Error::Api(status) if status.code == 401 || status.code == 403 => {
-                PreflightError::Unauthorized { server, reason: format!("{} {}", status.code, status.message) }
-            }
-            e @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => {
-                PreflightError::Unreachable { server, reason: root_cause(&e) }
-            }
-            e => PreflightError::Other { server, reason: root_cause(&e) },
-        }
+    /// Why `error` keeps the run from using the cluster, in one sentence that says what to fix
+    /// (the cluster module's `refusal` rules).
+    pub fn refusal(&self, error: kube::Error) -> PreflightError {
+        refusal::refusal(&self.server, self.credentials, error)
     }
 
     async fn discover(&self) -> Result<ClusterInfo, PreflightError> {
         // Asked once, through the client that does not send a request again: an API server
         // that cannot be reached is refused at once with its reason, not waited for.
-        let version = self.stream_client.apiserver_version().await.map_err(|e| self.classify(e))?;
-        let core = self.client.list_core_api_versions().await.map_err(|e| self.classify(e))?;
-        let groups = self.client.list_api_groups().await.map_err(|e| self.classify(e))?;
+        let version = self.stream_client.apiserver_version().await.map_err(|e| self.refusal(e))?;
+        let core = self.client.list_core_api_versions().await.map_err(|e| self.refusal(e))?;
+        let groups = self.client.list_api_groups().await.map_err(|e| self.refusal(e))?;
         let mut api_versions: BTreeSet<String> = core.versions.into_iter().collect();
         for group in groups.groups {
             api_versions.extend(group.versions.into_iter().map(|v| v.group_version));
@@ -172,7 +164,7 @@ impl KubeBackend {
         let nodes = Api::<Node>::all(self.client.clone())
             .list(&ListParams::default())
             .await
-            .map_err(|e| self.classify(e))?;
+            .map_err(|e| self.refusal(e))?;
         info.nodes = nodes.items.into_iter().map(node_info).collect();
         info.api_server_gates = self.api_server_gates().await;
         Ok(info)
@@ -232,15 +224,6 @@ fn node_info(node: Node) -> NodeInfo {
         ready: status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True"),
         schedulable: !spec.unschedulable.unwrap_or(false) && !tainted,
     }
-}
-
-/// The innermost cause of an error (the most specific message: "Connection refused (os error 111)").
-fn root_cause(error: &(dyn StdError + 'static)) -> String {
-    let mut current = error;
-    while let Some(source) = current.source() {
-        current = source;
-    }
-    current.to_string()
 }
 
 #[async_trait]
@@ -446,88 +429,6 @@ impl ClusterBackend for KubeBackend {
     }
 }
 
-#[derive(Serialize)]
-struct List<'a, T> {
-    #[serde(rename = "apiVersion")]
-    api_version: &'static str,
-    kind: &'static str,
-    items: &'a [T],
-}
-
-/// Writes `items` as a `v1 List` in YAML, without `managedFields` (as `kubectl get -o yaml`), to
-/// `dir/file`; for artifact sources. The error says what failed (listing, serializing, writing).
-pub async fn write_list<T: Serialize>(
-    dir: &Path,
-    file: &str,
-    items: Result<Vec<T>, kube::Error>,
-) -> Result<(), String> {
-    let items = items.map_err(|e| format!("list failed: {e}"))?;
-    let items: Vec<serde_json::Value> = items
-        .iter()
-        .map(|item| {
-            let mut value = serde_json::to_value(item).map_err(|e| format!("cannot serialize: {e}"))?;
-            if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
-                meta.remove("managedFields");
-            }
-            Ok(value)
-        })
-        .collect::<Result<_, String>>()?;
-    let yaml = serde_yaml::to_string(&List { api_version: "v1", kind: "List", items: &items })
-        .map_err(|e| format!("cannot serialize: {e}"))?;
-    tokio::fs::write(dir.join(file), yaml)
-        .await
-        .map_err(|e| format!("cannot write {}: {e}", dir.join(file).display()))
-}
-
-/// `logs/<pod>/<container>.log` for every container (init and ephemeral
-/// ones too), plus `<container>.previous.log` for restarted containers.
-async fn pod_logs(client: &Client, ns: &str, pod: &Pod, logs_dir: &Path) -> Result<(), String> {
-    let Some(name) = pod.metadata.name.as_deref() else { return Ok(()) };
-    let dir = logs_dir.join(name);
-    tokio::fs::create_dir_all(&dir).await.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let spec = pod.spec.clone().unwrap_or_default();
-    let status = pod.status.clone().unwrap_or_default();
-    let mut restarts: BTreeMap<String, i32> = BTreeMap::new();
-    for s in
-        [&status.init_container_statuses, &status.container_statuses, &status.ephemeral_container_statuses]
-            .into_iter()
-            .flatten()
-            .flatten()
-    {
-        restarts.insert(s.name.clone(), s.restart_count);
-    }
-    let containers = spec
-        .init_containers
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.name)
-        .chain(spec.containers.into_iter().map(|c| c.name))
-        .chain(spec.ephemeral_containers.unwrap_or_default().into_iter().map(|c| c.name));
-    let api = Api::<Pod>::namespaced(client.clone(), ns);
-    for container in containers {
-        let mut runs = vec![(false, format!("{container}.log"))];
-        if restarts.get(&container).copied().unwrap_or(0) > 0 {
-            runs.push((true, format!("{container}.previous.log")));
-        }
-        for (previous, file) in runs {
-            let params = LogParams {
-                container: Some(container.clone()),
-                previous,
-                timestamps: true,
-                limit_bytes: Some(LOG_LIMIT_BYTES),
-                ..LogParams::default()
-            };
-            // A container that never started has no log; say so in the file.
-            let text = api.logs(name, &params).await.unwrap_or_else(|e| format!("(no log: {e})\n"));
-            let path = dir.join(file);
-            tokio::fs::write(&path, text)
-                .await
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        }
-    }
-    Ok(())
-}
-
 /// Waits until the object `name` with `uid` is gone. A failed watch (the API server restarting,
 /// say) is retried each second; the caller bounds the wait.
 pub(crate) async fn await_deleted<K>(api: Api<K>, name: &str, uid: &str)
@@ -584,7 +485,10 @@ async fn until_no_pods(api: Api<Pod>) -> Result<(), kube::runtime::watcher::Erro
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::{
+        error::Error as StdError,
+        sync::{Arc, Mutex},
+    };
 
     use http_body_util::BodyExt as _;
     use kube::client::Body;

@@ -268,7 +268,62 @@ pub enum PreflightError {
         /// The preflight timeout.
         secs: u64,
     },
-    /// Authentication or authorization failed.
+    /// The API server's certificate is not one the kubeconfig trusts (TLS refused it).
+    #[error(
+        "the API server at {server} is not trusted: {reason} (TLS: {detail}); set the kubeconfig's certificate-authority-data to this cluster's CA (the admin kubeconfig the cluster wrote has it) and check its server address"
+    )]
+    ServerNotTrusted {
+        /// The API server URL.
+        server: String,
+        /// What is wrong with its certificate.
+        reason: String,
+        /// What TLS said.
+        detail: String,
+    },
+    /// The kubeconfig's client certificate has expired, and the API server refused it.
+    #[error(
+        "the kubeconfig's client certificate expired on {expired}, and the API server at {server} refused it ({reason}); get a fresh kubeconfig for this cluster (its admin kubeconfig)"
+    )]
+    ClientCertificateExpired {
+        /// The API server URL.
+        server: String,
+        /// When it expired.
+        expired: String,
+        /// What the API server said.
+        reason: String,
+    },
+    /// The API server refused the kubeconfig's client certificate (not expired).
+    #[error(
+        "the API server at {server} does not accept the kubeconfig's client certificate ({reason}): it was not issued by this cluster's client CA; use this cluster's admin kubeconfig"
+    )]
+    ClientCertificateRefused {
+        /// The API server URL.
+        server: String,
+        /// What the API server said.
+        reason: String,
+    },
+    /// The API server refused the kubeconfig's token (401).
+    #[error(
+        "the API server at {server} refused the kubeconfig's token ({reason}): it has expired, was revoked or is another cluster's; put a valid token in the kubeconfig or use this cluster's admin kubeconfig"
+    )]
+    TokenRefused {
+        /// The API server URL.
+        server: String,
+        /// What the API server said.
+        reason: String,
+    },
+    /// The API server knows the kubeconfig's user but forbids what the run needs (403).
+    #[error(
+        "the API server at {server} forbids the kubeconfig's user what the run needs ({reason}); use an admin kubeconfig (a user bound to cluster-admin)"
+    )]
+    Forbidden {
+        /// The API server URL.
+        server: String,
+        /// What the API server said.
+        reason: String,
+    },
+    /// Authentication failed (401) with credentials that are neither a client certificate nor a
+    /// token (or none at all).
     #[error(
         "the API server at {server} refused the kubeconfig's credentials ({reason}); use an admin kubeconfig"
     )]

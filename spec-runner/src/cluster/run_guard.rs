@@ -48,8 +48,9 @@ pub(crate) async fn begin(backend: &KubeBackend, keep_leftovers: bool) -> Option
     let acquired = tokio::time::timeout(LEASE_TIMEOUT, RunLease::acquire(client.clone(), &run_id, &info));
     let lease = match acquired.await {
         Ok(Ok(lease)) => lease,
-        // An API server that cannot be reached is preflight's to report, in one sentence.
-        Ok(Err(e @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
+        // An API server that cannot be reached, or refuses the kubeconfig's user, is preflight's
+        // to report, in one sentence.
+        Ok(Err(e)) if preflight_reports(&e) => {
             tracing::debug!("cannot create the run's Lease: {e}; this run's objects carry no run identity");
             return None;
         }
@@ -74,6 +75,15 @@ pub(crate) async fn begin(backend: &KubeBackend, keep_leftovers: bool) -> Option
         eprintln!("warning: looking for leftovers of earlier runs failed: {e}");
     }
     Some(lease)
+}
+
+/// Whether preflight, which comes next, says what `error` means: no connection, 401, 403.
+fn preflight_reports(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+        kube::Error::Api(status) => status.code == 401 || status.code == 403,
+        _ => false,
+    }
 }
 
 /// Finds gone runs' leftovers, prints them and removes them unless `keep`. `Ok(false)`: some

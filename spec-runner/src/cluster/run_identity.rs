@@ -87,7 +87,7 @@ pub fn stamp(client: Client, run_id: &str) -> Client {
 
 /// Whether `path` is a collection (`/api/v1/pods`, `/apis/g/v/namespaces/ns/things`), not an
 /// object or one of its subresources.
-fn is_collection(path: &str) -> bool {
+pub(crate) fn is_collection(path: &str) -> bool {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let rest = match segments.as_slice() {
         ["api", _version, rest @ ..] | ["apis", _, _version, rest @ ..] => rest,
@@ -100,15 +100,20 @@ fn is_collection(path: &str) -> bool {
 /// not a JSON object (left as it is).
 fn stamp_body(body: &[u8], run_id: &str) -> Option<Vec<u8>> {
     let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let object = value.as_object_mut()?;
-    let metadata = object.entry("metadata").or_insert_with(|| serde_json::json!({}));
-    let metadata = metadata.as_object_mut()?;
-    let labels = metadata.entry("labels").or_insert_with(|| serde_json::json!({}));
+    add_label(&mut value, RUN_LABEL, run_id)?;
+    serde_json::to_vec(&value).ok()
+}
+
+/// Sets `metadata.labels[key] = value` in the JSON object `object`; `None` when it is not an
+/// object (or its metadata or labels are not).
+pub(crate) fn add_label(object: &mut serde_json::Value, key: &str, value: &str) -> Option<()> {
+    let metadata = object.as_object_mut()?.entry("metadata").or_insert_with(|| serde_json::json!({}));
+    let labels = metadata.as_object_mut()?.entry("labels").or_insert_with(|| serde_json::json!({}));
     if labels.is_null() {
         *labels = serde_json::json!({});
     }
-    labels.as_object_mut()?.insert(RUN_LABEL.to_owned(), run_id.into());
-    serde_json::to_vec(&value).ok()
+    labels.as_object_mut()?.insert(key.to_owned(), value.into());
+    Some(())
 }
 
 /// The Lease of a live run; renewed until [`RunLease::release`] (or the process ends).

@@ -3,7 +3,10 @@
 //! ginkgo reports read ours. Fields are ginkgo's names; what dra-e2e does not know (code
 //! locations, progress reports, report entries) is left out, which ginkgo's own decoder accepts.
 //! A spec's whole full text is its `LeafNodeText` (ginkgo's `FullText()` joins the container
-//! texts and the leaf text, so it is the same string), its labels are `LeafNodeLabels`.
+//! texts and the leaf text, so it is the same string), its labels are `LeafNodeLabels`. A
+//! failure says where it happened as ginkgo does (`State`, `Failure.FailureNodeType` and
+//! `FailureNodeContext`: the body, the set-up before it or a clean-up after it), so a reader can
+//! tell an assertion that failed from a timeout, an interrupt or a clean-up alone.
 
 use std::{
     path::Path,
@@ -15,7 +18,11 @@ use serde::Serialize;
 use crate::{
     SUITE_NAME,
     report::outcome::{FailureKind, Outcome, RunReport, SpecReport},
+    select::partition::{Shard, elsewhere_shard},
 };
+
+/// The report entry that names the shard (`1/2`) that ran a spec.
+pub const SHARD_ENTRY: &str = "shard";
 
 /// What the run was configured with, for ginkgo's `SuiteConfig`.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +37,8 @@ pub struct JsonConfig {
     pub flake_attempts: u32,
     /// `--timeout` (the default spec timeout).
     pub timeout: Duration,
+    /// `--partition`'s shard: each spec of it gets the report entry `shard` (`1/2`).
+    pub shard: Option<Shard>,
 }
 
 #[derive(Serialize)]
@@ -147,15 +156,54 @@ fn phase_entries(report: &SpecReport) -> Vec<Entry> {
         .collect()
 }
 
+/// The entry `shard` (`1/2`, always visible) of a spec of the run's shard: which shard ran it,
+/// for `report merge`.
+fn shard_entry(report: &SpecReport, config: &JsonConfig) -> Option<Entry> {
+    let elsewhere =
+        matches!(&report.outcome, Outcome::Skipped { reason } if elsewhere_shard(reason).is_some());
+    let shard = config.shard.filter(|_| !elsewhere)?.to_string();
+    let at = rfc3339(report.started + report.duration);
+    Some(Entry {
+        visibility: "always",
+        location: Location {},
+        time: at.clone(),
+        timeline_location: TimelineLocation { time: at },
+        name: SHARD_ENTRY.to_owned(),
+        value: EntryValue {
+            as_json: serde_json::Value::from(shard.as_str()).to_string(),
+            representation: shard,
+        },
+    })
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
 struct Failure<'a> {
     message: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    forwarded_panic: &'a str,
+    failure_node_context: &'static str,
     failure_node_type: &'static str,
 }
 
+/// Where a spec's failure happened, as ginkgo's `types.NodeType` and `types.FailureNodeContext`
+/// name it: the body is the `It` (a leaf node); the namespace and the requirements are what
+/// upstream's framework does in a `BeforeEach`; a failed clean-up or deferred check of a spec
+/// whose body passed is a `DeferCleanup` registered by it (a spec's containers are not in the
+/// report, so a node that is not the leaf is at the top level). A failure in the body that
+/// clean-ups followed keeps the body's place: ginkgo's `Failure` is the first failure.
+fn failure_node(kind: FailureKind) -> (&'static str, &'static str) {
+    match kind {
+        FailureKind::Setup => ("BeforeEach", "top-level"),
+        FailureKind::Cleanup => ("DeferCleanup (Each)", "top-level"),
+        FailureKind::Error | FailureKind::Panic | FailureKind::Timeout | FailureKind::Interrupted => {
+            ("It", "leaf-node")
+        }
+    }
+}
+
 /// RFC 3339 with nanoseconds, as Go's `time.Time` marshals.
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     time::OffsetDateTime::from(t)
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned())
@@ -177,8 +225,21 @@ fn spec<'a>(report: &'a SpecReport, config: &JsonConfig) -> Spec<'a> {
     let failure = match &report.outcome {
         Outcome::Passed => None,
         // ginkgo keeps a skip's reason in the failure message.
-        Outcome::Skipped { reason } => Some(Failure { message: reason, failure_node_type: "It" }),
-        Outcome::Failed { message, .. } => Some(Failure { message, failure_node_type: "It" }),
+        Outcome::Skipped { reason } => Some(Failure {
+            message: reason,
+            forwarded_panic: "",
+            failure_node_context: "leaf-node",
+            failure_node_type: "It",
+        }),
+        Outcome::Failed { kind, message, .. } => {
+            let (node_type, context) = failure_node(*kind);
+            Some(Failure {
+                message,
+                forwarded_panic: if *kind == FailureKind::Panic { message } else { "" },
+                failure_node_context: context,
+                failure_node_type: node_type,
+            })
+        }
     };
     Spec {
         container_hierarchy_texts: Vec::new(),
@@ -196,7 +257,7 @@ fn spec<'a>(report: &'a SpecReport, config: &JsonConfig) -> Spec<'a> {
         max_flake_attempts: config.flake_attempts,
         max_must_pass_repeatedly: 1,
         captured_ginkgo_writer_output: &report.log,
-        report_entries: phase_entries(report),
+        report_entries: phase_entries(report).into_iter().chain(shard_entry(report, config)).collect(),
     }
 }
 
@@ -243,7 +304,7 @@ pub fn write(run: &RunReport, total_specs: usize, config: &JsonConfig, path: &Pa
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{
         path::PathBuf,
         process::Command,
@@ -255,7 +316,7 @@ mod tests {
     use crate::run::phases::Phases;
 
     /// Builds spec-runner/ginkgo-json-check (ginkgo's own types) once per test process.
-    fn checker() -> &'static Path {
+    pub(crate) fn checker() -> &'static Path {
         static BINARY: OnceLock<PathBuf> = OnceLock::new();
         BINARY.get_or_init(|| {
             let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("ginkgo-json-check");
@@ -296,6 +357,17 @@ mod tests {
 
     #[test]
     fn ginkgos_own_types_decode_the_report_strictly() {
+        // One spec failing each way, where ginkgo would say it failed.
+        let failing = [
+            ("times out", FailureKind::Timeout, "timed out"),
+            ("has no namespace", FailureKind::Setup, "cannot create the spec's namespace: refused"),
+            ("leaves a pod", FailureKind::Cleanup, "cleanup \"delete pod x\" failed"),
+            ("panics", FailureKind::Panic, "panicked: oops"),
+            ("is interrupted", FailureKind::Interrupted, "interrupted (Ctrl-C) while running"),
+        ]
+        .map(|(text, kind, message)| {
+            spec(&format!("[sig-node] [DRA] {text}"), &[], Outcome::failed(kind, message), 1)
+        });
         let run = RunReport {
             specs: vec![
                 SpecReport {
@@ -321,17 +393,10 @@ mod tests {
                     },
                     2,
                 ),
-                spec(
-                    "[sig-node] [DRA] times out",
-                    &[],
-                    Outcome::Failed {
-                        kind: FailureKind::Timeout,
-                        message: "timed out".into(),
-                        details: String::new(),
-                    },
-                    1,
-                ),
-            ],
+            ]
+            .into_iter()
+            .chain(failing)
+            .collect(),
             wall_time: Duration::from_secs(12),
             repeat: 1,
             seed: 4242,
@@ -354,11 +419,11 @@ mod tests {
         assert_eq!(got["Succeeded"], false);
         assert_eq!(got["Seed"], 4242);
         assert_eq!((got["FlakeAttempts"].as_u64(), got["ParallelTotal"].as_u64()), (Some(2), Some(4)));
-        assert_eq!((got["TotalSpecs"].as_u64(), got["SpecsWillRun"].as_u64()), (Some(9), Some(5)));
+        assert_eq!((got["TotalSpecs"].as_u64(), got["SpecsWillRun"].as_u64()), (Some(9), Some(9)));
         assert_eq!(got["RunTimeNs"], 12_000_000_000u64);
         assert_eq!(
             (got["PassedCount"].as_u64(), got["FailedCount"].as_u64(), got["SkippedCount"].as_u64()),
-            (Some(2), Some(2), Some(1))
+            (Some(2), Some(6), Some(1))
         );
         assert_eq!(got["FlakedCount"], 1);
         let specs = got["Specs"].as_array().unwrap();
@@ -385,6 +450,24 @@ mod tests {
             (specs[3]["State"].as_str(), specs[3]["Failure"].as_str()),
             (Some("failed"), Some("boom"))
         );
-        assert_eq!(specs[4]["State"], "timedout");
+        // Where each failure happened, in ginkgo's own names.
+        let at = |i: usize| {
+            let s = &specs[i];
+            (
+                s["State"].as_str().unwrap(),
+                s["FailureNode"].as_str().unwrap(),
+                s["FailureContext"].as_str().unwrap(),
+            )
+        };
+        assert_eq!(at(0), ("passed", "", ""));
+        assert_eq!(at(2), ("skipped", "It", "leaf-node"));
+        assert_eq!(at(3), ("failed", "It", "leaf-node"));
+        assert_eq!(at(4), ("timedout", "It", "leaf-node"));
+        assert_eq!(at(5), ("failed", "BeforeEach", "top-level"));
+        assert_eq!(at(6), ("failed", "DeferCleanup (Each)", "top-level"));
+        assert_eq!(at(7), ("panicked", "It", "leaf-node"));
+        assert_eq!(specs[7]["ForwardedPanic"], "panicked: oops");
+        assert_eq!(specs[3]["ForwardedPanic"], "");
+        assert_eq!(at(8), ("interrupted", "It", "leaf-node"));
     }
 }

@@ -5,7 +5,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::{duration, run::phases::Phases};
+use crate::{duration, run::phases::Phases, spec::info::SpecInfo};
 
 /// Target of the runner's per-spec outcome messages: in spec logs, but off
 /// on the console by default (the progress lines already say it).
@@ -134,6 +134,27 @@ impl CheckReport {
 }
 
 impl SpecReport {
+    /// A spec that did not start in this attempt, reported as skipped for `reason` (the run
+    /// was interrupted, `--fail-fast`, another shard's spec).
+    pub(crate) fn never_started(info: &SpecInfo, attempt: u32, reason: &str) -> Self {
+        Self {
+            full_text: info.full_text().to_owned(),
+            labels: info.labels().to_vec(),
+            index: info.index(),
+            attempt,
+            outcome: Outcome::Skipped { reason: reason.to_owned() },
+            started: SystemTime::UNIX_EPOCH,
+            duration: Duration::ZERO,
+            log: String::new(),
+            artifacts: None,
+            tries: 0,
+            earlier_failures: Vec::new(),
+            phases: Phases::default(),
+            waits: Vec::new(),
+            deferred: Vec::new(),
+        }
+    }
+
     /// Passed, but only on a retry.
     pub fn is_flaky(&self) -> bool {
         self.outcome == Outcome::Passed && self.tries > 1

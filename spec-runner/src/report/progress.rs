@@ -10,6 +10,7 @@ use std::{
 use crate::{
     cluster::preflight::ClusterInfo,
     report::outcome::{Outcome, RunReport, SpecReport},
+    select::partition::elsewhere_shard,
 };
 
 /// Where progress lines go (stdout by default; tests capture them).
@@ -222,6 +223,14 @@ pub(crate) fn summary(report: &RunReport, not_run: usize) -> String {
         let _ = writeln!(out, "\n--fail-fast: {not_run} spec run(s) did not start after a failure.");
     }
     out.push_str(&crate::report::rounds::table(report));
+    let elsewhere = report
+        .specs
+        .iter()
+        .filter(|s| matches!(&s.outcome, Outcome::Skipped { reason } if elsewhere_shard(reason).is_some()))
+        .count();
+    if elsewhere > 0 {
+        let _ = writeln!(out, "{elsewhere} of the skipped spec runs are other shards' (--partition).");
+    }
     let phases = report.phase_sums();
     if !phases.is_empty() {
         let _ = writeln!(out, "Phases (summed over the spec runs): {}", phases.line());
@@ -239,6 +248,8 @@ pub(crate) struct RunHeader<'a> {
     pub(crate) randomize_all: bool,
     pub(crate) seed: u64,
     pub(crate) cluster: &'a ClusterInfo,
+    /// The partition described, and how many selected specs are other shards'.
+    pub(crate) shard: Option<(String, usize)>,
 }
 
 /// The first lines of a run: the seed, what runs against which cluster.
@@ -260,7 +271,14 @@ pub(crate) fn header(h: &RunHeader<'_>) -> String {
         h.cluster.server_version,
         if ready == 1 { "" } else { "s" }
     ));
-    if h.selected == 0 {
+    if let Some((partition, elsewhere)) = &h.shard {
+        line.push_str(&format!(
+            "This run is {partition}; the {elsewhere} selected specs of the other shards are reported as skipped.\n"
+        ));
+    }
+    if h.selected == 0 && h.shard.is_some() {
+        line.push_str("No selected spec is in this shard.\n");
+    } else if h.selected == 0 {
         line.push_str("No spec matches the selection (--focus, --skip, --label-filter).\n");
     }
     line

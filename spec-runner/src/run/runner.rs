@@ -64,7 +64,9 @@ struct Env {
 ///
 /// Cancel `interrupt` to stop the run as the first Ctrl-C does: running
 /// specs are cancelled (their cleanups still run) and reported as
-/// interrupted, specs not started yet are reported as skipped.
+/// interrupted, specs not started yet are reported as skipped. With a partition
+/// ([`Selection::with_partition`]) the selected specs of other shards are reported as skipped
+/// `in shard K of N`, in every round.
 pub async fn run_with_backend(
     registry: Registry,
     selection: &Selection,
@@ -94,8 +96,10 @@ pub async fn run_with_backend(
     }
     let total = registry.len();
     let (specs, hooks) = registry.into_parts();
-    let mut specs: Vec<Arc<SpecDef>> =
+    let selected: Vec<Arc<SpecDef>> =
         specs.into_iter().filter(|s| selection.matches(&s.info)).map(Arc::new).collect();
+    // The specs of other shards are reported as skipped in each round.
+    let (mut specs, elsewhere) = selection.split(selected, |s| &s.info);
     let seed = options.seed.unwrap_or_else(order::default_seed);
     report.seed = seed;
     order::shuffle(&mut specs, seed, options.randomize_all);
@@ -136,7 +140,14 @@ pub async fn run_with_backend(
         randomize_all: options.randomize_all,
         seed,
         cluster: &cluster,
+        shard: selection.partition().map(|p| (p.describe(), elsewhere.len())),
     }));
+    if options.verbosity == Verbosity::Verbose {
+        for (spec, reason) in &elsewhere {
+            let skipped = SpecReport::never_started(&spec.info, 1, reason);
+            options.output.block(&progress::spec_block(&skipped, 1, 1, Verbosity::Normal));
+        }
+    }
 
     let disruptions = backend
         .watches_disruptions()
@@ -163,6 +174,9 @@ pub async fn run_with_backend(
         let round = Instant::now();
         let last = attempt == env.options.repeat;
         report.specs.extend(run_attempt(&env, &serial, &parallel, attempt, last, &mut started_specs).await);
+        report
+            .specs
+            .extend(elsewhere.iter().map(|(s, reason)| SpecReport::never_started(&s.info, attempt, reason)));
         report.round_times.push(round.elapsed());
         let reason = if env.interrupt.is_cancelled() {
             "not run: the run was interrupted"
@@ -171,22 +185,7 @@ pub async fn run_with_backend(
         };
         for spec in specs.iter().filter(|s| !started_specs.contains(&s.info.index())) {
             not_run += 1;
-            report.specs.push(SpecReport {
-                full_text: spec.info.full_text().to_owned(),
-                labels: spec.info.labels().to_vec(),
-                index: spec.info.index(),
-                attempt,
-                outcome: Outcome::Skipped { reason: reason.to_owned() },
-                started: std::time::SystemTime::UNIX_EPOCH,
-                duration: Duration::ZERO,
-                log: String::new(),
-                artifacts: None,
-                tries: 0,
-                earlier_failures: Vec::new(),
-                phases: Default::default(),
-                waits: Vec::new(),
-                deferred: Vec::new(),
-            });
+            report.specs.push(SpecReport::never_started(&spec.info, attempt, reason));
         }
     }
     let problems = env.run_shared.finish().await;
@@ -213,6 +212,7 @@ pub async fn run_with_backend(
             fail_fast: env.options.fail_fast,
             flake_attempts: env.options.flake_attempts,
             timeout: env.options.default_timeout,
+            shard: selection.partition().map(|p| p.shard()),
         };
         match json_report::write(&report, total, &config, path) {
             Ok(()) => tracing::info!("wrote JSON report {}", path.display()),

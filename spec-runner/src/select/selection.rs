@@ -1,25 +1,35 @@
-//! Which specs run: `--focus`, `--skip` and `--label-filter`, as ginkgo has them.
+//! Which specs run: `--focus`, `--skip` and `--label-filter`, as ginkgo has them; the full
+//! texts of `--rerun-failed`; and of those, the share of `--partition`.
+
+use std::collections::BTreeSet;
 
 use regex::RegexSet;
 
 use crate::{
+    report::ginkgo_json::ReadError,
     select::label_filter::{LabelFilter, LabelFilterError, regex_reason},
+    select::partition::{Partition, PartitionError, elsewhere_reason},
     spec::info::SpecInfo,
 };
 
 /// The selection of specs to run.
 ///
-/// A spec runs if its full text matches any `--focus` regex (or there is
-/// none), matches no `--skip` regex, and its labels satisfy the label filter.
+/// A spec is selected if its full text matches any `--focus` regex (or there is
+/// none), matches no `--skip` regex, its labels satisfy the label filter, and it is one of the
+/// names given ([`with_names`](Self::with_names)), if any. With a
+/// [`Partition`], the run runs its shard of the selected specs ([`split`](Self::split)).
 #[derive(Debug, Clone)]
 pub struct Selection {
     focus: Option<RegexSet>,
     skip: Option<RegexSet>,
     labels: LabelFilter,
+    names: Option<BTreeSet<String>>,
+    partition: Option<Partition>,
 }
 
-/// A `--focus`, `--skip` or `--label-filter` argument does not parse.
-#[derive(Debug, Clone, thiserror::Error)]
+/// A `--focus`, `--skip`, `--label-filter`, `--partition`, `--timings` or `--rerun-failed`
+/// argument cannot be used.
+#[derive(Debug, thiserror::Error)]
 pub enum SelectionError {
     /// A regex of `--focus` or `--skip`.
     #[error("invalid --{flag} regex {regex:?}: {reason}")]
@@ -34,11 +44,22 @@ pub enum SelectionError {
     /// The label filter expression.
     #[error("invalid --label-filter: {0}")]
     LabelFilter(#[from] LabelFilterError),
+    /// `--partition` (with `--timings`).
+    #[error(transparent)]
+    Partition(#[from] PartitionError),
+    /// The report of `--timings` or `--rerun-failed`.
+    #[error("{flag}: {source}")]
+    Report {
+        /// The flag.
+        flag: &'static str,
+        /// Why its report cannot be used.
+        source: ReadError,
+    },
 }
 
 impl Default for Selection {
     fn default() -> Self {
-        Self { focus: None, skip: None, labels: LabelFilter::match_all() }
+        Self { focus: None, skip: None, labels: LabelFilter::match_all(), names: None, partition: None }
     }
 }
 
@@ -58,19 +79,57 @@ impl Selection {
             focus: regex_set("focus", focus)?,
             skip: regex_set("skip", skip)?,
             labels: LabelFilter::parse(label_filter.unwrap_or(""))?,
+            names: None,
+            partition: None,
         })
     }
 
-    /// Whether the spec is selected.
+    /// Only the specs with these full texts (`--rerun-failed`), of those the rest selects.
+    pub fn with_names(mut self, names: impl IntoIterator<Item = String>) -> Self {
+        self.names = Some(names.into_iter().collect());
+        self
+    }
+
+    /// The run runs `partition`'s shard of the selected specs.
+    pub fn with_partition(mut self, partition: Partition) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// The partition, if the run has one.
+    pub fn partition(&self) -> Option<&Partition> {
+        self.partition.as_ref()
+    }
+
+    /// Whether the spec is selected (before the partition).
     pub fn matches(&self, spec: &SpecInfo) -> bool {
         self.matches_text(spec.full_text(), spec.labels())
     }
 
-    /// Whether a spec with this full text and labels is selected.
+    /// Whether a spec with this full text and labels is selected (before the partition).
     pub fn matches_text<S: AsRef<str>>(&self, full_text: &str, labels: &[S]) -> bool {
         self.focus.as_ref().is_none_or(|f| f.is_match(full_text))
             && !self.skip.as_ref().is_some_and(|s| s.is_match(full_text))
             && self.labels.matches(labels)
+            && self.names.as_ref().is_none_or(|names| names.contains(full_text))
+    }
+
+    /// Of `selected` (the selected specs, in registration order), the ones this run's shard
+    /// runs, and the others with why they are skipped (`in shard K of N`); without a partition
+    /// all of them run.
+    pub fn split<T>(&self, selected: Vec<T>, info: impl Fn(&T) -> &SpecInfo) -> (Vec<T>, Vec<(T, String)>) {
+        let Some(partition) = &self.partition else { return (selected, Vec::new()) };
+        let shards = partition.assign(&selected.iter().map(&info).collect::<Vec<_>>());
+        let (mine, total) = (partition.shard().index, partition.shard().total);
+        let (mut here, mut elsewhere) = (Vec::new(), Vec::new());
+        for (spec, shard) in selected.into_iter().zip(shards) {
+            if shard == mine {
+                here.push(spec);
+            } else {
+                elsewhere.push((spec, elsewhere_reason(shard, total)));
+            }
+        }
+        (here, elsewhere)
     }
 }
 

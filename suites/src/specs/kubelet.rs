@@ -21,6 +21,7 @@
 //! | `kubelet [FeatureGate:GenericWorkload] [FeatureGate:DRAWorkloadResourceClaims]`, `DriverResources(1)` | [`pod_groups`] | 2 (workload lane) |
 //! | `kubelet [FeatureGate:DRAOptionalNodeOperations]`, `DriverResources(1)` with `skipNodeOperations` | [`optional_node_ops`] | 5 (3 without plugin, 2 with) |
 //! | `kubelet [FeatureGate:DRADeviceTaints]`, `NetworkResources(10)`, all devices tainted | [`device_taints`] | 8: `NoSchedule` (3), `NoExecute` (2), the 3 PodGroup ones (workload lane) |
+//! | ours: `kubelet per-claim errors`, `NetworkResources(10)`, a pod with two claims | [`per_claim_errors`] | 2: a claim's prepare, a claim's unprepare failed in a successful call |
 //!
 //! Every spec has its own namespace, driver (`<namespace>.k8s.io`) and DeviceClass, so they run
 //! in parallel.
@@ -32,6 +33,7 @@ mod multiple_claims;
 mod network;
 mod node_local;
 mod optional_node_ops;
+mod per_claim_errors;
 mod pod_groups;
 mod reconcile_pool;
 
@@ -65,6 +67,9 @@ pub fn register(registry: &mut Registry) {
         let taints = || std::iter::once(Label::from(FEATURE_DRA)).chain(device_taints::DEVICE_TAINTS_LABELS);
         r.context_with_labels("kubelet", taints(), device_taints::register_no_schedule);
         r.context_with_labels("kubelet", taints(), device_taints::register_no_execute);
+        r.context_with_labels("kubelet", [FEATURE_DRA], |r| {
+            r.context("per-claim errors", per_claim_errors::register);
+        });
     });
 }
 
@@ -155,7 +160,18 @@ mod tests {
         ] {
             assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
         }
-        assert_eq!(texts.len(), 8 + 5 + 1 + 5 + 14 + 1 + 2 + 2 + 5 + 8);
+        // Ours (declared `ours:` in every suites/upstream/parity-V.txt).
+        for expected in [
+            format!(
+                "{k} per-claim errors must not start a pod before the claim that failed to prepare is prepared"
+            ),
+            format!(
+                "{k} per-claim errors must unprepare a claim again after its unprepare failed while the other claims succeeded"
+            ),
+        ] {
+            assert!(texts.contains(&expected), "missing {expected:?} in {texts:#?}");
+        }
+        assert_eq!(texts.len(), 8 + 5 + 1 + 5 + 14 + 1 + 2 + 2 + 5 + 8 + 2);
         let serial: Vec<_> =
             registry.specs().filter(|s| s.is_serial()).map(|s| s.name().to_owned()).collect();
         assert_eq!(serial, ["supports extended resources together with ResourceClaim"]);

@@ -219,12 +219,21 @@ pub struct TestArgs {
     /// Leave the local cluster running afterwards (the kind lane's cluster is always deleted).
     #[arg(long)]
     pub keep_cluster: bool,
+    /// Run machine M's share of the run split over N machines (1 <= M <= N <= 6), e.g. a CI
+    /// matrix's job: every machine computes the same plan from the measured step costs, so the
+    /// N machines together run every step once; each brings up and builds only what its share
+    /// needs (docs/lanes.md has the machines of N = 3, docs/ci.md example matrices).
+    #[arg(long, value_name = "M/N")]
+    pub partition: Option<String>,
 }
 
-impl From<TestArgs> for test::TestOptions {
-    fn from(args: TestArgs) -> Self {
-        let TestArgs { no_cluster, lane, keep_cluster } = args;
-        Self { no_cluster, lane: lane.into(), keep_cluster }
+impl TryFrom<TestArgs> for test::TestOptions {
+    type Error = crate::usage::UsageError;
+
+    fn try_from(args: TestArgs) -> Result<Self, Self::Error> {
+        let TestArgs { no_cluster, lane, keep_cluster, partition } = args;
+        let partition = partition.as_deref().map(test::partition::Partition::parse).transpose()?;
+        Ok(Self { no_cluster, lane: lane.into(), keep_cluster, partition })
     }
 }
 
@@ -259,7 +268,8 @@ pub struct MutantsArgs {
     /// Only this mutant (repeatable); `--list` names them.
     #[arg(long, value_name = "NAME")]
     pub only: Vec<String>,
-    /// Do not run the lanes on the unmutated checkout first.
+    /// Do not run the lanes on the unmutated checkout first (the table says so: no failure is
+    /// then known to pass without the bug).
     #[arg(long)]
     pub no_baseline: bool,
     /// Print the mutants and exit.

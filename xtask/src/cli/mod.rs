@@ -95,6 +95,8 @@ pub enum Command {
         action: BenchAction,
     },
     /// The project's own tests (what CI runs): unit, protocol and cluster tests, and the suites.
+    /// Each lane must run what its selection lists, skipping only as docs/lanes.md documents;
+    /// exit 1 when a step failed, 130 when interrupted (the table names the steps not run).
     Test(TestArgs),
     /// kubectl of the cluster's Kubernetes version (built from the same module, cached with the
     /// cluster's binaries), against the local cluster unless `--kubeconfig` or $KUBECONFIG says
@@ -112,7 +114,9 @@ pub enum Command {
     /// How many bugs the suites catch: put one small bug at a time into the DRA code of a
     /// Kubernetes checkout (kubelet DRA manager, scheduler plugin, resourceclaim controller),
     /// bring the local cluster up from it, run the lane that should catch it and report which
-    /// specs failed, as a Markdown table.
+    /// specs caught it, as a Markdown table. Caught: a spec that passed on the baseline fails an
+    /// assertion, and again when run once more; timeouts, interrupts, set-up or clean-up failures
+    /// alone leave the bug "not checked". Ctrl-C: no verdict for the bug in progress, exit 130.
     Mutants(MutantsArgs),
     /// The crate's example DRA driver (kubelet-plugin/examples/node_driver.rs) as a DaemonSet on
     /// the local cluster's workers, working or broken on purpose: `example-driver deploy
@@ -171,7 +175,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::E2e(args) => e2e::run(args.into()).await,
         Command::Bench { action: BenchAction::Suites(args) } => bench::run(args.into()).await,
-        Command::Test(args) => test::run(args.into()).await,
+        Command::Test(args) => test::run(args.try_into()?).await,
         Command::Kubectl { args } => kubectl::run(args).await,
         Command::UpstreamSpecs(args) => upstream_specs::run(&args.into()),
         Command::Mutants(args) => mutants::run(args.into()).await,
@@ -426,9 +430,25 @@ mod tests {
         let cli = Cli::try_parse_from(["xtask", "test", "--lane", "local", "--keep-cluster"]).unwrap();
         let Command::Test(args) = cli.command else { panic!("not test") };
         assert_eq!(
-            test::TestOptions::from(args),
-            test::TestOptions { no_cluster: false, lane: test::TestLane::Local, keep_cluster: true }
+            test::TestOptions::try_from(args).unwrap(),
+            test::TestOptions {
+                no_cluster: false,
+                lane: test::TestLane::Local,
+                keep_cluster: true,
+                partition: None
+            }
         );
+        let cli = Cli::try_parse_from(["xtask", "test", "--partition", "2/3"]).unwrap();
+        let Command::Test(args) = cli.command else { panic!("not test") };
+        let partition = test::partition::Partition { machine: 2, machines: 3 };
+        assert_eq!(
+            test::TestOptions::try_from(args).unwrap(),
+            test::TestOptions { partition: Some(partition), ..test::TestOptions::default() }
+        );
+        let cli = Cli::try_parse_from(["xtask", "test", "--partition", "3/2"]).unwrap();
+        let Command::Test(args) = cli.command else { panic!("not test") };
+        let err = test::TestOptions::try_from(args).unwrap_err().to_string();
+        assert!(err.starts_with("--partition takes M/N") && err.ends_with("not \"3/2\""), "{err}");
 
         let cli = Cli::try_parse_from(["xtask", "docker", "up", "--cap-shim", "off"]).unwrap();
         let Command::Docker { action } = cli.command else { panic!("not docker") };

@@ -273,6 +273,10 @@ fn runner_line(tail: &[String], taken: &[(String, bool)]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use spec_runner::{PartitionKind, Shard};
+
     use super::*;
 
     fn strings(args: &[&str]) -> Vec<String> {
@@ -289,6 +293,42 @@ mod tests {
             ["provider:true", "keep-cluster:false", "name:true", "image:true", "kubeconfig:true"]
         );
         assert_eq!(names(taken_flags(false)), ["kubeconfig:true"]);
+    }
+
+    #[test]
+    fn partition_timings_and_rerun_pass_on_as_typed_and_are_checked_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = dir.path().join("last.json");
+        std::fs::write(
+            &report,
+            r#"[{"SpecReports":[{"LeafNodeText":"a","State":"failed","NumAttempts":1}]}]"#,
+        )
+        .unwrap();
+        let report = report.to_str().unwrap();
+        let tail =
+            strings(&["--partition", "time:2/3", "--provider", "local", "--timings", report, "-p", "4"]);
+        let line = runner_line(&tail, &taken_flags(true));
+        assert_eq!(line, strings(&["--partition", "time:2/3", "--timings", report, "-p", "4"]));
+        let runner = parsed_as_the_runner(&line, None).unwrap();
+        assert_eq!(
+            runner.partition.map(|p| (p.kind, p.shard)),
+            Some((PartitionKind::Time, Some(Shard { index: 2, total: 3 })))
+        );
+        let rerun = strings(&["--rerun-failed", report]);
+        assert_eq!(
+            parsed_as_the_runner(&rerun, None).unwrap().rerun_failed.as_deref(),
+            Some(Path::new(report))
+        );
+        // What dra-e2e would refuse, xtask refuses before it builds or brings up anything.
+        for (line, says) in [
+            (&["--partition", "time:1/3"][..], "--partition time needs --timings FILE"),
+            (&["--partition", "slice:4/3"], "has M outside 1..=N"),
+            (&["--rerun-failed", "/nonexistent/r.json"], "cannot read the report /nonexistent/r.json"),
+            (&["--rerun-failed", report, "--focus", "x"], "cannot be used with"),
+        ] {
+            let err = parsed_as_the_runner(&strings(line), None).unwrap_err().to_string();
+            assert!(err.contains(says), "{line:?}: {err}");
+        }
     }
 
     #[test]

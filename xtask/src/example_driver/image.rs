@@ -20,11 +20,9 @@ const BUILD_ARGS: [&str; 5] = ["build", "--quiet", "--workspace", "--example", "
 
 /// Builds the example (`cargo build --workspace --example node_driver`) and returns it.
 fn build_binary(repo: &Path) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let step = Step::start("build the example driver (cargo build --workspace --example node_driver)");
-    let status = std::process::Command::new(cargo)
+    let status = crate::repo::cargo_command(repo)
         .args(BUILD_ARGS)
-        .current_dir(repo)
         .status()
         .context("run cargo build for the example driver")?;
     if !status.success() {

@@ -183,11 +183,12 @@ fn with_suffix_str(file: &Path, suffix: &str) -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::mutants::catalogue::Lane;
 
-    const MUTANT: Mutant = Mutant {
+    /// A mutant of `pkg/a.go`'s `x > 1`, for tests.
+    pub(in crate::mutants) const MUTANT: Mutant = Mutant {
         name: "flip",
         component: "test",
         file: "pkg/a.go",

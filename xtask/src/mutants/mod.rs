@@ -1,26 +1,30 @@
 //! `cargo xtask mutants`: how many kubelet, scheduler and controller bugs the suites catch. Puts
 //! one small bug at a time ([`catalogue`]) into a Kubernetes checkout's DRA code ([`checkout`]),
 //! brings the local cluster up from it (`cluster up --k8s-source`, which rebuilds what the bug
-//! touched), runs the lane that should catch it and reports which specs failed and why
-//! ([`report`]). The unmutated checkout runs first (a lane that fails without a bug proves
-//! nothing); afterwards the cluster is brought back to the pinned release.
+//! touched), runs the lane that should catch it and reports which specs caught it ([`verdict`]:
+//! only an assertion that passed on the baseline and fails again when run once more counts) in a
+//! table ([`report`]). The unmutated checkout runs first (a lane that fails without a bug proves
+//! nothing); afterwards the cluster is brought back to the pinned release. Ctrl-C stops the
+//! command: the mutant in progress gets no verdict and comes out of the checkout, the table of
+//! those before it is written, and it exits 130.
 
 pub mod catalogue;
 pub mod checkout;
+mod cluster;
 pub mod report;
+pub mod verdict;
 
-use std::{
-    path::{Path, PathBuf},
-    process::ExitCode,
-};
+use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Context, Result, bail};
 
-use self::{
-    catalogue::{Lane, Mutant},
-    report::Verdict,
+use self::verdict::Verdict;
+use crate::{
+    common::layout::Layout,
+    e2e,
+    test::steps::{INTERRUPTED, Stop},
+    usage::UsageError,
 };
-use crate::{common::layout::Layout, e2e, usage::UsageError};
 
 /// What `cargo xtask mutants` was asked.
 #[derive(Debug, Clone, Default)]
@@ -68,8 +72,11 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
         checkout::check(&checkout, mutant).map_err(|e| UsageError::new(format!("{e:#}")))?;
     }
     if options.build_only {
-        let mut cmd =
-            xtask_command(&["cluster", "build", "--provider", "local", "--k8s-source"], version.as_deref());
+        let mut cmd = cluster::xtask_command(
+            cluster::THIS_XTASK,
+            &["cluster", "build", "--provider", "local", "--k8s-source"],
+            version.as_deref(),
+        );
         let status = cmd.arg(&checkout).status().await.context("run cargo xtask cluster build")?;
         if !status.success() {
             bail!("cargo xtask cluster build --k8s-source {} failed ({status})", checkout.display());
@@ -79,41 +86,58 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
     let runner = e2e::build_runner(&repo, e2e::Build::Binary)?;
     let out = e2e::target_dir(&repo).join("e2e").join("mutants");
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
-    let cluster = Cluster { checkout: &checkout, version: version.as_deref(), runner: &runner, out: &out };
+    let stop = Stop::on_ctrl_c();
+    let cluster = cluster::Cluster {
+        checkout: &checkout,
+        version: version.as_deref(),
+        runner: &runner,
+        out: &out,
+        stop: &stop,
+        xtask: std::path::Path::new(cluster::THIS_XTASK),
+        kubeconfig: layout.kubeconfig(),
+        texts: tokio::sync::OnceCell::new(),
+    };
 
-    if !options.no_baseline {
-        cluster.up().await.context("bring the cluster up from the unmutated checkout")?;
-        let mut lanes: Vec<Lane> = mutants.iter().map(|m| m.lane).collect();
-        lanes.sort();
-        lanes.dedup();
-        for lane in lanes {
-            if let Verdict::Caught(specs) = cluster.run_lane(lane, "baseline").await? {
-                let names: Vec<&str> = specs.iter().map(|s| s.text.as_str()).collect();
-                bail!(
-                    "without any mutant, {} spec(s) of the {} lane fail: {}; a mutant's failures would prove nothing (fix those first, or --no-baseline)",
-                    specs.len(),
-                    lane.name(),
-                    names.join("; ")
-                );
+    let baseline = match options.no_baseline {
+        true => None,
+        false => match cluster.baseline(&mutants).await? {
+            Some(passed) => Some(passed),
+            None => {
+                eprintln!("interrupted (Ctrl-C) during the baseline: no mutant ran");
+                return Ok(ExitCode::from(INTERRUPTED));
             }
-        }
-    }
+        },
+    };
 
     let mut results = Vec::new();
+    let mut interrupted_during = None;
     for mutant in &mutants {
-        let verdict = cluster.check(mutant).await;
+        let passed = baseline.as_ref().map(|b| b.get(&mutant.lane).cloned().unwrap_or_default());
+        let Some(verdict) = cluster.check(mutant, passed.as_ref()).await else {
+            interrupted_during = Some(mutant.name);
+            break;
+        };
         println!("==> mutant {}: {}", mutant.name, describe(&verdict));
         results.push((*mutant, verdict));
     }
-    // Back to the pinned release: nobody should meet a mutated cluster by surprise.
-    if let Err(e) = cluster.back_to_release().await {
+    let notes = report::RunNotes { no_baseline: options.no_baseline, interrupted_during };
+    if let Some(mutant) = interrupted_during {
+        eprintln!(
+            "interrupted (Ctrl-C) while {mutant} was checked: no verdict for it, its checkout put back; \
+             the cluster still runs what it was last built from: `cargo xtask cluster up --provider local` brings back the pinned release"
+        );
+    } else if let Err(e) = cluster.back_to_release().await {
+        // Back to the pinned release: nobody should meet a mutated cluster by surprise.
         eprintln!("warning: could not bring the cluster back to the pinned release: {e:#}");
     }
 
-    let table = report::table(&results);
+    let table = report::table(&results, notes);
     let output = options.output.clone().unwrap_or_else(|| out.with_extension("md"));
     std::fs::write(&output, &table).with_context(|| format!("write {}", output.display()))?;
     println!("\n{table}\n(written to {})", output.display());
+    if interrupted_during.is_some() {
+        return Ok(ExitCode::from(INTERRUPTED));
+    }
     let missed = results.iter().filter(|(_, v)| !matches!(v, Verdict::Caught(_))).count();
     if missed > 0 {
         println!("{missed} of {} mutants were not caught", results.len());
@@ -122,87 +146,11 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// This xtask (a child, so that `KUBE_GIT_VERSION` can be given to it alone: an assembled
-/// checkout has no git tags to tell its version).
-fn xtask_command(args: &[&str], version: Option<&str>) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    cmd.args(args).kill_on_drop(true);
-    if let Some(version) = version {
-        cmd.env("KUBE_GIT_VERSION", version);
-    }
-    cmd
-}
-
 /// One line: how many specs caught it, or why not.
 fn describe(verdict: &Verdict) -> String {
     match verdict {
-        Verdict::Caught(specs) => format!("caught: {} spec(s) failed", specs.len()),
+        Verdict::Caught(specs) => format!("caught: {} spec(s) failed an assertion, twice", specs.len()),
         Verdict::Survived { passed } => format!("SURVIVED: all {passed} specs passed"),
         Verdict::NotChecked(why) => format!("not checked: {why}"),
-    }
-}
-
-/// The local cluster built from the checkout, and the suites run against it.
-struct Cluster<'a> {
-    checkout: &'a Path,
-    /// `KUBE_GIT_VERSION` for an assembled checkout (it has no git tags).
-    version: Option<&'a str>,
-    runner: &'a Path,
-    out: &'a Path,
-}
-
-impl Cluster<'_> {
-    /// Puts `mutant` in, brings the cluster up from the checkout, runs its lane; the mutant
-    /// comes out again whatever happened.
-    async fn check(&self, mutant: &Mutant) -> Verdict {
-        let applied = match checkout::apply(self.checkout, mutant) {
-            Ok(applied) => applied,
-            Err(e) => return Verdict::NotChecked(format!("{e:#}")),
-        };
-        let verdict = match self.up().await {
-            Ok(()) => self
-                .run_lane(mutant.lane, mutant.name)
-                .await
-                .unwrap_or_else(|e| Verdict::NotChecked(format!("{e:#}"))),
-            Err(e) => Verdict::NotChecked(format!("cluster up from the mutated checkout: {e:#}")),
-        };
-        drop(applied);
-        verdict
-    }
-
-    /// `cargo xtask cluster up --provider local --k8s-source CHECKOUT`.
-    async fn up(&self) -> Result<()> {
-        let mut cmd = xtask_command(&["cluster", "up", "--provider", "local", "--k8s-source"], self.version);
-        let status = cmd.arg(self.checkout).status().await.context("run cargo xtask cluster up")?;
-        if !status.success() {
-            bail!("cargo xtask cluster up --k8s-source {} failed ({status})", self.checkout.display());
-        }
-        Ok(())
-    }
-
-    /// `cluster up` at the pinned release.
-    async fn back_to_release(&self) -> Result<()> {
-        let status = xtask_command(&["cluster", "up", "--provider", "local"], None).status().await?;
-        if !status.success() {
-            bail!("cargo xtask cluster up failed ({status})");
-        }
-        Ok(())
-    }
-
-    /// Runs `lane` and reads its JSON report.
-    async fn run_lane(&self, lane: Lane, name: &str) -> Result<Verdict> {
-        let layout = Layout::from_env(crate::repo::repo_root())?;
-        let json = self.out.join(format!("{name}.json"));
-        let _ = std::fs::remove_file(&json);
-        let mut args: Vec<String> = lane.selection().iter().map(|s| s.to_string()).collect();
-        let artifacts = self.out.join(name).join("artifacts");
-        args.extend(["-p".to_owned(), crate::test::LANE_PROCS.to_owned(), "--json-report".to_owned()]);
-        args.push(json.display().to_string());
-        args.extend(["--artifacts".to_owned(), artifacts.display().to_string()]);
-        let code = e2e::run_runner(self.runner, &layout.kubeconfig(), &args).await?;
-        if code == 2 || !json.exists() {
-            bail!("dra-e2e could not run the {} lane (exit code {code})", lane.name());
-        }
-        report::verdict_from_json(&json)
     }
 }

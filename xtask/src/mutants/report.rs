@@ -1,62 +1,32 @@
-//! What each mutant did to the suites: read from the run's ginkgo JSON report, printed and
-//! written as a Markdown table.
+//! The Markdown table of what each mutant did to the suites ([`super::verdict`]), printed and
+//! written to a file; it says when no baseline ran and when the run was interrupted.
 
-use std::{fmt::Write as _, path::Path};
+use std::fmt::Write as _;
 
-use anyhow::{Context, Result};
+use crate::mutants::{catalogue::Mutant, verdict::Verdict};
 
-use crate::mutants::catalogue::Mutant;
-
-/// One spec that failed under a mutant: its full text and the first line of its failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FailedSpec {
-    /// The spec's full text.
-    pub text: String,
-    /// The first line of its failure message.
-    pub message: String,
+/// How the run went, beside its verdicts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunNotes<'a> {
+    /// No baseline ran (`--no-baseline`).
+    pub no_baseline: bool,
+    /// The mutant Ctrl-C stopped the run during (it has no verdict; those after it did not run).
+    pub interrupted_during: Option<&'a str>,
 }
 
-/// How the lane did with one mutant in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Specs failed: the suites caught the bug.
-    Caught(Vec<FailedSpec>),
-    /// Every spec passed (or skipped): the bug went unnoticed.
-    Survived {
-        /// Specs that passed.
-        passed: usize,
-    },
-    /// The mutant could not be checked (the build or the cluster failed).
-    NotChecked(String),
-}
-
-/// The verdict of a run from its JSON report (`[]types.Report`, ginkgo's schema).
-pub fn verdict_from_json(path: &Path) -> Result<Verdict> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    verdict_from_json_text(&text).with_context(|| format!("read the JSON report {}", path.display()))
-}
-
-fn verdict_from_json_text(text: &str) -> Result<Verdict> {
-    let reports: serde_json::Value = serde_json::from_str(text)?;
-    let failed: Vec<FailedSpec> = crate::test::report::failed_specs(&reports)
-        .into_iter()
-        .map(|spec| FailedSpec {
-            text: spec.name,
-            message: spec.message.lines().next().unwrap_or_default().to_owned(),
-        })
-        .collect();
-    Ok(if failed.is_empty() {
-        Verdict::Survived { passed: crate::test::report::passed_count(&reports) }
-    } else {
-        Verdict::Caught(failed)
-    })
-}
-
-/// The Markdown table of every mutant's verdict.
-pub fn table(results: &[(Mutant, Verdict)]) -> String {
-    let mut out = String::from(
-        "| Mutant | Component | The bug | Lane | Caught by | First failure |\n|---|---|---|---|---|---|\n",
-    );
+/// The Markdown table of every mutant's verdict, after what `notes` says of the run.
+pub fn table(results: &[(Mutant, Verdict)], notes: RunNotes) -> String {
+    let mut out = String::new();
+    if notes.no_baseline {
+        out += "No baseline ran (`--no-baseline`): a spec's failure below is not known to pass without the mutant.\n\n";
+    }
+    if let Some(mutant) = notes.interrupted_during {
+        let _ = writeln!(
+            out,
+            "Interrupted (Ctrl-C) while `{mutant}` was checked: it has no verdict, and the mutants after it did not run.\n"
+        );
+    }
+    out += "| Mutant | Component | The bug | Lane | Caught by | First failure |\n|---|---|---|---|---|---|\n";
     for (mutant, verdict) in results {
         let (caught, first) = match verdict {
             Verdict::Caught(specs) => (
@@ -101,44 +71,39 @@ fn escape(text: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod tests {
     use super::*;
-    use crate::mutants::catalogue::MUTANTS;
-
-    const REPORT: &str = r#"[{"SpecReports": [
-        {"ContainerHierarchyTexts": [], "LeafNodeText": "[sig-node] [DRA] kubelet [Feature:X] must unprepare", "State": "failed",
-         "Failure": {"Message": "NodeUnprepareResources was called 0 times, want 1\nmore"}},
-        {"ContainerHierarchyTexts": [], "LeafNodeText": "passes", "State": "passed"},
-        {"ContainerHierarchyTexts": [], "LeafNodeText": "skips", "State": "skipped"}
-    ]}]"#;
-
-    #[test]
-    fn failed_specs_are_read_with_their_first_message_line() {
-        let verdict = verdict_from_json_text(REPORT).unwrap();
-        assert_eq!(
-            verdict,
-            Verdict::Caught(vec![FailedSpec {
-                text: "[sig-node] [DRA] kubelet [Feature:X] must unprepare".to_owned(),
-                message: "NodeUnprepareResources was called 0 times, want 1".to_owned(),
-            }])
-        );
-        let passing = REPORT.replace("\"failed\"", "\"passed\"");
-        assert_eq!(verdict_from_json_text(&passing).unwrap(), Verdict::Survived { passed: 2 });
-    }
+    use crate::mutants::{catalogue::MUTANTS, verdict::FailedSpec};
 
     #[test]
     fn the_table_names_what_caught_each_mutant_and_what_survived() {
-        let caught = verdict_from_json_text(REPORT).unwrap();
-        let table = table(&[
-            (MUTANTS[0], caught),
-            (MUTANTS[1], Verdict::Survived { passed: 63 }),
-            (MUTANTS[2], Verdict::NotChecked("the build failed: a|b".to_owned())),
-        ]);
+        let caught = Verdict::Caught(vec![FailedSpec {
+            text: "[sig-node] [DRA] kubelet [Feature:X] must unprepare".to_owned(),
+            message: "NodeUnprepareResources was called 0 times, want 1".to_owned(),
+        }]);
+        let table = table(
+            &[
+                (MUTANTS[0], caught),
+                (MUTANTS[1], Verdict::Survived { passed: 63 }),
+                (MUTANTS[2], Verdict::NotChecked("the build failed: a|b".to_owned())),
+            ],
+            RunNotes::default(),
+        );
+        assert!(table.starts_with("| Mutant |"), "{table}");
         assert!(
             table.contains("| kubelet | kubelet must unprepare | NodeUnprepareResources was called 0 times"),
             "{table}"
         );
         assert!(table.contains("**nothing** (63 passed)"), "{table}");
         assert!(table.contains("not checked | the build failed: a\\|b |"), "{table}");
+    }
+
+    #[test]
+    fn the_table_says_when_no_baseline_ran_and_where_the_run_was_interrupted() {
+        let notes = RunNotes { no_baseline: true, interrupted_during: Some("kubelet-never-unprepares") };
+        let table = table(&[(MUTANTS[0], Verdict::Survived { passed: 1 })], notes);
+        assert!(table.starts_with("No baseline ran (`--no-baseline`)"), "{table}");
+        assert!(table.contains("while `kubelet-never-unprepares` was checked: it has no verdict"), "{table}");
     }
 }

@@ -53,6 +53,11 @@ impl StepStart {
         }
     }
 
+    /// When the step started.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
     /// The same start, with `waited` spent waiting for a background build.
     pub fn waited(self, waited: Duration) -> Self {
         Self { waited: self.waited + waited, ..self }

@@ -5,7 +5,9 @@
 //! nothing with a run identity a sweep could take). The one exception is ordered: a test that
 //! checks what a run's start sweeps ([`ClusterTest::checks_sweeps`]) starts once the tests that
 //! start `dra-e2e` runs ([`ClusterTest::starts_runs`]) ended. Each test's output goes to a log
-//! of its own and is printed whole once it ends, so outputs never interleave.
+//! of its own and is printed whole once it ends, so outputs never interleave. A test passes only
+//! when its filter ran at least one test (libtest's `test result:` lines count them): a filter
+//! that selects nothing, a module renamed, would otherwise pass with 0 tests.
 
 use std::{
     path::Path,
@@ -35,6 +37,8 @@ pub(crate) struct ClusterTest {
     /// Whether it checks what a run's start sweeps, which a run starting beside it would change:
     /// it starts once every test that [`ClusterTest::starts_runs`] ended.
     pub checks_sweeps: bool,
+    /// Environment beside `DRA_E2E_KUBECONFIG`.
+    pub env: Vec<(&'static str, String)>,
 }
 
 /// The fault test that closes every connection of its process to the API server (`ss -K`).
@@ -49,6 +53,7 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
         any_provider,
         starts_runs: false,
         checks_sweeps: false,
+        env: Vec::new(),
     };
     vec![
         test(
@@ -100,6 +105,12 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
             &["test", "--workspace", "--test", "cluster", "--", "--ignored", "--exact", CONNECTIONS_CLOSED],
             true,
         ),
+        // A proxy in front of the API server cuts the run's connections mid-write.
+        test(
+            "connection cut cluster tests (harness/tests/cluster/connection_cuts.rs)",
+            &["test", "--workspace", "--test", "cluster", "--", "--ignored", "connection_cuts::"],
+            true,
+        ),
         // Runs the example driver for a local cluster node's kubelet directory (kind-worker2)
         // from this machine, and interposes between that kubelet and it.
         test(
@@ -125,16 +136,30 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
     ]
 }
 
+/// The skew lane's cluster tests (its cluster has kind-worker's kubelet at an older minor).
+pub(crate) fn skew_test() -> ClusterTest {
+    ClusterTest {
+        name: "skew cluster tests (harness/tests/cluster/skew.rs)",
+        short: "skew",
+        cargo_args: vec!["test", "--workspace", "--test", "cluster", "--", "--ignored", "skew::"],
+        any_provider: false,
+        starts_runs: false,
+        checks_sweeps: false,
+        env: Vec::new(),
+    }
+}
+
 /// Runs `tests` side by side against `kubeconfig` (those that [`ClusterTest::checks_sweeps`] one
 /// by one once those that [`ClusterTest::starts_runs`] ended), each `cargo <args>` with its output in
 /// `<target>/e2e/cluster-tests/<short>.log`, printed whole when it ends. Returns one line for the
-/// step table (each test's time, the failed ones named) and whether all passed.
+/// step table (each test's time and how many tests it ran, the failed ones named) and whether
+/// all passed.
 pub(crate) async fn run_side_by_side(
     repo: &Path,
     tests: &[&ClusterTest],
     kubeconfig: &Path,
 ) -> (String, Result<()>) {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = crate::repo::cargo_program();
     let dir = crate::e2e::target_dir(repo).join("e2e/cluster-tests");
     side_by_side(Path::new(&cargo), repo, tests, kubeconfig, &dir).await
 }
@@ -177,8 +202,13 @@ async fn side_by_side(
     ended.extend(beside);
     // In the given order.
     ended.sort_by_key(|(test, _, _)| tests.iter().position(|t| std::ptr::eq(*t, **test)));
-    let times: Vec<String> =
-        ended.iter().map(|(t, took, _)| format!("{} {}", t.short, human(*took))).collect();
+    let times: Vec<String> = ended
+        .iter()
+        .map(|(t, took, ran)| match ran {
+            Ok(n) => format!("{} {} ({n})", t.short, human(*took)),
+            Err(_) => format!("{} {}", t.short, human(*took)),
+        })
+        .collect();
     let failed: Vec<String> =
         ended.iter().filter_map(|(t, _, r)| r.as_ref().err().map(|e| format!("{}: {e:#}", t.name))).collect();
     let name = format!("cluster tests side by side: {}", times.join(", "));
@@ -186,22 +216,27 @@ async fn side_by_side(
     (name, result)
 }
 
-/// A test that ended: how long it took, its outcome.
-type Ended<'a> = (&'a &'a ClusterTest, Duration, Result<()>);
+/// A test that ended: how long it took, how many tests it ran.
+type Ended<'a> = (&'a &'a ClusterTest, Duration, Result<usize>);
 
-/// Runs one cluster test to its end, its output in `log`.
+/// Runs one cluster test to its end, its output in `log`; how many tests ran (at least one).
 async fn run_one(
     program: &Path,
     repo: &Path,
     test: &ClusterTest,
     kubeconfig: &Path,
     log: &Path,
-) -> Result<()> {
+) -> Result<usize> {
     let out = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
     let err = out.try_clone().with_context(|| format!("{}", log.display()))?;
-    let status = tokio::process::Command::new(program)
+    let mut cmd = tokio::process::Command::new(program);
+    for name in crate::repo::run_only_cargo_vars() {
+        cmd.env_remove(name);
+    }
+    let status = cmd
         .args(&test.cargo_args)
         .env("DRA_E2E_KUBECONFIG", kubeconfig)
+        .envs(test.env.iter().map(|(k, v)| (k, v)))
         .current_dir(repo)
         .stdin(Stdio::null())
         .stdout(out)
@@ -213,7 +248,31 @@ async fn run_one(
     if !status.success() {
         bail!("cargo {} failed ({status}); its output: {}", test.cargo_args.join(" "), log.display());
     }
-    Ok(())
+    let output = std::fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
+    match tests_ran(&output) {
+        0 => bail!(
+            "cargo {} ran no test: its filter selects none (renamed?); its output: {}",
+            test.cargo_args.join(" "),
+            log.display()
+        ),
+        n => Ok(n),
+    }
+}
+
+/// How many tests libtest's `test result: ok. 3 passed; 1 failed; 2 ignored; …` lines of
+/// `output` say ran (passed and failed, over every test binary).
+fn tests_ran(output: &str) -> usize {
+    let count = |fields: &str, what: &str| -> usize {
+        fields
+            .split(';')
+            .filter_map(|f| f.trim().strip_suffix(what)?.trim().rsplit(' ').next()?.parse::<usize>().ok())
+            .sum()
+    };
+    output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("test result: "))
+        .map(|fields| count(fields, "passed") + count(fields, "failed"))
+        .sum()
 }
 
 #[cfg(test)]
@@ -238,7 +297,7 @@ mod tests {
         // A stand-in for cargo: notes its start, waits, notes its end; `fail` fails.
         let program = dir.path().join("fake-cargo");
         let script = format!(
-            "#!/bin/sh\necho \"start $1\" >> {o}\necho \"output of $1 with $DRA_E2E_KUBECONFIG\"\ncase $1 in fail) sleep 3;; *) sleep 1;; esac\necho \"end $1\" >> {o}\n[ \"$1\" != fail ]\n",
+            "#!/bin/sh\necho \"start $1\" >> {o}\necho \"output of $1 with $DRA_E2E_KUBECONFIG $FAKE_ENV\"\ncase $1 in fail) sleep 3;; *) sleep 1;; esac\necho \"end $1\" >> {o}\necho \"test result: ok. 2 passed; 0 failed; 0 ignored\"\n[ \"$1\" != fail ]\n",
             o = order.display()
         );
         std::fs::write(&program, script).unwrap();
@@ -250,6 +309,7 @@ mod tests {
             any_provider: true,
             starts_runs,
             checks_sweeps,
+            env: vec![("FAKE_ENV", "set".to_owned())],
         };
         let tests = [
             test("sweep checking tests (c.rs)", "checker", "checker", true, true),
@@ -277,9 +337,50 @@ mod tests {
         // The row names each in the given order.
         assert!(name.starts_with("cluster tests side by side: checker "), "{name}");
         assert!(name.contains(", runner ") && name.contains(", other "), "{name}");
+        assert!(name.contains("s (2), runner "), "each names how many tests it ran: {name}");
         let err = format!("{:#}", result.unwrap_err());
         assert!(err.contains("other tests (b.rs)") && !err.contains("run starting"), "{err}");
         let runner = std::fs::read_to_string(logs.join("runner.log")).unwrap();
-        assert_eq!(runner, "output of runner with /k.conf\n");
+        assert_eq!(
+            runner,
+            "output of runner with /k.conf set\ntest result: ok. 2 passed; 0 failed; 0 ignored\n"
+        );
+    }
+
+    #[test]
+    fn the_tests_that_ran_are_counted_over_every_test_binary() {
+        let output = "running 3 tests\ntest a ... ok\n\ntest result: ok. 2 passed; 1 failed; 4 ignored; 0 measured; 9 filtered out; finished in 1.20s\n\
+                      running 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 12 filtered out; finished in 0.00s\n";
+        assert_eq!(tests_ran(output), 3);
+        assert_eq!(
+            tests_ran(
+                "running 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 40 filtered out\n"
+            ),
+            0
+        );
+        assert_eq!(tests_ran("error: no test target named `clutser`"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_filter_that_selects_no_test_fails() {
+        // The old step judged cargo's exit code alone: `-- --ignored renamed::` passes with 0 tests.
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("fake-cargo");
+        let script = "#!/bin/sh\necho 'running 0 tests'\necho\necho 'test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 31 filtered out; finished in 0.00s'\n";
+        std::fs::write(&program, script).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let test = ClusterTest {
+            name: "renamed cluster tests (harness/tests/cluster/renamed.rs)",
+            short: "renamed",
+            cargo_args: vec!["test", "--test", "cluster", "--", "--ignored", "renamed::"],
+            any_provider: true,
+            starts_runs: false,
+            checks_sweeps: false,
+            env: Vec::new(),
+        };
+        let (_, result) =
+            side_by_side(&program, dir.path(), &[&test], Path::new("/k.conf"), dir.path()).await;
+        let err = format!("{:#}", result.unwrap_err());
+        assert!(err.contains("ran no test: its filter selects none"), "{err}");
     }
 }

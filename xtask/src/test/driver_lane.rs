@@ -18,7 +18,9 @@ use std::{path::Path, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
-use super::{StepStart, report, suite_args, suite_args_with};
+use super::{
+    LANE_PROCS, StepStart, host_skips::HostSkips, lane_run::SuiteRun, report::ReportedSpec, steps::Steps,
+};
 use crate::{e2e, example_driver, local::LocalCluster};
 
 /// The spec whose claim the kubelet prepares after its restart.
@@ -30,6 +32,9 @@ pub(crate) const UNPREPARE_SPEC: &str = "unprepares the claim once when its pod 
 pub(crate) const CAUGHT: [&str; 3] =
     ["answered NodeUnprepareResources", "are still defined on node", "/NodeUnprepareResources -> OK"];
 
+/// The reports' stems of the lane's runs: as a vendor runs it, interposed, after the kubelet's
+/// restart, and the broken driver's.
+pub(crate) const STEMS: [&str; 4] = ["driver", "driver-interposed", "driver-after-restart", BROKEN_REPORT];
 /// The JUnit and JSON reports' stem of the broken driver's run.
 const BROKEN_REPORT: &str = "driver-broken";
 
@@ -38,113 +43,114 @@ const RESTARTED_NODE: &str = "kind-worker";
 /// How long the driver may take to publish its slice again after the kubelet restart.
 const REPUBLISH_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The lane's steps after the deploy, in order.
+const VENDOR_STEP: &str = "e2e: driver lane, the example driver as a vendor runs it (--driver)";
+const INTERPOSED_STEP: &str = "e2e: driver lane, interposed (--driver --interpose)";
+const RESTART_STEP: &str = "e2e: driver lane, after kind-worker's kubelet restarted";
+const BROKEN_STEP: &str = "e2e: driver lane, a driver that skips unprepare is caught";
+
 /// Runs the lane against `cluster`, each part a step of the table.
-pub(crate) async fn run(
-    repo: &Path,
-    cluster: &LocalCluster,
-    step: &mut impl FnMut(&str, Result<()>, StepStart),
-) {
+pub(crate) async fn run(repo: &Path, cluster: &LocalCluster, steps: &mut Steps) {
     let kubeconfig = cluster.kubeconfig();
+    let deploy = "driver lane: the example driver deployed as a DaemonSet";
+    if steps.skipped(deploy) {
+        for name in [VENDOR_STEP, INTERPOSED_STEP, RESTART_STEP, BROKEN_STEP] {
+            steps.skipped(name);
+        }
+        return;
+    }
     let t = StepStart::now();
     let deployed = example_driver::deploy(&kubeconfig, None).await;
     let ok = deployed.is_ok();
-    step("driver lane: the example driver deployed as a DaemonSet", deployed, t);
+    steps.record(deploy, deployed, t);
     if ok {
-        let t = StepStart::now();
-        step(
-            "e2e: driver lane, the example driver as a vendor runs it (--driver)",
-            super::run_suite(
-                repo,
-                &kubeconfig,
-                &driver_args(repo, &["--device-class", example_driver::DEVICE_CLASS], "driver"),
-            )
-            .await,
-            t,
-        );
-        let t = StepStart::now();
-        step(
-            "e2e: driver lane, interposed (--driver --interpose)",
-            super::run_suite(repo, &kubeconfig, &driver_args(repo, &["--interpose"], "driver-interposed"))
-                .await,
-            t,
-        );
-        let t = StepStart::now();
-        step(
-            "e2e: driver lane, after kind-worker's kubelet restarted",
-            after_kubelet_restart(repo, cluster).await,
-            t,
-        );
-        let t = StepStart::now();
-        step(
-            "e2e: driver lane, a driver that skips unprepare is caught",
-            broken_driver_caught(repo, &kubeconfig).await,
-            t,
-        );
+        let vendor = driver_run(repo, &["--device-class", example_driver::DEVICE_CLASS], STEMS[0]);
+        steps.run(VENDOR_STEP, super::run_suite(repo, &kubeconfig, &vendor)).await;
+        let interposed = driver_run(repo, &["--interpose"], STEMS[1]);
+        steps.run(INTERPOSED_STEP, super::run_suite(repo, &kubeconfig, &interposed)).await;
+        steps.run(RESTART_STEP, after_kubelet_restart(repo, cluster)).await;
+        steps.run(BROKEN_STEP, broken_driver_caught(repo, &kubeconfig)).await;
     }
-    // Also after a failed deploy: what it created goes.
+    // Also after a failed deploy or an interrupt: what it created goes.
     let t = StepStart::now();
-    step("driver lane: the example driver removed", example_driver::remove(&kubeconfig).await, t);
+    steps.record("driver lane: the example driver removed", example_driver::remove(&kubeconfig).await, t);
 }
 
-/// dra-e2e's arguments for a run against the example driver.
-fn driver_args(repo: &Path, extra: &[&str], report: &str) -> Vec<String> {
+/// A run against the example driver.
+fn driver_run(repo: &Path, extra: &[&str], stem: &str) -> SuiteRun {
+    driver_run_with(repo, extra, stem, LANE_PROCS)
+}
+
+/// [`driver_run`] with `procs` specs at once.
+fn driver_run_with(repo: &Path, extra: &[&str], stem: &str, procs: &str) -> SuiteRun {
     let mut selection = vec!["--driver", example_driver::DRIVER_NAME];
     selection.extend(extra);
-    suite_args(repo, &selection, report)
+    SuiteRun::new(repo, &selection, stem, procs)
 }
 
 /// Restarts kind-worker's kubelet, waits until the driver published its slice again, and runs
 /// the prepare spec interposed on that node.
-async fn after_kubelet_restart(repo: &Path, cluster: &LocalCluster) -> Result<()> {
+async fn after_kubelet_restart(repo: &Path, cluster: &LocalCluster) -> Result<String> {
     let kubeconfig = cluster.kubeconfig();
     let kubelet = format!("kubelet-{RESTARTED_NODE}");
     cluster.restart(&kubelet, crate::local::Stop::Graceful).await?;
     example_driver::wait_republished(&kubeconfig, RESTARTED_NODE, REPUBLISH_TIMEOUT)
         .await
         .with_context(|| format!("after {kubelet} restarted"))?;
-    let args = driver_args(repo, &["--interpose", "--focus", PREPARE_SPEC], "driver-after-restart");
-    super::run_suite(repo, &kubeconfig, &args).await
+    let run = driver_run(repo, &["--interpose", "--focus", PREPARE_SPEC], STEMS[2]);
+    super::run_suite(repo, &kubeconfig, &run).await
 }
 
 /// Redeploys the driver with `--break skip-unprepare`, runs the unprepare spec interposed, and
-/// passes only when that spec failed saying every one of [`CAUGHT`]. The driver is redeployed
-/// intact by nobody: the lane removes it next.
+/// passes only when that spec, alone selected, failed an assertion saying every one of
+/// [`CAUGHT`]. The driver is redeployed intact by nobody: the lane removes it next.
 async fn broken_driver_caught(repo: &Path, kubeconfig: &Path) -> Result<()> {
+    let skips = HostSkips::load(repo)?;
     example_driver::deploy(kubeconfig, Some(example_driver::Break::SkipUnprepare))
         .await
         .context("redeploying the example driver with --break skip-unprepare")?;
-    let args = suite_args_with(
-        repo,
-        &["--driver", example_driver::DRIVER_NAME, "--interpose", "--focus", UNPREPARE_SPEC],
-        BROKEN_REPORT,
-        "1",
-    );
+    let run = driver_run_with(repo, &["--interpose", "--focus", UNPREPARE_SPEC], BROKEN_REPORT, "1");
     let runner = e2e::build_runner(repo, e2e::Build::SameAsTests)?;
-    let code = e2e::run_runner(&runner, kubeconfig, &args).await?;
-    if code == 0 {
+    let texts = super::lane_run::texts_version(repo, kubeconfig).await?;
+    let ran = run.run(&runner, kubeconfig, &texts).await?;
+    if ran.expected.len() != 1 {
+        bail!(
+            "--focus {UNPREPARE_SPEC:?} selects {} specs, not the one: {:?}",
+            ran.expected.len(),
+            ran.expected
+        );
+    }
+    ran.check_selection_ran(&skips)?;
+    if ran.code == 0 {
         bail!(
             "the broken driver passed \"{UNPREPARE_SPEC}\": the spec does not catch a driver that skips unprepare"
         );
     }
-    let messages = failure_messages(&report::read(&report::path(repo, BROKEN_REPORT))?);
-    judge_caught(&messages)
-}
-
-/// The failure messages of the failed specs in a dra-e2e JSON report.
-fn failure_messages(reports: &serde_json::Value) -> Vec<String> {
-    report::failed_specs(reports).into_iter().map(|spec| spec.message).collect()
-}
-
-/// Passes when exactly one spec failed and its message says every one of [`CAUGHT`].
-fn judge_caught(messages: &[String]) -> Result<()> {
-    let [message] = messages else {
-        bail!("expected the unprepare spec alone to fail, {} spec(s) failed: {messages:?}", messages.len());
-    };
-    let missing: Vec<_> = CAUGHT.iter().filter(|c| !message.contains(**c)).collect();
-    if !missing.is_empty() {
-        bail!("the unprepare spec failed, but its message lacks {missing:?}: {message}");
+    judge_caught(&ran.failed())?;
+    if ran.code != 1 {
+        bail!(
+            "dra-e2e exited with {}, not 1: the run itself failed beside the spec (see its output)",
+            ran.code
+        );
     }
-    eprintln!("    caught as it must be: {}", super::clip(message, 600));
+    Ok(())
+}
+
+/// Passes when exactly one spec failed, an assertion of its body, and its message says every
+/// one of [`CAUGHT`].
+fn judge_caught(failed: &[&ReportedSpec]) -> Result<()> {
+    let [spec] = failed else {
+        let names: Vec<&str> = failed.iter().map(|s| s.name.as_str()).collect();
+        bail!("expected the unprepare spec alone to fail, {} spec(s) failed: {names:?}", failed.len());
+    };
+    if !spec.failed_an_assertion() {
+        bail!("the unprepare spec did not fail an assertion, it {}: {}", spec.how(), spec.first_line());
+    }
+    let missing: Vec<_> = CAUGHT.iter().filter(|c| !spec.message.contains(**c)).collect();
+    if !missing.is_empty() {
+        bail!("the unprepare spec failed, but its message lacks {missing:?}: {}", spec.message);
+    }
+    eprintln!("    caught as it must be: {}", super::clip(&spec.message, 600));
     Ok(())
 }
 
@@ -153,23 +159,42 @@ fn judge_caught(messages: &[String]) -> Result<()> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_a_failure_that_names_the_call_and_shows_the_log_counts() {
-        let good = "the driver answered NodeUnprepareResources OK, but CDI devices [x] are still defined on node kind-worker\ncalls:\n  /v1.DRAPlugin/NodeUnprepareResources -> OK";
-        judge_caught(&[good.to_owned()]).unwrap();
-        assert!(judge_caught(&[]).is_err());
-        assert!(judge_caught(&["timed out".to_owned()]).is_err());
-        assert!(judge_caught(&[good.to_owned(), good.to_owned()]).is_err());
+    fn failed(state: &str, node: &str, message: &str) -> ReportedSpec {
+        ReportedSpec {
+            name: UNPREPARE_SPEC.into(),
+            state: state.into(),
+            message: message.into(),
+            node: node.into(),
+        }
     }
 
     #[test]
-    fn failed_specs_are_read_from_the_json_report() {
-        let reports = serde_json::json!([{ "SpecReports": [
-            { "State": "passed" },
-            { "State": "failed", "Failure": { "Message": "m" } },
-            { "State": "skipped" },
-        ]}]);
-        assert_eq!(failure_messages(&reports), ["m"]);
+    fn only_an_assertion_that_names_the_call_and_shows_the_log_counts() {
+        let good = "the driver answered NodeUnprepareResources OK, but CDI devices [x] are still defined on node kind-worker\ncalls:\n  /v1.DRAPlugin/NodeUnprepareResources -> OK";
+        judge_caught(&[&failed("failed", "It", good)]).unwrap();
+        assert!(judge_caught(&[]).is_err());
+        assert!(judge_caught(&[&failed("failed", "It", "timed out")]).is_err());
+        assert!(judge_caught(&[&failed("failed", "It", good), &failed("failed", "It", good)]).is_err());
+        // The same words in a timeout or a clean-up are no catch.
+        let err = judge_caught(&[&failed("timedout", "It", good)]).unwrap_err().to_string();
+        assert!(err.contains("did not fail an assertion, it timedout in It"), "{err}");
+        assert!(judge_caught(&[&failed("failed", "DeferCleanup (Each)", good)]).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_broken_driver_s_run_is_judged_on_its_own_report() {
+        // The old step read target/e2e/driver-broken.json whatever run wrote it: a run that
+        // exits before writing one was judged on the previous run's catch.
+        let dir = tempfile::tempdir().unwrap();
+        let good = "answered NodeUnprepareResources OK, but CDI devices [x] are still defined on node w\n/NodeUnprepareResources -> OK";
+        let earlier = super::super::lane_run::tests::report_of(&[(UNPREPARE_SPEC, "failed", good)]);
+        std::fs::write(dir.path().join("driver-broken.json"), earlier.to_string()).unwrap();
+        let runner = super::super::lane_run::tests::fake_runner(dir.path(), &[UNPREPARE_SPEC], None, 2);
+        let err = format!(
+            "{:#}",
+            super::super::lane_run::tests::run_in(dir.path(), &runner, BROKEN_REPORT).await.unwrap_err()
+        );
+        assert!(err.contains("dra-e2e exited with 2 and wrote no report"), "{err}");
     }
 
     #[test]

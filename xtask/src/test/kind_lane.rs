@@ -11,14 +11,18 @@
 //! priority) while the local cluster's lanes run, which mostly wait on the cluster; on a cold
 //! machine that takes the image build off the run's critical path.
 
-use std::{
-    path::Path,
-    sync::atomic::{AtomicBool, Ordering},
+use std::path::Path;
+
+use anyhow::bail;
+
+use super::{
+    StepStart,
+    background::Background,
+    lane_run::SuiteRun,
+    partition::{ClusterBuild, Share, Unit},
+    run_suite, sliced,
+    steps::Steps,
 };
-
-use anyhow::{Result, bail};
-
-use super::{StepStart, background::Background, run_suite, suite_args_with};
 use crate::{
     kind::{self, engine::Engine},
     provider::Provider,
@@ -37,9 +41,6 @@ pub const JUNIT: &str = "kind";
 /// How many specs the kind lane runs at once: its nodes are containers with their own
 /// containerd and systemd, heavier than the local cluster's, and it was only measured at 4.
 const KIND_PROCS: &str = "4";
-
-/// The key of the node image's background build.
-const IMAGE_BUILD: &str = "kind-node-image";
 
 /// The kind cluster of the lane: kind.yaml, `KIND_NODE_IMAGE` if set (GitHub's runners pull
 /// kind's own image) else the node image built here, `KIND_VERSION` if set.
@@ -60,8 +61,25 @@ pub struct KindLane {
     engine_started: bool,
 }
 
+/// The step names of the lane's engine and cluster.
+const ENGINE_STEP: &str = "kind lane: the run's own Docker engine (unless DOCKER_HOST names one)";
+const UP_STEP: &str = "kind cluster up (kind.yaml; the node image built here unless KIND_NODE_IMAGE)";
+const SUITE_STEP: &str = "e2e on kind: every kubelet spec (--focus kubelet)";
+
+/// The lane's run of the suites.
+fn suite(repo: &Path) -> SuiteRun {
+    SuiteRun::new(repo, &["--focus", FOCUS], JUNIT, KIND_PROCS)
+}
+
+/// Records the lane's steps as not run (the run was stopped before it).
+pub(crate) fn not_run(steps: &mut Steps) {
+    for name in [ENGINE_STEP, UP_STEP, SUITE_STEP] {
+        steps.skipped(name);
+    }
+}
+
 /// Starts the lane's engine (unless `DOCKER_HOST` names one).
-pub async fn prepare(step: &mut dyn FnMut(&str, Result<()>, StepStart)) -> KindLane {
+pub(crate) async fn prepare(steps: &mut Steps) -> KindLane {
     let t = StepStart::now();
     let engine = if std::env::var_os("DOCKER_HOST").is_some() {
         Ok(None)
@@ -70,89 +88,82 @@ pub async fn prepare(step: &mut dyn FnMut(&str, Result<()>, StepStart)) -> KindL
     };
     let engine_started = matches!(&engine, Ok(Some(running)) if running.started);
     let engine_ok = engine.is_ok();
-    step("kind lane: the run's own Docker engine (unless DOCKER_HOST names one)", engine.map(drop), t);
+    steps.record(ENGINE_STEP, engine.map(drop), t);
     KindLane { engine_ok, engine_started }
 }
 
 impl KindLane {
-    /// The node image's build, to run in the background (the engine must answer: the image is
-    /// imported into it); none when `KIND_NODE_IMAGE` names an image.
-    pub fn image_build(&self) -> Option<super::background::Build> {
-        (self.engine_ok && kind_args().image.is_none()).then(|| super::background::Build {
-            key: IMAGE_BUILD,
-            what: "the kind node image".into(),
-            args: ["--provider", "kind"].map(String::from).to_vec(),
-        })
+    /// Whether the node image is to be built in the background (the engine must answer: the
+    /// image is imported into it): not when `KIND_NODE_IMAGE` names an image.
+    pub fn builds_image(&self) -> bool {
+        self.engine_ok && kind_args().image.is_none()
     }
 
-    /// Runs the lane's steps through `step` (name, result, start), then stops the engine if the
-    /// lane started it; first waits for the node image if it builds in `background`. After an
-    /// interrupt (`interrupted`) only the clean-up runs: the cluster taken down, the engine stopped.
-    pub async fn run(
+    /// Runs the lane's steps that `share` has, then stops the engine if the lane started it;
+    /// first waits for the node image if it builds in `background`. After an interrupt only the
+    /// clean-up runs: the cluster taken down, the engine stopped.
+    pub(crate) async fn run(
         self,
         repo: &Path,
-        interrupted: &AtomicBool,
+        share: &Share,
         background: Option<&mut Background>,
-        step: &mut dyn FnMut(&str, Result<()>, StepStart),
+        steps: &mut Steps,
     ) {
-        let go_on = || !interrupted.load(Ordering::SeqCst);
-        if let Some(background) = background.filter(|_| go_on()) {
+        if let Some(background) = background.filter(|_| steps.go_on()) {
             let t = StepStart::now();
-            if let Some(waited) = background.wait(IMAGE_BUILD).await {
-                step(&waited.name, waited.result, t.waited(waited.waited));
+            if let Some(waited) = background.wait(ClusterBuild::KindImage.key()).await {
+                steps.record(&waited.name, waited.result, t.waited(waited.waited));
             }
         }
         if self.engine_ok {
-            on_cluster(repo, &go_on, step).await;
+            on_cluster(repo, share, steps).await;
         }
         if self.engine_started {
             let t = StepStart::now();
-            step("kind lane: the run's own Docker engine stopped", Engine::from_env().stop(false).await, t);
+            steps.record(
+                "kind lane: the run's own Docker engine stopped",
+                Engine::from_env().stop(false).await,
+                t,
+            );
         }
     }
 }
 
-/// Cluster up, the tests on it, cluster down (also after a failure) and the leftovers check.
-/// After a failure the nodes' and pods' logs are exported first, to `<target>/e2e/artifacts/kind-logs`.
-async fn on_cluster(
-    repo: &Path,
-    go_on: &dyn Fn() -> bool,
-    step: &mut dyn FnMut(&str, Result<()>, StepStart),
-) {
+/// Cluster up, the tests on it that `share` has, cluster down (also after a failure) and the
+/// leftovers check. After a failure the nodes' and pods' logs are exported first, to
+/// `<target>/e2e/artifacts/kind-logs`.
+async fn on_cluster(repo: &Path, share: &Share, steps: &mut Steps) {
+    let suite_step = sliced(SUITE_STEP, share.slice(Unit::Kind));
     let args = kind_args();
-    let failed = std::cell::Cell::new(false);
-    let mut step = |name: &str, result: Result<()>, t: StepStart| {
-        failed.set(failed.get() || result.is_err());
-        step(name, result, t);
-    };
-    let t = StepStart::now();
+    let mut failed = false;
     let mut kubeconfig = None;
-    if go_on() {
+    if !steps.skipped(UP_STEP) {
+        let t = StepStart::now();
         let up = Provider::Kind.up(&args, None, None, false, false).await;
         kubeconfig = up.as_ref().ok().cloned();
-        step(
-            "kind cluster up (kind.yaml; the node image built here unless KIND_NODE_IMAGE)",
-            up.map(drop),
-            t,
-        );
+        failed |= up.is_err();
+        steps.record(UP_STEP, up.map(drop), t);
     }
-    if let Some(kubeconfig) = kubeconfig {
-        if go_on() {
-            let t = StepStart::now();
+    match kubeconfig {
+        Some(kubeconfig) => {
             let tests = super::cluster_tests::cluster_tests();
             let any: Vec<_> = tests.iter().filter(|test| test.any_provider).collect();
-            let (name, result) = super::cluster_tests::run_side_by_side(repo, &any, &kubeconfig).await;
-            step(&format!("kind: {name}"), result, t);
+            let before = steps.failed();
+            if share.runs(Unit::KindTests) {
+                super::cluster_tests_step(repo, &any, &kubeconfig, "kind: ", steps).await;
+            }
+            if share.runs(Unit::Kind) {
+                let suite = suite(repo).sliced(share.slice(Unit::Kind));
+                steps.run(&suite_step, run_suite(repo, &kubeconfig, &suite)).await;
+            }
+            failed |= steps.failed() > before;
         }
-        if go_on() {
-            let t = StepStart::now();
-            let result =
-                run_suite(repo, &kubeconfig, &suite_args_with(repo, &["--focus", FOCUS], JUNIT, KIND_PROCS))
-                    .await;
-            step("e2e on kind: every kubelet spec (--focus kubelet)", result, t);
+        None if share.runs(Unit::Kind) => {
+            steps.skipped(&suite_step);
         }
+        None => {}
     }
-    if failed.get() {
+    if failed {
         let dir = crate::e2e::target_dir(repo).join("e2e/artifacts/kind-logs");
         match kind::export_logs(&args, &dir).await {
             Ok(()) => eprintln!("==> the kind cluster's logs: {}", dir.display()),
@@ -169,5 +180,5 @@ async fn on_cluster(
         Ok(())
     }
     .await;
-    step("kind cluster down leaves no container, network or kubeconfig", down, t);
+    steps.record("kind cluster down leaves no container, network or kubeconfig", down, t);
 }

@@ -1,31 +1,21 @@
-//! The JSON report every dra-e2e run of `cargo xtask test` writes (ginkgo's `[]types.Report`
-//! schema, beside its JUnit file): where it goes, and the specs that failed in it. A failed
-//! run's step names its failed specs and the first line of each failure, so the step table at
-//! the end of a CI log says why, even when the log itself is cut.
+//! The JSON report every dra-e2e run of `cargo xtask test` and `cargo xtask mutants` writes
+//! (ginkgo's `[]types.Report` schema, beside its JUnit file): where it goes, and what each spec
+//! in it did: its state and, for a failure, where it happened (ginkgo's `FailureNodeType`: the
+//! body's `It`, the set-up's `BeforeEach`, a clean-up's `DeferCleanup`). A failed run's step
+//! names its failed specs and the first line of each failure, so the step table at the end of a
+//! CI log says why, even when the log itself is cut.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
-
-use crate::e2e;
 
 /// The flag that names the report in dra-e2e's arguments.
 pub(crate) const FLAG: &str = "--json-report";
 
-/// How many failed specs a step's error names.
+/// How many specs a step's error names.
 const NAMED: usize = 3;
 /// How long one failure's first line may be in a step's error.
 const LINE: usize = 300;
-
-/// The JSON report of the run whose JUnit stem is `stem`.
-pub(crate) fn path(repo: &Path, stem: &str) -> PathBuf {
-    e2e::target_dir(repo).join("e2e").join(format!("{stem}.json"))
-}
-
-/// The report dra-e2e's `args` name, if any.
-pub(crate) fn named_in(args: &[String]) -> Option<PathBuf> {
-    args.iter().position(|a| a == FLAG).and_then(|i| args.get(i + 1)).map(PathBuf::from)
-}
 
 /// The report at `path`, parsed.
 pub(crate) fn read(path: &Path) -> Result<serde_json::Value> {
@@ -33,75 +23,92 @@ pub(crate) fn read(path: &Path) -> Result<serde_json::Value> {
     serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
 }
 
-/// A spec of a dra-e2e JSON report that neither passed nor was skipped.
-pub(crate) struct FailedSpec {
+/// A spec of a dra-e2e JSON report and what it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReportedSpec {
     /// Its full text (its containers' texts, if any, and its leaf text).
     pub name: String,
-    /// Its state (`failed`, `timedout`, …).
+    /// Its state (`passed`, `skipped`, `failed`, `timedout`, `interrupted`, `panicked`, …).
     pub state: String,
-    /// Its failure message.
+    /// Its failure message, or its skip's reason; empty when it passed.
     pub message: String,
+    /// Where it failed (ginkgo's `FailureNodeType`: `It`, `BeforeEach`, `DeferCleanup (Each)`,
+    /// …); empty when the report does not say.
+    pub node: String,
 }
 
-/// The spec reports of a dra-e2e JSON report (an array of ginkgo-style reports).
-fn spec_reports(reports: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
-    reports.as_array().into_iter().flatten().flat_map(|r| r["SpecReports"].as_array().into_iter().flatten())
+impl ReportedSpec {
+    /// Whether it passed.
+    pub(crate) fn passed(&self) -> bool {
+        self.state == "passed"
+    }
+
+    /// Whether it was skipped.
+    pub(crate) fn skipped(&self) -> bool {
+        self.state == "skipped"
+    }
+
+    /// Whether it failed (neither passed, skipped nor pending).
+    pub(crate) fn failed(&self) -> bool {
+        !matches!(self.state.as_str(), "passed" | "skipped" | "pending")
+    }
+
+    /// Whether its body failed an assertion: state `failed` in its `It`. Not a timeout, an
+    /// interrupt, a panic, its set-up or a clean-up alone.
+    pub(crate) fn failed_an_assertion(&self) -> bool {
+        self.state == "failed" && self.node == "It"
+    }
+
+    /// `failed in It`, `timedout in It`, `failed in DeferCleanup (Each)`, or the state alone.
+    pub(crate) fn how(&self) -> String {
+        if self.node.is_empty() { self.state.clone() } else { format!("{} in {}", self.state, self.node) }
+    }
+
+    /// Its message's first line that is not blank.
+    pub(crate) fn first_line(&self) -> &str {
+        self.message.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("(no message)")
+    }
 }
 
-/// How many specs of a dra-e2e JSON report passed.
-pub(crate) fn passed_count(reports: &serde_json::Value) -> usize {
-    spec_reports(reports).filter(|spec| spec["State"].as_str() == Some("passed")).count()
-}
-
-/// The specs of a dra-e2e JSON report that failed (neither passed, skipped nor pending).
-pub(crate) fn failed_specs(reports: &serde_json::Value) -> Vec<FailedSpec> {
-    spec_reports(reports)
-        .filter_map(|spec| {
-            let state = spec["State"].as_str().unwrap_or_default();
-            if matches!(state, "passed" | "skipped" | "pending") {
-                return None;
-            }
+/// Every spec of a dra-e2e JSON report (an array of ginkgo-style reports), in its order.
+pub(crate) fn specs(reports: &serde_json::Value) -> Vec<ReportedSpec> {
+    let spec_reports = reports
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["SpecReports"].as_array().into_iter().flatten());
+    spec_reports
+        .map(|spec| {
             let containers = spec["ContainerHierarchyTexts"].as_array().into_iter().flatten();
             let mut text: Vec<&str> = containers.filter_map(|t| t.as_str()).collect();
             text.push(spec["LeafNodeText"].as_str().unwrap_or("(unnamed spec)"));
-            Some(FailedSpec {
+            let failure = &spec["Failure"];
+            ReportedSpec {
                 name: text.join(" "),
-                state: state.to_owned(),
-                message: spec["Failure"]["Message"].as_str().unwrap_or_default().to_owned(),
-            })
+                state: spec["State"].as_str().unwrap_or_default().to_owned(),
+                message: failure["Message"].as_str().unwrap_or_default().to_owned(),
+                node: failure["FailureNodeType"].as_str().unwrap_or_default().to_owned(),
+            }
         })
         .collect()
 }
 
 /// One line naming the first [`NAMED`] failed specs with the first line of each failure:
-/// `2 failed: a (failed): expected …; b (timedout): …`.
-pub(crate) fn summary(failed: &[FailedSpec]) -> String {
-    let named: Vec<String> = failed
-        .iter()
-        .take(NAMED)
-        .map(|spec| {
-            let first = spec.message.lines().find(|l| !l.trim().is_empty()).unwrap_or("(no message)");
-            format!("{} ({}): {}", spec.name, spec.state, super::clip(first.trim(), LINE))
-        })
-        .collect();
-    let more = failed.len().saturating_sub(NAMED);
-    let more = if more > 0 { format!("; and {more} more") } else { String::new() };
-    format!("{} failed: {}{more}", failed.len(), named.join("; "))
+/// `2 failed: a (failed in It): expected …; b (timedout in It): …`.
+pub(crate) fn summary(failed: &[&ReportedSpec]) -> String {
+    format!("{} failed: {}", failed.len(), named(failed, |spec| format!("({})", spec.how())))
 }
 
-/// What a failed run's report says, for its step's error: [`summary`], or why it cannot be read.
-pub(crate) fn why_failed(path: &Path) -> String {
-    match read(path) {
-        Ok(reports) => {
-            let failed = failed_specs(&reports);
-            if failed.is_empty() {
-                format!("no spec failed in {} (the run itself failed: see its output)", path.display())
-            } else {
-                summary(&failed)
-            }
-        }
-        Err(e) => format!("{e:#}"),
-    }
+/// The first [`NAMED`] of `specs`, each `name <what>: first line`, and how many more.
+pub(crate) fn named(specs: &[&ReportedSpec], what: impl Fn(&ReportedSpec) -> String) -> String {
+    let named: Vec<String> = specs
+        .iter()
+        .take(NAMED)
+        .map(|spec| format!("{} {}: {}", spec.name, what(spec), super::clip(spec.first_line(), LINE)))
+        .collect();
+    let more = specs.len().saturating_sub(NAMED);
+    let more = if more > 0 { format!("; and {more} more") } else { String::new() };
+    format!("{}{more}", named.join("; "))
 }
 
 #[cfg(test)]
@@ -110,22 +117,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_summary_names_the_failed_specs_with_the_first_line_of_each() {
+    fn the_summary_names_the_failed_specs_with_where_and_the_first_line_of_each() {
         let reports = serde_json::json!([{ "SpecReports": [
             { "State": "passed", "LeafNodeText": "a" },
-            { "State": "failed", "LeafNodeText": "b", "Failure": { "Message": "\nexpected 1 call, saw 2\ncall log:\n  x" } },
+            { "State": "failed", "LeafNodeText": "b", "Failure": { "Message": "\nexpected 1 call, saw 2\ncall log:\n  x", "FailureNodeType": "It" } },
             { "State": "skipped", "LeafNodeText": "c" },
-            { "State": "timedout", "LeafNodeText": "d", "Failure": { "Message": "timed out" } },
+            { "State": "timedout", "LeafNodeText": "d", "Failure": { "Message": "timed out", "FailureNodeType": "It" } },
             { "State": "failed", "LeafNodeText": "e", "Failure": {} },
             { "State": "panicked", "LeafNodeText": "f", "Failure": { "Message": "boom" } },
         ]}]);
-        let failed = failed_specs(&reports);
+        let all = specs(&reports);
+        let failed: Vec<&ReportedSpec> = all.iter().filter(|s| s.failed()).collect();
         assert_eq!(failed.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["b", "d", "e", "f"]);
-        assert_eq!(passed_count(&reports), 1);
+        assert_eq!(specs(&reports).iter().filter(|s| s.passed()).count(), 1);
         assert_eq!(
             summary(&failed),
-            "4 failed: b (failed): expected 1 call, saw 2; d (timedout): timed out; e (failed): (no message); and 1 more"
+            "4 failed: b (failed in It): expected 1 call, saw 2; d (timedout in It): timed out; e (failed): (no message); and 1 more"
         );
+    }
+
+    #[test]
+    fn only_a_failure_in_the_body_that_is_not_a_timeout_is_an_assertion() {
+        let spec = |state: &str, node: &str| ReportedSpec {
+            name: "s".into(),
+            state: state.into(),
+            message: "m".into(),
+            node: node.into(),
+        };
+        assert!(spec("failed", "It").failed_an_assertion());
+        for (state, node) in [
+            ("timedout", "It"),
+            ("interrupted", "It"),
+            ("panicked", "It"),
+            ("failed", "BeforeEach"),
+            ("failed", "DeferCleanup (Each)"),
+            ("failed", ""),
+            ("passed", ""),
+        ] {
+            assert!(!spec(state, node).failed_an_assertion(), "{state} in {node}");
+        }
     }
 
     #[test]
@@ -133,20 +163,12 @@ mod tests {
         let reports = serde_json::json!([{ "SpecReports": [
             { "State": "failed", "ContainerHierarchyTexts": ["[sig-node]", "kubelet"], "LeafNodeText": "x" },
         ]}]);
-        assert_eq!(failed_specs(&reports)[0].name, "[sig-node] kubelet x");
-    }
-
-    #[test]
-    fn the_report_is_found_in_the_arguments() {
-        let args: Vec<String> = ["--focus", "x", FLAG, "/t/r.json", "-p", "8"].map(String::from).to_vec();
-        assert_eq!(named_in(&args), Some(PathBuf::from("/t/r.json")));
-        assert_eq!(named_in(&args[..3]), None);
-        assert_eq!(named_in(&args[..2]), None);
+        assert_eq!(specs(&reports)[0].name, "[sig-node] kubelet x");
     }
 
     #[test]
     fn an_unreadable_report_says_so() {
-        let why = why_failed(Path::new("/nonexistent/dra-e2e-report.json"));
+        let why = format!("{:#}", read(Path::new("/nonexistent/dra-e2e-report.json")).unwrap_err());
         assert!(why.contains("read /nonexistent/dra-e2e-report.json"), "{why}");
     }
 }

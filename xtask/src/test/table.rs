@@ -3,17 +3,38 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
-
 use super::budget;
 use crate::progress::human;
+
+/// How a step ended.
+#[derive(Debug)]
+pub(super) enum StepResult {
+    /// As it should; what it counted, if it says.
+    Passed(Option<String>),
+    /// It failed.
+    Failed(anyhow::Error),
+    /// It was running when Ctrl-C came (with its failure, if it failed).
+    Interrupted(Option<anyhow::Error>),
+    /// It did not start: the run was stopped before.
+    NotRun,
+}
+
+/// The table's word for `result`.
+pub(super) fn result_word(result: &StepResult) -> &'static str {
+    match result {
+        StepResult::Passed(_) => "ok",
+        StepResult::Failed(_) => "FAILED",
+        StepResult::Interrupted(_) => "INTERRUPTED",
+        StepResult::NotRun => "not run",
+    }
+}
 
 /// One step's outcome.
 pub(super) struct Outcome {
     /// The step's name.
     pub name: String,
-    /// Its result.
-    pub result: Result<()>,
+    /// How it ended.
+    pub result: StepResult,
     /// What it cost.
     pub cost: budget::StepCost,
     /// The lowest free space of the run's filesystems during the step ([`super::disk`]).
@@ -22,7 +43,8 @@ pub(super) struct Outcome {
 
 /// The closing table: per step its wall time, the machine's CPU time over it (the background
 /// builds' share apart, in `bg cpu`), the time it waited for a background build, the lowest free
-/// disk space during it (`min free`), its result; and the totals.
+/// disk space during it (`min free`), its result (with what it counted, if it says); and the
+/// totals.
 pub(super) fn step_table(outcomes: &[Outcome]) -> String {
     let opt = |d: Option<Duration>| d.map(human).unwrap_or_else(|| "-".into());
     let wait = |d: Duration| if d.is_zero() { String::new() } else { human(d) };
@@ -32,7 +54,10 @@ pub(super) fn step_table(outcomes: &[Outcome]) -> String {
         "step", "time", "cpu", "bg cpu", "waited", "min free"
     );
     for o in outcomes {
-        let result = if o.result.is_ok() { "ok" } else { "FAILED" };
+        let result = match &o.result {
+            StepResult::Passed(Some(note)) => format!("ok: {note}"),
+            other => result_word(other).to_owned(),
+        };
         let c = &o.cost;
         table += &format!(
             "{:<62} {:>8} {:>8} {:>8} {:>8} {:>9}  {result}\n",
@@ -68,7 +93,11 @@ mod tests {
         let secs = Duration::from_secs;
         let outcome = |name: &str, ok: bool, cost, lowest_free| Outcome {
             name: name.into(),
-            result: if ok { Ok(()) } else { Err(anyhow::anyhow!("broke")) },
+            result: if ok {
+                StepResult::Passed(Some("2 passed of 2 selected".into()))
+            } else {
+                StepResult::Failed(anyhow::anyhow!("broke"))
+            },
             cost,
             lowest_free,
         };
@@ -94,7 +123,13 @@ mod tests {
         let table = step_table(&outcomes);
         let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
         assert_eq!(rows[0], ["step", "time", "cpu", "bg", "cpu", "waited", "min", "free", "result"]);
-        assert_eq!(rows[1], ["restart", "1m40s", "30.0s", "50.0s", "40.0s", "3.0", "GiB", "ok"]);
+        assert_eq!(
+            rows[1],
+            [
+                "restart", "1m40s", "30.0s", "50.0s", "40.0s", "3.0", "GiB", "ok:", "2", "passed", "of", "2",
+                "selected"
+            ]
+        );
         assert_eq!(rows[2], ["lane", "20.0s", "-", "-", "-", "FAILED"]);
         assert_eq!(rows[3], ["all", "steps", "2m00s", "30.0s", "50.0s", "40.0s", "3.0", "GiB"]);
     }

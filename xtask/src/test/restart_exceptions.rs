@@ -1,0 +1,108 @@
+//! The restart exceptions: the failures a restart step accepts because Kubernetes itself, not
+//! the harness, makes a spec fail across the restart, each with its evidence, as the one table of
+//! docs/restart-exceptions.md lists them. A failure is accepted only when a row names the step,
+//! the spec (its whole full text), the node whose component restarted, and its pattern matches
+//! the failure's message. That the cluster was disrupted excuses nothing by itself.
+
+use anyhow::{Result, bail};
+use regex::Regex;
+
+use super::{
+    doc_table::{self, Row, Table},
+    report::ReportedSpec,
+};
+
+/// One exception.
+#[derive(Debug)]
+pub(crate) struct Exception {
+    /// The restart step (its report stem: `restart-kubelet`, `restart-apiserver`).
+    pub step: String,
+    /// The spec's full text, exactly.
+    pub spec: String,
+    /// The node whose component the step restarts.
+    pub node: String,
+    /// Searched in the failure's message.
+    pub failure: Regex,
+}
+
+impl Row for Exception {
+    const DOC: &'static str = "docs/restart-exceptions.md";
+    const HEADING: &'static str = "## Exceptions";
+    const COLUMNS: &'static [&'static str] =
+        &["Step", "Spec", "Node", "Kubernetes behaviour", "Evidence", "Failure accepted"];
+
+    fn from_cells(cells: Vec<String>, doc: &str) -> Result<Self> {
+        let row = format!("the exception of {:?}", cells[1]);
+        for (what, cell) in Self::COLUMNS.iter().zip(&cells) {
+            if cell.is_empty() {
+                bail!("{doc}: {row} has no {}", what.to_lowercase());
+            }
+        }
+        let failure = doc_table::regex(&cells[5], "failure accepted", &row, doc)?;
+        let mut cells = cells.into_iter();
+        let mut next = || cells.next().unwrap_or_default();
+        Ok(Self { step: next(), spec: next(), node: next(), failure })
+    }
+}
+
+/// Every documented exception.
+pub(crate) type Exceptions = Table<Exception>;
+
+impl Table<Exception> {
+    /// The row that accepts `failed` in the restart step `step`, which restarted a component of
+    /// `node`.
+    pub(crate) fn accepting(&self, step: &str, node: &str, failed: &ReportedSpec) -> Option<&Exception> {
+        self.rows.iter().find(|row| {
+            row.step == step
+                && row.node == node
+                && row.spec == failed.name
+                && row.failure.is_match(&failed.message)
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+
+    const ROW: &str = "| `restart-kubelet` | `[sig-node] [DRA] kubelet must manage ResourceSlices` | `kind-worker` | \
+        the kubelet deletes its node's slices as it starts | pkg/kubelet/x.go:12 | `slices of node kind-worker changed` |\n";
+
+    fn doc(rows: &str) -> String {
+        format!(
+            "# Restart exceptions\n\n## Exceptions\n\n| Step | Spec | Node | Kubernetes behaviour | Evidence | Failure accepted |\n|---|---|---|---|---|---|\n{rows}"
+        )
+    }
+
+    fn failed(name: &str, message: &str) -> ReportedSpec {
+        ReportedSpec { name: name.into(), state: "failed".into(), message: message.into(), node: "It".into() }
+    }
+
+    #[test]
+    fn a_failure_is_accepted_only_when_step_spec_node_and_message_match() {
+        let exceptions = Exceptions::parse(&doc(ROW), "x.md".into()).unwrap();
+        let spec = "[sig-node] [DRA] kubelet must manage ResourceSlices";
+        let message =
+            "the slices of node kind-worker changed while it ran; while it ran, the cluster was disrupted: …";
+        assert!(exceptions.accepting("restart-kubelet", "kind-worker", &failed(spec, message)).is_some());
+        assert!(exceptions.accepting("restart-apiserver", "kind-worker", &failed(spec, message)).is_none());
+        assert!(exceptions.accepting("restart-kubelet", "kind-worker2", &failed(spec, message)).is_none());
+        assert!(
+            exceptions
+                .accepting("restart-kubelet", "kind-worker", &failed(&format!("{spec} 2"), message))
+                .is_none()
+        );
+        let disrupted_only = "timed out; while it ran, the cluster was disrupted: the kubelet of node kind-worker started again";
+        assert!(
+            exceptions.accepting("restart-kubelet", "kind-worker", &failed(spec, disrupted_only)).is_none()
+        );
+    }
+
+    #[test]
+    fn a_row_without_evidence_is_refused() {
+        let row = ROW.replace("pkg/kubelet/x.go:12", "");
+        let err = format!("{:#}", Exceptions::parse(&doc(&row), "x.md".into()).unwrap_err());
+        assert!(err.contains("has no evidence"), "{err}");
+    }
+}
