@@ -632,7 +632,7 @@ mod tests {
         let config = PluginConfig::new("d.k8s.io", "node-1", dir.path()).static_cdi(true);
         let core = DraCore::new(config, Arc::new(claims), Arc::new(LocalDirFiles), Default::default());
         let request = ClaimRequest { namespace: "ns".into(), name: "c".into(), uid: "u1".into() };
-        let prepared = core.prepare(std::slice::from_ref(&request)).await.unwrap();
+        let prepared = core.prepare(std::slice::from_ref(&request), None).await.unwrap();
         let devices = prepared["u1"].clone().unwrap();
         assert_eq!(devices[0].cdi_ids, ["d.k8s.io/device=device-00"]);
         let files = || {
@@ -644,7 +644,7 @@ mod tests {
             names
         };
         assert_eq!(files(), ["d.k8s.io-static.json"]);
-        assert!(core.unprepare(&[request]).await["u1"].is_ok());
+        assert!(core.unprepare(&[request], None).await["u1"].is_ok());
         assert_eq!(files(), ["d.k8s.io-static.json"]);
     }
 }
