@@ -7,6 +7,7 @@ mod bench;
 mod cli;
 mod cluster_config;
 mod common;
+mod deployed_driver;
 #[cfg(test)]
 mod docs_check;
 mod e2e;
@@ -27,6 +28,7 @@ mod provider;
 mod repo;
 mod skew;
 mod test;
+mod upstream_driver;
 mod upstream_specs;
 mod usage;
 mod wait;

@@ -194,6 +194,49 @@ pub(super) async fn scale_proxy_down(
     Ok(())
 }
 
+/// Where the proxy pods of a node come from: the pods of a ReplicaSet (a driver's own, or the
+/// run's shared one of the node), found by its label selector.
+#[derive(Clone)]
+pub(super) struct ProxyPods {
+    /// The ReplicaSet's namespace.
+    pub(super) api: Api<Pod>,
+    /// Its pods' label selector.
+    pub(super) selector: String,
+}
+
+impl ProxyPods {
+    /// Waits up to `timeout` for a pod of this ReplicaSet on `node` that runs, is ready, is not
+    /// being deleted and is not `except` (a lost pod's UID), and returns it: at once when there
+    /// is one already.
+    pub(super) async fn ready_on(
+        &self,
+        node: &str,
+        except: Option<&str>,
+        what: String,
+        timeout: Duration,
+    ) -> Result<Pod, WaitError> {
+        let config = watcher::Config::default().labels(&self.selector);
+        let pods = wait::objects(&self.api, config, what.clone(), timeout, |pods| {
+            Verdict::done_if(pods.iter().any(|p| is_ready_on(p, node, except)))
+        })
+        .await?;
+        pods.into_iter().find(|p| is_ready_on(p, node, except)).ok_or_else(|| WaitError::Failed {
+            what,
+            reason: "the wait ended without one".to_owned(),
+            last: String::new(),
+        })
+    }
+}
+
+/// Whether `pod` may serve a plugin on `node` in place of the pod with UID `except`: another
+/// pod, on that node, not being deleted, running and ready.
+pub(super) fn is_ready_on(pod: &Pod, node: &str, except: Option<&str>) -> bool {
+    (except.is_none() || pod.metadata.uid.as_deref() != except)
+        && pod.metadata.deletion_timestamp.is_none()
+        && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+        && is_running_and_ready(pod)
+}
+
 /// Whether `pod` runs (phase `Running`) and is ready (condition `Ready`).
 pub(super) fn is_running_and_ready(pod: &Pod) -> bool {
     let ready = pod
@@ -210,7 +253,41 @@ pub(super) fn available_replicas(rs: &ReplicaSet) -> i32 {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::{
+        api::core::v1::{PodCondition, PodSpec, PodStatus},
+        apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    };
+
     use super::*;
+
+    fn pod(uid: &str, node: &str, phase: &str, ready: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta { uid: Some(uid.into()), ..Default::default() },
+            spec: Some(PodSpec { node_name: Some(node.into()), ..Default::default() }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_proxy_pod_serves_when_it_is_another_ready_running_pod_on_the_node() {
+        assert!(is_ready_on(&pod("new", "n1", "Running", true), "n1", Some("old")));
+        assert!(is_ready_on(&pod("old", "n1", "Running", true), "n1", None), "no pod lost");
+        assert!(!is_ready_on(&pod("old", "n1", "Running", true), "n1", Some("old")));
+        assert!(!is_ready_on(&pod("new", "n2", "Running", true), "n1", Some("old")));
+        assert!(!is_ready_on(&pod("new", "n1", "Pending", false), "n1", Some("old")));
+        assert!(!is_ready_on(&pod("new", "n1", "Running", false), "n1", Some("old")));
+        let mut deleting = pod("new", "n1", "Running", true);
+        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert!(!is_ready_on(&deleting, "n1", None));
+    }
 
     #[test]
     fn random_uids_look_like_uids() {

@@ -22,10 +22,11 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A proxy pod of the driver's own that goes away while the spec runs (deleted, evicted) is
-//! replaced by its ReplicaSet, and the node's plugin moves to the replacement: see
+//! A proxy pod that goes away while the spec runs (deleted, evicted) is replaced by its
+//! ReplicaSet (the driver's own, or the run's shared one of the node), and the node's plugin
+//! moves to the replacement — with a shared pod, the plugin of every driver that used it: see
 //! [`Driver::proxy_moves`] and [`PROXY_REPLACEMENT_TIMEOUT`] (without a ready replacement in time
-//! the spec fails at once). A shared proxy pod that goes away fails the spec at once.
+//! the spec fails at once, and its clean-up still ends: see `failover.rs`).
 //!
 //! The proxy pods of a driver's own ReplicaSet are ones the driver waits for on every start
 //! (about a second) and a later serial spec waits to be gone; the shared ones start once per
@@ -42,9 +43,11 @@ mod deploy;
 mod error;
 mod failover;
 mod forward;
+mod identity;
 pub mod impersonate;
 mod nodes;
 pub mod proxy;
+mod registration;
 mod republish;
 pub mod resources;
 mod setup;
@@ -55,7 +58,10 @@ mod teardown;
 use std::{
     collections::BTreeMap,
     fmt,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -69,7 +75,6 @@ use k8s_openapi::api::{
 use kube::{
     Api,
     api::{DeleteParams, ListParams, PostParams},
-    runtime::watcher,
 };
 use serde_json::json;
 
@@ -83,12 +88,16 @@ pub use failover::ProxyMove;
 pub use forward::{ForwardError, ForwardResolver};
 pub use impersonate::{Impersonation, ImpersonationError};
 pub use nodes::{NodeNeeds, Nodes, TooFewNodes, declared_features, undeclared_reason, unusable_reason};
+pub use registration::registered_since;
 pub use resources::{DriverResources, MULTI_HOST, Pool, Resources, ResourcesFn, Slice};
 
-use self::{artifacts::DriverArtifacts, deploy::*, error::api_error, shared_proxy::SharedProxies};
+use self::{
+    artifacts::DriverArtifacts, deploy::*, error::api_error, identity::PluginIdentity,
+    registration::is_registered, shared_proxy::SharedProxies,
+};
 
 use crate::{
-    calls::{CallLog, Calls, FaultGuard, Method},
+    calls::{Calls, FaultGuard, Method},
     framework::Ctx,
     manifests::{self, INSTANCE_LABEL},
     plugin::{ClaimId, HealthState, KubeClaims, MetadataConfig, PluginConfig},
@@ -108,8 +117,9 @@ pub const INJECTED_CLAIM_ERROR: &str = "injected per-claim error";
 struct NodeState {
     calls: Calls,
     health: HealthState,
-    /// The plugin's client: impersonates the ServiceAccount on this node (with RBAC).
-    client: Option<kube::Client>,
+    /// The plugin's identity: the ServiceAccount bound to the proxy pod on this node (with
+    /// RBAC); after a move, bound to the replacement.
+    identity: Option<PluginIdentity>,
     /// The proxy pod (with kubelet): the current one, after a move its replacement.
     pod: Mutex<Option<Pod>>,
     /// The running plugin (with kubelet): taken while it moves to a replacement proxy pod and at
@@ -126,6 +136,11 @@ struct NodeState {
     supervisor: Mutex<Option<tokio_util::task::AbortOnDropHandle<()>>>,
     /// The moves so far.
     moves: Mutex<Vec<ProxyMove>>,
+    /// Whether the plugin is moving to a replacement proxy pod now.
+    moving: AtomicBool,
+    /// Why the plugin stopped for good without being told to: its proxy pod was lost and no
+    /// replacement ran in time (the spec's failure).
+    lost: Mutex<Option<String>>,
 }
 
 struct Inner {
@@ -439,9 +454,11 @@ impl Driver {
     }
 
     /// The client of a node's plugin: it impersonates the plugin's ServiceAccount with the
-    /// node's pod and node extras (`None` without RBAC).
+    /// extras of its pod and node (`None` without RBAC). The pod is the proxy pod the plugin
+    /// runs in; after a move (see [`Driver::proxy_moves`]) the replacement, behind the same
+    /// client.
     pub fn client(&self, node: &str) -> Option<&kube::Client> {
-        self.inner.per_node.get(node).and_then(|s| s.client.as_ref())
+        self.inner.per_node.get(node).and_then(|s| s.identity.as_ref()).map(PluginIdentity::client)
     }
 
     /// The proxy pod on a node (with kubelet): after the plugin moved to a replacement pod
@@ -542,12 +559,12 @@ struct NodeIdentity<'a> {
 }
 
 /// Each node's state: its call log, its proxy pod (with kubelet) and, with RBAC, the plugin's
-/// client, which acts as the driver's ServiceAccount bound to that pod and node.
+/// identity: the driver's ServiceAccount bound to that pod and node.
 fn node_states(p: &NodeIdentity<'_>) -> Result<BTreeMap<String, NodeState>, DriverError> {
     let mut per_node = BTreeMap::new();
     for node in p.nodes {
         let pod = p.pods.get(node).cloned();
-        let client = match p.service_account {
+        let identity = match p.service_account {
             Some(sa) => {
                 let (pod_name, pod_uid) = match &pod {
                     Some(pod) => (
@@ -557,10 +574,7 @@ fn node_states(p: &NodeIdentity<'_>) -> Result<BTreeMap<String, NodeState>, Driv
                     // No pod without kubelet: an identity as if there was one.
                     None => (format!("{}-{}", p.rs_name, node.replace('.', "-")), random_uid()),
                 };
-                Some(
-                    Impersonation::kubelet_plugin(p.namespace, sa, node, &pod_name, &pod_uid)
-                        .client(p.admin)?,
-                )
+                Some(PluginIdentity::new(p.admin, p.namespace, sa, node, &pod_name, &pod_uid)?)
             }
             None => None,
         };
@@ -569,13 +583,15 @@ fn node_states(p: &NodeIdentity<'_>) -> Result<BTreeMap<String, NodeState>, Driv
             NodeState {
                 calls: p.calls.get(node).cloned().unwrap_or_default(),
                 health: HealthState::new(),
-                client,
+                identity,
                 pod: Mutex::new(pod),
                 plugin: Mutex::new(None),
                 claims: Mutex::new(None),
                 plugin_config: Mutex::new(None),
                 supervisor: Mutex::new(None),
                 moves: Mutex::new(Vec::new()),
+                moving: AtomicBool::new(false),
+                lost: Mutex::new(None),
             },
         );
     }
@@ -584,19 +600,6 @@ fn node_states(p: &NodeIdentity<'_>) -> Result<BTreeMap<String, NodeState>, Driv
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Whether the call log holds a successful `NotifyRegistrationStatus` that says registered
-/// (upstream's `BeRegistered`).
-fn is_registered(log: &CallLog) -> bool {
-    log.matching(Method::NotifyRegistrationStatus).iter().any(|r| {
-        r.succeeded()
-            && r.request.as_ref().is_some_and(|req| {
-                ["plugin_registered", "pluginRegistered"]
-                    .iter()
-                    .any(|k| req.get(k).and_then(serde_json::Value::as_bool) == Some(true))
-            })
-    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The proxy ReplicaSet of one driver instance, patched from `manifests/dra-test-driver-proxy.yaml`
-//! as upstream's Driver patches it.
+//! as upstream's Driver patches it; the ReplicaSet of a node's shared proxy pod and a rescue pod,
+//! both made from it.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +12,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use serde_json::json;
+use sha2::{Digest as _, Sha256};
 
 use crate::manifests::{INSTANCE_LABEL, ManifestError, proxy_replicaset};
 
@@ -118,15 +120,40 @@ pub fn replicaset(p: &ProxyParams<'_>) -> Result<ReplicaSet, ManifestError> {
     Ok(rs)
 }
 
-/// A proxy pod that the drivers of a run share on `node`: the ReplicaSet's pod template with
-/// the kubelet's whole plugin directory mounted (each driver's data directory is created by its
-/// proxy process), the instance label [`SHARED_INSTANCE`], required node affinity on `node`, no
-/// anti-affinity, and the namespace's default ServiceAccount without a token (the plugins act as
-/// their own driver's ServiceAccount, see [`super::Impersonation::kubelet_plugin`]).
-pub fn shared_pod(node: &str, image: &str, kubelet_root_dir: &str) -> Result<Pod, ManifestError> {
+/// The label that tells the shared ReplicaSets of the nodes apart (their selectors must not
+/// overlap): its value is [`shared_node_label`] of the node.
+pub const SHARED_NODE_LABEL: &str = "dra-e2e.k8s.io/proxy-node";
+
+/// The value of [`SHARED_NODE_LABEL`] for `node`: the node name, or `node-<16 hex digits of its
+/// SHA-256>` when it is longer than a label value may be (63 characters).
+pub fn shared_node_label(node: &str) -> String {
+    if node.len() <= 63 {
+        return node.to_owned();
+    }
+    let digest = Sha256::digest(node.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("node-{hex}")
+}
+
+/// The ReplicaSet of the proxy pod that the drivers of a run share on `node` (one replica): the
+/// driver ReplicaSet's pod template with the kubelet's whole plugin directory mounted (each
+/// driver's data directory is created by its proxy process), the instance label
+/// [`SHARED_INSTANCE`] and [`SHARED_NODE_LABEL`] in its selector, required node affinity on
+/// `node`, no anti-affinity (a replacement may start beside the pod it replaces while that one
+/// terminates), and the namespace's default ServiceAccount without a token (the plugins act as
+/// their own driver's ServiceAccount, see [`super::Impersonation::kubelet_plugin`]). `run_label`
+/// (the run's label and its value) goes onto the pods too, so that they carry it as every
+/// object of the run does.
+pub fn shared_replicaset(
+    node: &str,
+    image: &str,
+    kubelet_root_dir: &str,
+    run_label: Option<(&str, &str)>,
+) -> Result<ReplicaSet, ManifestError> {
     let nodes = [node.to_owned()];
-    let rs = replicaset(&ProxyParams {
-        name_suffix: "",
+    let node_label = shared_node_label(node);
+    let mut rs = replicaset(&ProxyParams {
+        name_suffix: &format!("-shared-{node_label}"),
         instance: SHARED_INSTANCE,
         driver: "",
         nodes: &nodes,
@@ -136,8 +163,18 @@ pub fn shared_pod(node: &str, image: &str, kubelet_root_dir: &str) -> Result<Pod
     })?;
     let broken =
         |reason: &str| ManifestError::Parse { index: 0, kind: "ReplicaSet", reason: reason.to_owned() };
-    let template = rs.spec.template.ok_or_else(|| broken("no pod template"))?;
-    let mut spec = template.spec.ok_or_else(|| broken("no pod template spec"))?;
+    let add = |labels: &mut Option<BTreeMap<String, String>>, key: &str, value: &str| {
+        labels.get_or_insert_with(BTreeMap::new).insert(key.to_owned(), value.to_owned());
+    };
+    add(&mut rs.metadata.labels, SHARED_NODE_LABEL, &node_label);
+    add(&mut rs.spec.selector.match_labels, SHARED_NODE_LABEL, &node_label);
+    let template = rs.spec.template.as_mut().ok_or_else(|| broken("no pod template"))?;
+    let metadata = template.metadata.get_or_insert_with(Default::default);
+    add(&mut metadata.labels, SHARED_NODE_LABEL, &node_label);
+    if let Some((key, value)) = run_label {
+        add(&mut metadata.labels, key, value);
+    }
+    let spec = template.spec.as_mut().ok_or_else(|| broken("no pod template spec"))?;
     let plugins = plugins_dir(kubelet_root_dir);
     if let Some(m) =
         spec.containers.first_mut().and_then(|c| c.volume_mounts.as_mut()).and_then(|m| m.get_mut(0))
@@ -152,14 +189,32 @@ pub fn shared_pod(node: &str, image: &str, kubelet_root_dir: &str) -> Result<Pod
     }
     spec.service_account_name = None;
     spec.automount_service_account_token = Some(false);
-    let base = rs.metadata.name.unwrap_or_default();
+    Ok(rs)
+}
+
+/// The value of the instance label of a rescue pod (see [`rescue_pod`]).
+pub const RESCUE_INSTANCE: &str = "dra-e2e-rescue-proxy";
+
+/// A proxy pod of no controller on `node` for a driver whose proxy pod was lost without a
+/// replacement, so that its plugin can serve the kubelet's unprepares at the spec's clean-up:
+/// the pod template of [`shared_replicaset`] (the whole plugin directory, so it serves any
+/// driver) with the instance label [`RESCUE_INSTANCE`], which no proxy ReplicaSet selects (a
+/// ReplicaSet scaled to zero would adopt a pod it selects and delete it).
+pub fn rescue_pod(node: &str, image: &str, kubelet_root_dir: &str) -> Result<Pod, ManifestError> {
+    let rs = shared_replicaset(node, image, kubelet_root_dir, None)?;
+    let broken =
+        |reason: &str| ManifestError::Parse { index: 0, kind: "ReplicaSet", reason: reason.to_owned() };
+    let template = rs.spec.template.ok_or_else(|| broken("no pod template"))?;
+    let mut labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+    labels.remove(SHARED_NODE_LABEL);
+    labels.insert(INSTANCE_LABEL.to_owned(), RESCUE_INSTANCE.to_owned());
     Ok(Pod {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{base}-shared-")),
-            labels: template.metadata.and_then(|m| m.labels),
+            generate_name: Some("dra-test-driver-rescue-".to_owned()),
+            labels: Some(labels),
             ..ObjectMeta::default()
         },
-        spec: Some(spec),
+        spec: template.spec,
         ..Pod::default()
     })
 }
@@ -219,11 +274,19 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_pod_mounts_the_whole_plugin_directory_on_its_node() {
-        let pod = shared_pod("n1", "img:1", "/var/lib/kubelet/").unwrap();
-        assert_eq!(pod.metadata.generate_name.as_deref(), Some("dra-test-driver-shared-"));
-        assert_eq!(pod.metadata.labels.as_ref().unwrap()[INSTANCE_LABEL], SHARED_INSTANCE);
-        let spec = pod.spec.unwrap();
+    fn a_shared_replicaset_runs_one_pod_on_its_node_with_the_whole_plugin_directory() {
+        let rs = shared_replicaset("n1", "img:1", "/var/lib/kubelet/", Some(("run", "r1"))).unwrap();
+        assert_eq!(rs.metadata.name.as_deref(), Some("dra-test-driver-shared-n1"));
+        let spec = rs.spec;
+        assert_eq!(spec.replicas, Some(1));
+        let selector = spec.selector.match_labels.unwrap();
+        assert_eq!(selector[INSTANCE_LABEL], SHARED_INSTANCE);
+        assert_eq!(selector[SHARED_NODE_LABEL], "n1");
+        let template = spec.template.unwrap();
+        let labels = template.metadata.unwrap().labels.unwrap();
+        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "{labels:?}");
+        assert_eq!(labels["run"], "r1");
+        let spec = template.spec.unwrap();
         assert_eq!(spec.service_account_name, None);
         assert_eq!(spec.automount_service_account_token, Some(false));
         let affinity = spec.affinity.unwrap();
@@ -242,5 +305,28 @@ mod tests {
         let paths: Vec<_> =
             spec.volumes.unwrap().iter().map(|v| v.host_path.as_ref().unwrap().path.clone()).collect();
         assert_eq!(paths, ["/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"]);
+    }
+
+    #[test]
+    fn a_rescue_pod_is_the_shared_pod_that_no_replicaset_selects() {
+        let pod = rescue_pod("n1", "img:1", "/var/lib/kubelet").unwrap();
+        assert_eq!(pod.metadata.generate_name.as_deref(), Some("dra-test-driver-rescue-"));
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels[INSTANCE_LABEL], RESCUE_INSTANCE);
+        assert!(!labels.contains_key(SHARED_NODE_LABEL));
+        let shared = shared_replicaset("n1", "img:1", "/var/lib/kubelet", None).unwrap();
+        assert_eq!(pod.spec, shared.spec.template.unwrap().spec);
+    }
+
+    #[test]
+    fn the_node_label_is_the_node_name_unless_it_is_too_long() {
+        assert_eq!(shared_node_label("kind-worker2"), "kind-worker2");
+        let long = format!("{}.example.com", "n".repeat(60));
+        let label = shared_node_label(&long);
+        assert_eq!(label.len(), 5 + 16, "{label}");
+        assert!(label.starts_with("node-"));
+        assert_ne!(label, shared_node_label(&format!("{long}x")));
+        let rs = shared_replicaset(&long, "img:1", "/var/lib/kubelet", None).unwrap();
+        assert_eq!(rs.metadata.name, Some(format!("dra-test-driver-shared-{label}")));
     }
 }

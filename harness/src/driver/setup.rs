@@ -17,7 +17,8 @@ impl Driver {
 
     /// Starts one proxied plugin per proxy pod and registers their stop (the scale-down is
     /// registered before; the nodes' plugins stop at the same time), and per node the
-    /// supervisor that moves the plugin to a replacement pod (see [`Driver::proxy_moves`]).
+    /// supervisor that moves the plugin to a replacement pod (see [`Driver::proxy_moves`]), with
+    /// the clean-up that settles a plugin lost without one ([`Driver::settle_lost_plugins`]).
     pub(super) async fn start_plugins(&self, ctx: &Ctx) -> Result<(), DriverError> {
         let inner = &self.inner;
         let this = self.clone();
@@ -28,6 +29,13 @@ impl Driver {
                 this.stop_plugins().await;
                 Ok(())
             },
+        );
+        // Before the spec's pods are deleted: a node whose plugin was lost for good must not
+        // leave them to a kubelet that cannot unprepare their claims.
+        let this = self.clone();
+        ctx.defer_first(
+            format!("settle the kubelet plugins of driver {} that moved or were lost", inner.name),
+            async move { this.settle_lost_plugins().await },
         );
         for (node, state) in &inner.per_node {
             let Some(pod) = lock(&state.pod).clone() else { continue };
@@ -83,7 +91,10 @@ impl Driver {
             })?),
             None => None,
         };
-        let claims_client = state.client.clone().unwrap_or_else(|| inner.admin.clone());
+        let claims_client = match &state.identity {
+            Some(identity) => identity.client().clone(),
+            None => inner.admin.clone(),
+        };
         ProxiedPlugin::start(ProxiedPluginSpec {
             forward,
             client: inner.stream.clone(),
@@ -162,11 +173,7 @@ impl Driver {
                         .await
                         .map_err(api_error(format!("get node {node}")))?,
                 };
-            let client = inner
-                .per_node
-                .get(node)
-                .and_then(|s| s.client.clone())
-                .unwrap_or_else(|| inner.admin.clone());
+            let client = self.client(node).cloned().unwrap_or_else(|| inner.admin.clone());
             let api: Api<ResourceSlice> = Api::all(client);
             // A pool reconciled by its own controller is not published here.
             let mut res = res.clone();

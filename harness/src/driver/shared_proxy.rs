@@ -1,5 +1,6 @@
-//! The proxy pods a run's drivers share: one per node, in a namespace of the run's own, created
-//! by the first driver that needs a node and removed when the run ends.
+//! The proxy pods a run's drivers share: one per node, each the pod of a ReplicaSet of its own
+//! (one replica, pinned to the node) in a namespace of the run's own, created by the first
+//! driver that needs the node and removed when the run ends.
 //!
 //! A proxy pod holds nothing of a driver but the processes the driver execs into it (one
 //! `hostpathplugin --proxy-endpoint` per socket, found and stopped by its socket path) and the
@@ -10,10 +11,25 @@
 //! spec checks stays per driver: its ServiceAccount, RBAC and admission policy, and the identity
 //! its plugin acts as (the driver's ServiceAccount, bound to this pod and its node).
 //!
+//! A shared pod that goes away (deleted, evicted) is replaced by its ReplicaSet, and every
+//! driver whose plugin ran in it moves to the replacement as a driver with a ReplicaSet of its
+//! own does (see `failover.rs`): losing the pod costs the specs on the node a move, not their
+//! run. One ReplicaSet per node rather than one DaemonSet for the run, because:
+//! - a ReplicaSet replaces a pod as soon as it is being deleted (it counts only active pods),
+//!   while the DaemonSet controller starts a node's new pod only once the old one is gone
+//!   (v1.37.2 `podsShouldBeOnNode`: a terminating pod still "exists" on its node), which would
+//!   put the old pod's termination into every move;
+//! - a node gets a pod only when a driver needs it, as before: a DaemonSet runs on every node
+//!   it may, and narrowing it to the nodes in use means changing its pod template, which
+//!   replaces the pods of every other node;
+//! - the replacement is found exactly as for a driver's own ReplicaSet (its pods' labels, on
+//!   the node), so both kinds of proxy pod move the same way.
+//!
 //! The pods run in the namespace `dra-e2e-proxies-<random>`; like everything the run creates
-//! they carry the run's label, so a run that is killed before its end leaves them to the next
-//! run's sweep. Drivers that act on their pods, or need pods of another kind, deploy their own
-//! ReplicaSet (see [`DriverConfig::shares_proxy_pods`]).
+//! the namespace and the ReplicaSets carry the run's label, and so do the pods (copied from the
+//! namespace into the pod template), so a run that is killed before its end leaves them to the
+//! next run's sweep. Drivers that act on their pods, or need pods of another kind, deploy their
+//! own ReplicaSet (see [`DriverConfig::shares_proxy_pods`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -25,7 +41,10 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::{Namespace, Pod},
+    api::{
+        apps::v1::ReplicaSet,
+        core::v1::{Namespace, Pod},
+    },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
@@ -37,12 +56,13 @@ use tokio::sync::OnceCell;
 
 use super::{
     config::DriverConfig,
-    deploy::{PROXY_START_TIMEOUT, is_running_and_ready, random_uid},
+    deploy::{PROXY_START_TIMEOUT, ProxyPods, random_uid},
     error::{DriverError, api_error},
     proxy,
 };
 use crate::{
-    framework::Ctx,
+    framework::{Ctx, RUN_LABEL},
+    manifests::INSTANCE_LABEL,
     proxied::ProxyPorts,
     wait::{self, Verdict},
 };
@@ -55,18 +75,25 @@ const PORT_PAIRS: u32 = 20_000;
 /// How long removing the namespace (its pods stop on SIGTERM at once) may take at the run's end.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The namespace of the shared pods.
+struct SharedNamespace {
+    name: String,
+    /// The run's label on it (copied to the pods).
+    run_label: Option<String>,
+}
+
 /// The run's shared proxy pods (a [`Ctx::run_shared`](crate::framework::Ctx::run_shared) value).
 #[derive(Default)]
 pub(crate) struct SharedProxies {
-    namespace: OnceCell<String>,
-    pods: Mutex<HashMap<String, Arc<OnceCell<Pod>>>>,
+    namespace: OnceCell<SharedNamespace>,
+    /// Per node: its ReplicaSet was created.
+    sets: Mutex<HashMap<String, Arc<OnceCell<()>>>>,
     next_pair: AtomicU32,
 }
 
 impl SharedProxies {
-    /// The shared pod of each node (empty until it runs).
-    fn cells(&self) -> MutexGuard<'_, HashMap<String, Arc<OnceCell<Pod>>>> {
-        self.pods.lock().unwrap_or_else(PoisonError::into_inner)
+    fn sets(&self) -> MutexGuard<'_, HashMap<String, Arc<OnceCell<()>>>> {
+        self.sets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A pair of pod ports no other running driver of the run uses.
@@ -76,7 +103,9 @@ impl SharedProxies {
         ProxyPorts { dra: first, registration: first + 1 }
     }
 
-    /// The running shared pod of each of `nodes`, started where there is none yet.
+    /// The running shared pod of each of `nodes`: the ReplicaSet of a node is created where
+    /// there is none yet, and a node whose pod is being replaced waits for the replacement. A
+    /// node whose pod runs costs one list of its pods.
     pub(crate) async fn pods(
         &self,
         ctx: &Ctx,
@@ -84,29 +113,27 @@ impl SharedProxies {
         config: &DriverConfig,
     ) -> Result<BTreeMap<String, Pod>, DriverError> {
         let namespace = self.namespace(ctx).await?;
-        let pods = futures::future::try_join_all(nodes.iter().map(|node| async {
-            let cell = self.cells().entry(node.clone()).or_default().clone();
-            let pod = cell.get_or_try_init(|| start_pod(ctx, namespace, node, config)).await?;
-            Ok::<_, DriverError>((node.clone(), pod.clone()))
+        let pods = futures::future::try_join_all(nodes.iter().map(|node| async move {
+            let cell = self.sets().entry(node.clone()).or_default().clone();
+            cell.get_or_try_init(|| create_replicaset(ctx, namespace, node, config)).await?;
+            let what = format!("the shared proxy pod of node {node} in namespace {} to run", namespace.name);
+            let timeout = PROXY_START_TIMEOUT.min(ctx.remaining());
+            let pod =
+                pods_on(ctx.client(), &namespace.name, node).ready_on(node, None, what, timeout).await?;
+            Ok::<_, DriverError>((node.clone(), pod))
         }))
         .await?;
         Ok(pods.into_iter().collect())
     }
 
-    /// Forgets the shared pod of `node` if it is the one with `uid` (it was lost), so that the
-    /// next driver on the node starts another.
-    pub(crate) fn forget(&self, node: &str, uid: Option<&str>) {
-        let mut pods = self.cells();
-        let lost =
-            pods.get(node).and_then(|cell| cell.get()).is_some_and(|pod| pod.metadata.uid.as_deref() == uid);
-        if lost {
-            pods.remove(node);
-        }
+    /// Where the shared pods of `node` come from (`None` before the first driver asked for one).
+    pub(crate) fn pods_of(&self, client: &kube::Client, node: &str) -> Option<ProxyPods> {
+        self.namespace.get().map(|ns| pods_on(client, &ns.name, node))
     }
 
     /// The shared pods' namespace, created on first use together with its removal at the run's
     /// end.
-    async fn namespace(&self, ctx: &Ctx) -> Result<&String, DriverError> {
+    async fn namespace(&self, ctx: &Ctx) -> Result<&SharedNamespace, DriverError> {
         self.namespace
             .get_or_try_init(|| async {
                 let name = format!("dra-e2e-proxies-{}", &random_uid()[..8]);
@@ -115,78 +142,114 @@ impl SharedProxies {
                     metadata: ObjectMeta { name: Some(name.clone()), ..ObjectMeta::default() },
                     ..Namespace::default()
                 };
-                api.create(&PostParams::default(), &ns)
+                let created = api
+                    .create(&PostParams::default(), &ns)
                     .await
                     .map_err(api_error(format!("create namespace {name} for the shared proxy pods")))?;
                 tracing::info!(namespace = %name, "created the namespace of the shared proxy pods");
+                let run_label = created.metadata.labels.and_then(|mut l| l.remove(RUN_LABEL));
+                let client = ctx.client().clone();
                 let remove = name.clone();
-                let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), &name);
                 ctx.defer_to_run_end(
                     format!("delete namespace {name} of the shared proxy pods"),
                     REMOVE_TIMEOUT,
-                    async move { remove_namespace(&api, pods, &remove).await },
+                    async move { remove_namespace(&client, &remove).await },
                 );
-                Ok(name)
+                Ok(SharedNamespace { name, run_label })
             })
             .await
     }
 }
 
-/// Removes the shared pods' namespace: its pods first (they end at once on SIGTERM), so that
-/// the namespace controller finds it empty and removes it in one pass instead of coming back
-/// for pods that are still terminating.
-async fn remove_namespace(api: &Api<Namespace>, pods: Api<Pod>, name: &str) -> anyhow::Result<()> {
+/// The shared pods of `node` in `namespace`.
+fn pods_on(client: &kube::Client, namespace: &str, node: &str) -> ProxyPods {
+    ProxyPods { api: Api::namespaced(client.clone(), namespace), selector: selector(node) }
+}
+
+/// The label selector of the shared pods of `node`.
+fn selector(node: &str) -> String {
+    format!(
+        "{INSTANCE_LABEL}={},{}={}",
+        proxy::SHARED_INSTANCE,
+        proxy::SHARED_NODE_LABEL,
+        proxy::shared_node_label(node)
+    )
+}
+
+/// Creates the ReplicaSet of the shared pod of `node`.
+async fn create_replicaset(
+    ctx: &Ctx,
+    namespace: &SharedNamespace,
+    node: &str,
+    config: &DriverConfig,
+) -> Result<(), DriverError> {
+    let run_label = namespace.run_label.as_deref().map(|value| (RUN_LABEL, value));
+    let rs = proxy::shared_replicaset(node, &config.image, &config.kubelet_root_dir, run_label)?;
+    let name = rs.metadata.name.clone().unwrap_or_default();
+    match Api::<ReplicaSet>::namespaced(ctx.client().clone(), &namespace.name)
+        .create(&PostParams::default(), &rs)
+        .await
+    {
+        Ok(_) => {}
+        // An earlier attempt created it, and its answer was lost.
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => {
+            return Err(api_error(format!(
+                "create ReplicaSet {name} of the shared proxy pod of node {node}"
+            ))(e));
+        }
+    }
+    tracing::info!(namespace = %namespace.name, replicaset = %name, %node, "created the shared proxy pod's ReplicaSet");
+    Ok(())
+}
+
+/// Removes the shared pods' namespace: the ReplicaSets first (foreground: they replace no pod
+/// from then on), their pods at once (they end at once on SIGTERM), so that the namespace
+/// controller finds the namespace empty and removes it in one pass instead of coming back for
+/// pods that are still terminating.
+async fn remove_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    let sets: Api<ReplicaSet> = Api::namespaced(client.clone(), name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), name);
+    sets.delete_collection(&DeleteParams::foreground(), &ListParams::default()).await?;
     pods.delete_collection(&DeleteParams::background(), &ListParams::default()).await?;
     let what = format!("the shared proxy pods in namespace {name} to be gone");
     wait::objects(&pods, watcher::Config::default(), what, REMOVE_TIMEOUT / 2, |left| {
         Verdict::done_if(left.is_empty())
     })
     .await?;
+    let api: Api<Namespace> = Api::all(client.clone());
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
         Err(e) => return Err(e.into()),
     }
     let what = format!("namespace {name} of the shared proxy pods to be gone");
-    wait::gone(api, name, what, REMOVE_TIMEOUT / 2).await?;
+    wait::gone(&api, name, what, REMOVE_TIMEOUT / 2).await?;
     tracing::info!(namespace = %name, took = ?started.elapsed(), "removed the shared proxy pods");
     Ok(())
-}
-
-/// Creates the shared pod of `node` and waits until it runs and is ready.
-async fn start_pod(
-    ctx: &Ctx,
-    namespace: &str,
-    node: &str,
-    config: &DriverConfig,
-) -> Result<Pod, DriverError> {
-    let pod = proxy::shared_pod(node, &config.image, &config.kubelet_root_dir)?;
-    let api: Api<Pod> = Api::namespaced(ctx.client().clone(), namespace);
-    let created = api
-        .create(&PostParams::default(), &pod)
-        .await
-        .map_err(api_error(format!("create the shared proxy pod of node {node}")))?;
-    let name = created.metadata.name.clone().unwrap_or_default();
-    let timeout = PROXY_START_TIMEOUT.min(ctx.remaining());
-    let running = wait::existing(
-        &api,
-        &name,
-        format!("shared proxy pod {namespace}/{name} on node {node} to run"),
-        timeout,
-        |p| match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
-            Some(phase @ ("Failed" | "Succeeded")) => Verdict::Fail(format!("it ended ({phase})")),
-            _ => Verdict::done_if(is_running_and_ready(p)),
-        },
-    )
-    .await?;
-    tracing::info!(pod = %format!("{namespace}/{name}"), %node, "the shared proxy pod runs");
-    Ok(running)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pods_looked_for_are_the_ones_of_the_nodes_replicaset() {
+        for node in ["kind-worker".to_owned(), format!("{}.example.com", "n".repeat(60))] {
+            let rs = proxy::shared_replicaset(&node, "img:1", "/var/lib/kubelet", None).unwrap();
+            let selects: Vec<String> =
+                rs.spec.selector.match_labels.unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let looked_for = selector(&node);
+            assert!(
+                looked_for.split(',').all(|l| selects.iter().any(|s| s == l)),
+                "{looked_for} {selects:?}"
+            );
+            let node_label = format!("{}={}", proxy::SHARED_NODE_LABEL, proxy::shared_node_label(&node));
+            assert!(looked_for.split(',').any(|l| l == node_label), "{looked_for}");
+        }
+        assert_ne!(selector("a"), selector("b"));
+    }
 
     #[test]
     fn each_driver_gets_two_ports_of_its_own() {

@@ -36,14 +36,16 @@ impl Driver {
     /// failed spec) would leave their CDI files on the node: those are then removed through the
     /// proxy pod, with a warning, unless another instance of the driver still runs on the node
     /// and shares the claims (it may still be asked to unprepare them). With device metadata,
-    /// the last instance also removes the metadata directory. Stopping a stopped plugin does
-    /// nothing.
+    /// the last instance also removes the metadata directory (neither is possible when the
+    /// proxy pod was lost and not even a rescue pod ran: they stay, with a warning). Stopping a
+    /// stopped plugin does nothing.
     pub(super) async fn stop_plugin(&self, node: &str) {
         let driver = &self.inner.name;
         let Some(node_state) = self.inner.per_node.get(node) else { return };
         // No more moves first: the pods are about to go.
         drop(lock(&node_state.supervisor).take());
         let plugin = lock(&node_state.plugin).take();
+        let ran = plugin.is_some();
         // Stop serving first, so that the prepared claims no longer change through this instance.
         if let Some(plugin) = plugin {
             plugin.stop().await;
@@ -64,6 +66,10 @@ impl Driver {
         }
         let remove_metadata_dir = last && metadata.is_some();
         if !leftover_files && !remove_metadata_dir {
+            return;
+        }
+        if let Some(lost) = lock(&node_state.lost).clone().filter(|_| !ran) {
+            tracing::warn!(%driver, %node, claims = ?leftover, "no proxy pod reaches the node ({lost}): the CDI files of these claims and the device metadata stay there");
             return;
         }
         let pod = self.proxy_pod(node).as_ref().map(crate::tunnel::PodRef::from_pod);

@@ -81,7 +81,7 @@ pub(crate) async fn assert_nothing_left(client: &Client, created: &Created) {
 
 /// Runs `body` as the one spec `[driver] name` of a run: it must pass, and nothing it recorded
 /// in its [`Created`] may be left after the run.
-async fn run_alone_and_check<F, Fut>(name: &str, body: F)
+pub(crate) async fn run_alone_and_check<F, Fut>(name: &str, body: F)
 where
     F: Fn(Ctx, Created) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = SpecResult> + Send + 'static,
@@ -105,7 +105,7 @@ fn mount_paths(pod: &Pod) -> Vec<String> {
 }
 
 /// Records the cluster-scoped objects of a driver with RBAC.
-fn record_driver(created: &Created, ctx: &Ctx, driver: &Driver) {
+pub(crate) fn record_driver(created: &Created, ctx: &Ctx, driver: &Driver) {
     let id = driver.deployment_id();
     created.add("Namespace", ctx.namespace());
     created.add("Driver", driver.name());

@@ -1,7 +1,9 @@
 //! Faults a kubelet spec must survive, against a real cluster: its proxy pod deleted (and
 //! replaced by the ReplicaSet) while the kubelet prepares a claim, after it prepared one (the
 //! plugin keeps its prepared claims, their CDI files and its call log) and while it unprepares
-//! one, and the port-forward connections of its tunnels closed from outside. Run through `cargo xtask test`, or:
+//! one, and the port-forward connections of its tunnels closed from outside. Each proxy pod
+//! fault is tested on a driver's own proxy pods here and on the run's shared ones in
+//! `faults/shared.rs`. Run through `cargo xtask test`, or:
 //!
 //! ```text
 //! DRA_E2E_KUBECONFIG=/var/lib/dra-e2e/local/admin.kubeconfig \
@@ -9,14 +11,17 @@
 //! ```
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use harness::{
     builder::Builder,
     calls::{CallLog, Method},
-    driver::{Driver, DriverConfig, Nodes, ProxyMove, resources},
-    framework::{Ctx, Registry, SpecResult},
+    driver::{Driver, DriverConfig, Nodes, ProxyMove, registered_since, resources},
+    framework::{Ctx, Registry, SpecError, SpecResult},
     manifests::INSTANCE_LABEL,
     plugin::ClaimId,
     tunnel::PodRef,
@@ -30,11 +35,44 @@ use kube::{
 use serde_json::json;
 
 use crate::{
-    driver::{Created, assert_nothing_left},
+    driver::{Created, assert_nothing_left, run_alone_and_check},
     run::run,
 };
 
+mod shared;
+
 const T: Duration = Duration::from_secs(120);
+
+/// Which proxy pods a test's driver runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proxies {
+    /// A ReplicaSet of the driver's own in the spec's namespace.
+    Own,
+    /// The run's shared pods (a ReplicaSet per node in the run's proxy namespace).
+    Shared,
+}
+
+impl Proxies {
+    /// A kubelet driver with these proxy pods.
+    fn config(self, resources: harness::driver::ResourcesFn) -> DriverConfig {
+        DriverConfig::kubelet(resources).own_proxy_pods(self == Proxies::Own)
+    }
+}
+
+/// Starts a kubelet driver on one node with `proxies`, and records its proxy pods' namespace
+/// when it is not the spec's (the run's shared one, which must be gone after the run).
+async fn start_driver(ctx: &Ctx, created: &Created, proxies: Proxies) -> Result<(Driver, String), SpecError> {
+    let nodes = Nodes::select(ctx, 1, 1).await?;
+    let node = nodes.names()[0].clone();
+    let driver = Driver::start(ctx, &nodes, proxies.config(resources::node_local(1))).await?;
+    let pod = driver.proxy_pod(&node).context("no proxy pod")?;
+    let namespace = pod.namespace().unwrap_or_default();
+    assert_eq!(namespace == ctx.namespace(), proxies == Proxies::Own, "{proxies:?} in {namespace}");
+    if proxies == Proxies::Shared {
+        created.add("Namespace", namespace);
+    }
+    Ok((driver, node))
+}
 
 /// Records what a kubelet driver creates, for [`assert_nothing_left`].
 fn record(created: &Created, ctx: &Ctx) {
@@ -52,26 +90,9 @@ fn record(created: &Created, ctx: &Ctx) {
     }
 }
 
-/// Whether the log has a successful registration notification from call `from` on.
-fn registered_since(log: &CallLog, from: u64) -> bool {
-    log.matching(Method::NotifyRegistrationStatus).iter().any(|r| {
-        r.id >= from
-            && r.succeeded()
-            && r.request.as_ref().is_some_and(|req| {
-                ["plugin_registered", "pluginRegistered"]
-                    .iter()
-                    .any(|k| req.get(k).and_then(serde_json::Value::as_bool) == Some(true))
-            })
-    })
-}
-
-async fn proxy_pod_deleted_body(ctx: Ctx, created: Created) -> SpecResult {
+async fn proxy_pod_deleted_body(ctx: Ctx, created: Created, proxies: Proxies) -> SpecResult {
     record(&created, &ctx);
-    let nodes = Nodes::select(&ctx, 1, 1).await?;
-    let node = nodes.names()[0].clone();
-    let driver =
-        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true))
-            .await?;
+    let (driver, node) = start_driver(&ctx, &created, proxies).await?;
     let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
     created.add("DeviceClass", b.class_name());
     let calls = driver.calls(&node).clone();
@@ -87,8 +108,8 @@ async fn proxy_pod_deleted_body(ctx: Ctx, created: Created) -> SpecResult {
         .await?;
 
     // The proxy pod goes; the ReplicaSet makes a new one, and the plugin moves to it.
-    let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
-    pods.delete(&lost.name_any(), &DeleteParams::default()).await?;
+    let proxy_pods: Api<Pod> = Api::namespaced(ctx.client().clone(), &lost.namespace().unwrap());
+    proxy_pods.delete(&lost.name_any(), &DeleteParams::default()).await?;
     harness::wait::poll(
         "the plugin to move to a replacement proxy pod",
         T,
@@ -106,10 +127,10 @@ async fn proxy_pod_deleted_body(ctx: Ctx, created: Created) -> SpecResult {
     .await?;
     let moved = driver.proxy_moves(&node)[0].clone();
     tracing::info!("{moved}");
-    assert_eq!(moved.from, format!("{}/{}", ctx.namespace(), lost.name_any()));
+    assert_eq!(moved.from, format!("{}/{}", lost.namespace().unwrap(), lost.name_any()));
     let replacement = driver.proxy_pod(&node).unwrap();
     assert_ne!(replacement.uid(), lost.uid());
-    assert_eq!(moved.to, format!("{}/{}", ctx.namespace(), replacement.name_any()));
+    assert_eq!(moved.to, format!("{}/{}", replacement.namespace().unwrap(), replacement.name_any()));
     let first = moved.first_call;
     calls
         .wait_for("registration through the replacement", move |log| registered_since(log, first), T)
@@ -137,28 +158,30 @@ async fn proxy_pod_deleted_body(ctx: Ctx, created: Created) -> SpecResult {
     )
     .await?;
 
-    // Only the replacement is left of the proxy pods.
-    harness::wait::gone(&pods, &lost.name_any(), format!("lost proxy pod {}", lost.name_any()), T).await?;
-    let proxies =
-        pods.list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={}", driver.name()))).await?;
-    let names: Vec<String> = proxies.items.iter().map(|p| p.name_any()).collect();
-    assert_eq!(names, [replacement.name_any()]);
+    // Only the replacement is left of the node's proxy pods.
+    harness::wait::gone(&proxy_pods, &lost.name_any(), format!("lost proxy pod {}", lost.name_any()), T)
+        .await?;
+    assert_eq!(proxy_pods_on(&proxy_pods, &replacement, &node).await?, [replacement.name_any()]);
     Ok(())
+}
+
+/// The names of the pods in `api` on `node` that belong to the ReplicaSet of `proxy` (those with
+/// its instance label).
+async fn proxy_pods_on(api: &Api<Pod>, proxy: &Pod, node: &str) -> anyhow::Result<Vec<String>> {
+    let instance = proxy.labels().get(INSTANCE_LABEL).context("proxy pod without instance label")?;
+    let pods = api.list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}"))).await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .map(|p| p.name_any())
+        .collect())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
 async fn a_deleted_proxy_pod_is_replaced_while_the_kubelet_prepares() {
-    let created = Created::default();
-    let c = created.clone();
-    let mut reg = Registry::new();
-    reg.describe("[faults]", |r| {
-        r.it("proxy pod deleted", move |ctx: Ctx| proxy_pod_deleted_body(ctx, c.clone()));
-    });
-    let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
-    assert_nothing_left(&client, &created).await;
+    run_alone_and_check("proxy pod deleted", |ctx, c| proxy_pod_deleted_body(ctx, c, Proxies::Own)).await;
 }
 
 /// The local ports of this process's TCP connections to `api` (`host:port`), from `ss -tnp`.
@@ -265,17 +288,38 @@ async fn tunnels_and_proxies_come_back_after_their_connections_are_closed() {
     assert_nothing_left(&client, &created).await;
 }
 
-async fn not_replaced_body(ctx: Ctx, created: Created) -> SpecResult {
+/// What [`not_replaced_body`] leaves for its test to look at after the run: the driver, its node
+/// and the claim the kubelet could not unprepare once the proxy pod was lost.
+type NotReplaced = Arc<Mutex<Option<(Driver, String, ClaimId)>>>;
+
+async fn not_replaced_body(ctx: Ctx, created: Created, proxies: Proxies, seen: NotReplaced) -> SpecResult {
     record(&created, &ctx);
     let nodes = Nodes::select(&ctx, 1, 1).await?;
-    let mut config = DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true);
+    let node = nodes.names()[0].clone();
+    let mut config = proxies.config(resources::node_local(1));
     config.replacement_timeout = Duration::from_secs(10);
-    Driver::start(&ctx, &nodes, config).await?;
+    let driver = Driver::start(&ctx, &nodes, config).await?;
+    let lost = driver.proxy_pod(&node).context("no proxy pod")?;
+    let proxy_namespace = lost.namespace().unwrap_or_default();
+    if proxies == Proxies::Shared {
+        created.add("Namespace", proxy_namespace.clone());
+    }
+    // A pod whose claim the plugin prepared: the kubelet cannot unprepare it once the plugin
+    // is gone, so the clean-up must not wait for it to.
+    let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
+    created.add("DeviceClass", b.class_name());
+    let (pod, template) = b.pod_inline();
+    b.create_template(&template).await?;
+    b.create_pod(&pod).await?;
+    b.test_pod(&pod, &[("admin_x", "y"), ("user_a", "b")]).await?;
+    let claim = the_prepared_claim(&driver, &node)?;
+    *seen.lock().unwrap() = Some((driver.clone(), node.clone(), claim));
     // Nothing replaces the pod: its ReplicaSet is scaled to zero and deletes it.
+    let owner = lost.owner_references().first().context("proxy pod without owner")?.name.clone();
     let rs: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
-        Api::namespaced(ctx.client().clone(), ctx.namespace());
+        Api::namespaced(ctx.client().clone(), &proxy_namespace);
     let scale = kube::api::Patch::Merge(json!({"spec": {"replicas": 0}}));
-    rs.patch("dra-test-driver", &kube::api::PatchParams::default(), &scale).await?;
+    rs.patch(&owner, &kube::api::PatchParams::default(), &scale).await?;
     // A long wait of the body: the spec must not sit it out.
     harness::wait::poll(
         "something that never happens",
@@ -287,27 +331,43 @@ async fn not_replaced_body(ctx: Ctx, created: Created) -> SpecResult {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a cluster: run via cargo xtask test"]
-async fn a_proxy_pod_without_replacement_fails_the_spec_at_once() {
+/// Runs [`not_replaced_body`]: the spec fails at once with the loss, and its clean-up ends:
+/// the plugin served the kubelet from a rescue pod, which unprepared the claim through it, no
+/// clean-up and no deferred check failed (the test pod was not left terminating), and nothing is
+/// left.
+async fn not_replaced(proxies: Proxies) {
     let created = Created::default();
-    let c = created.clone();
+    let seen = NotReplaced::default();
+    let (c, s) = (created.clone(), seen.clone());
     let mut reg = Registry::new();
     reg.describe("[faults]", |r| {
-        r.it("not replaced", move |ctx: Ctx| not_replaced_body(ctx, c.clone()));
+        r.it("not replaced", move |ctx: Ctx| not_replaced_body(ctx, c.clone(), proxies, s.clone()));
     });
-    let started = std::time::Instant::now();
     let (report, output, client) = run(reg).await;
-    let took = started.elapsed();
     assert_eq!(report.failed(), 1, "{output}");
     let spec = &report.specs[0];
     let harness::framework::Outcome::Failed { message, .. } = &spec.outcome else { panic!("{output}") };
-    assert!(message.contains("was deleted at"), "{message}");
+    assert!(message.contains("was lost at"), "{message}");
     assert!(message.contains("no replacement ready after 10s"), "{message}");
-    // Not the spec's 5 min timeout: the loss, 10 s, the clean-up.
-    assert!(spec.duration < Duration::from_secs(150), "{:?}\n{output}", spec.duration);
-    assert!(took < Duration::from_secs(200), "{took:?}");
+    assert!(!message.contains("; and "), "a clean-up or deferred check failed too: {message}\n{output}");
+    let failed: Vec<String> = spec.deferred.iter().filter_map(|c| c.failure()).collect();
+    assert!(failed.is_empty(), "{failed:?}\n{output}");
+    assert!(!spec.deferred.is_empty(), "no deferred check ran:\n{output}");
+    let (driver, node, claim) = seen.lock().unwrap().take().expect("the body ran up to the loss");
+    let moves = driver.proxy_moves(&node);
+    let rescue = moves.last().unwrap_or_else(|| panic!("no move to a rescue pod\n{output}"));
+    assert!(rescue.reason.contains("a rescue pod for the clean-up"), "{rescue}");
+    let history = driver.calls(&node).claim(&claim.uid);
+    let unprepared = history.last_unprepared().unwrap_or_else(|| panic!("never unprepared: {history}"));
+    assert!(unprepared.id >= rescue.first_call, "unprepared before the rescue ({rescue}): {history}");
+    assert!(!history.is_prepared(), "{history}");
     assert_nothing_left(&client, &created).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster: run via cargo xtask test"]
+async fn a_proxy_pod_without_replacement_fails_the_spec_at_once() {
+    not_replaced(Proxies::Own).await;
 }
 
 /// The CDI spec files in `/cdi` of proxy pod `proxy` (the node's `/var/run/cdi`) that belong to
@@ -329,14 +389,14 @@ async fn lose_proxy_pod(
     ctx: &Ctx,
     driver: &Driver,
     node: &str,
-    claim: &ClaimId,
+    claim: Option<&ClaimId>,
 ) -> anyhow::Result<ProxyMove> {
     let lost = driver.proxy_pod(node).context("no proxy pod")?;
+    let lost_namespace = lost.namespace().unwrap_or_default();
     let before = driver.proxy_moves(node).len();
-    let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), ctx.namespace());
+    let pods: Api<Pod> = Api::namespaced(ctx.client().clone(), &lost_namespace);
     pods.delete(&lost.name_any(), &DeleteParams::default().grace_period(0)).await?;
     tracing::info!(pod = %lost.name_any(), "proxy pod deleted with grace period 0");
-    let claim = claim.clone();
     let polls = std::sync::atomic::AtomicUsize::new(0);
     let moved = harness::wait::poll(
         "the plugin to move to a replacement proxy pod",
@@ -346,9 +406,9 @@ async fn lose_proxy_pod(
             polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let prepared = driver.prepared_claims(node);
             let moves = driver.proxy_moves(node);
-            let claim = claim.clone();
+            let claim = claim.cloned();
             async move {
-                if !prepared.contains(&claim) {
+                if let Some(claim) = claim.filter(|c| !prepared.contains(c)) {
                     return Attempt::Fail(format!(
                         "the plugin forgot claim {claim:?} while moving (prepared: {prepared:?}, moves: {moves:?})"
                     ));
@@ -362,7 +422,7 @@ async fn lose_proxy_pod(
     )
     .await?;
     tracing::info!(polls = polls.into_inner(), "{moved}");
-    assert_eq!(moved.from, format!("{}/{}", ctx.namespace(), lost.name_any()));
+    assert_eq!(moved.from, format!("{lost_namespace}/{}", lost.name_any()));
     Ok(moved)
 }
 
@@ -373,13 +433,9 @@ fn the_prepared_claim(driver: &Driver, node: &str) -> anyhow::Result<ClaimId> {
     Ok(prepared[0].clone())
 }
 
-async fn lost_after_prepare_body(ctx: Ctx, created: Created) -> SpecResult {
+async fn lost_after_prepare_body(ctx: Ctx, created: Created, proxies: Proxies) -> SpecResult {
     record(&created, &ctx);
-    let nodes = Nodes::select(&ctx, 1, 1).await?;
-    let node = nodes.names()[0].clone();
-    let driver =
-        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true))
-            .await?;
+    let (driver, node) = start_driver(&ctx, &created, proxies).await?;
     let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
     created.add("DeviceClass", b.class_name());
     let calls = driver.calls(&node).clone();
@@ -394,7 +450,7 @@ async fn lost_after_prepare_body(ctx: Ctx, created: Created) -> SpecResult {
     let claim = the_prepared_claim(&driver, &node)?;
     let files = cdi_files(&ctx, &lost, &claim.uid).await?;
     assert!(!files.is_empty(), "no CDI file of claim {claim:?} in {}", lost.name_any());
-    let moved = lose_proxy_pod(&ctx, &driver, &node, &claim).await?;
+    let moved = lose_proxy_pod(&ctx, &driver, &node, Some(&claim)).await?;
     calls
         .wait_for(
             "registration through the replacement",
@@ -434,25 +490,15 @@ async fn lost_after_prepare_body(ctx: Ctx, created: Created) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
 async fn a_proxy_pod_lost_after_prepare_keeps_the_prepared_claims() {
-    let created = Created::default();
-    let c = created.clone();
-    let mut reg = Registry::new();
-    reg.describe("[faults]", |r| {
-        r.it("proxy pod lost after prepare", move |ctx: Ctx| lost_after_prepare_body(ctx, c.clone()));
-    });
-    let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
-    assert_nothing_left(&client, &created).await;
+    run_alone_and_check("proxy pod lost after prepare", |ctx, c| {
+        lost_after_prepare_body(ctx, c, Proxies::Own)
+    })
+    .await;
 }
 
-async fn lost_during_unprepare_body(ctx: Ctx, created: Created) -> SpecResult {
+async fn lost_during_unprepare_body(ctx: Ctx, created: Created, proxies: Proxies) -> SpecResult {
     record(&created, &ctx);
-    let nodes = Nodes::select(&ctx, 1, 1).await?;
-    let node = nodes.names()[0].clone();
-    let driver =
-        Driver::start(&ctx, &nodes, DriverConfig::kubelet(resources::node_local(1)).own_proxy_pods(true))
-            .await?;
+    let (driver, node) = start_driver(&ctx, &created, proxies).await?;
     let b = Builder::start(&ctx, &driver, Some(json!({"x": "y"}))).await?;
     created.add("DeviceClass", b.class_name());
     let calls = driver.calls(&node).clone();
@@ -468,7 +514,7 @@ async fn lost_during_unprepare_body(ctx: Ctx, created: Created) -> SpecResult {
     pods.delete(&pod.name_any(), &DeleteParams::default()).await?;
     let blocked = |log: &CallLog| log.blocked(Method::NodeUnprepareResources) > 0;
     calls.wait_for("a blocked NodeUnprepareResources", blocked, T).await?;
-    let moved = lose_proxy_pod(&ctx, &driver, &node, &claim).await?;
+    let moved = lose_proxy_pod(&ctx, &driver, &node, Some(&claim)).await?;
     calls
         .wait_for(
             "registration through the replacement",
@@ -494,14 +540,8 @@ async fn lost_during_unprepare_body(ctx: Ctx, created: Created) -> SpecResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster: run via cargo xtask test"]
 async fn a_proxy_pod_lost_during_unprepare_lets_it_complete_after_the_move() {
-    let created = Created::default();
-    let c = created.clone();
-    let mut reg = Registry::new();
-    reg.describe("[faults]", |r| {
-        r.it("proxy pod lost during unprepare", move |ctx: Ctx| lost_during_unprepare_body(ctx, c.clone()));
-    });
-    let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
-    assert_nothing_left(&client, &created).await;
+    run_alone_and_check("proxy pod lost during unprepare", |ctx, c| {
+        lost_during_unprepare_body(ctx, c, Proxies::Own)
+    })
+    .await;
 }

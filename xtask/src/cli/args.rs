@@ -299,12 +299,29 @@ pub enum ExampleDriverAction {
     /// rolls the pods.
     Deploy(ExampleDriverDeployArgs),
     /// Delete everything deploy created and wait until the driver's pods and slices are gone.
-    Remove(ExampleDriverClusterArgs),
+    Remove(DriverClusterArgs),
 }
 
-/// The cluster of `example-driver`.
+/// `cargo xtask upstream-driver …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum UpstreamDriverAction {
+    /// Build upstream's DRA test driver and its image at the local cluster's configured
+    /// Kubernetes version from the cluster's Go module, without a cluster; prints the image's
+    /// name, archive and digest.
+    Build,
+    /// Build upstream's DRA test driver (k8s.io/kubernetes test/e2e/dra/test-driver) at the
+    /// cluster's version from the cluster's own Go module, import its image into the local
+    /// cluster's nodes, apply upstream's plugin permissions and manifests/upstream-test-driver.yaml,
+    /// and wait until every worker runs the driver, registered with its kubelet and with its
+    /// ResourceSlice published.
+    Deploy(DriverClusterArgs),
+    /// Delete everything deploy created and wait until the driver's pods and slices are gone.
+    Remove(DriverClusterArgs),
+}
+
+/// The cluster of `example-driver` and `upstream-driver`.
 #[derive(Debug, Args)]
-pub struct ExampleDriverClusterArgs {
+pub struct DriverClusterArgs {
     /// The cluster's kubeconfig (default: the local cluster's admin kubeconfig); the image goes
     /// into the local cluster's nodes.
     #[arg(long)]
@@ -316,7 +333,7 @@ pub struct ExampleDriverClusterArgs {
 pub struct ExampleDriverDeployArgs {
     /// The cluster.
     #[command(flatten)]
-    pub cluster: ExampleDriverClusterArgs,
+    pub cluster: DriverClusterArgs,
     /// Break the driver on purpose (default: it works).
     #[arg(long = "break", value_enum)]
     pub brk: Option<BreakArg>,

@@ -19,15 +19,16 @@ use clap::{Parser, Subcommand};
 
 use self::{
     args::{
-        BuildArgs, BuildNodeImageArgs, ClusterArgs, ExampleDriverAction, ExampleDriverClusterArgs,
-        ExampleDriverDeployArgs, LoadArgs, MutantsArgs, RestartArgs, TestArgs, UpArgs, UpstreamSpecsArgs,
+        BuildArgs, BuildNodeImageArgs, ClusterArgs, DriverClusterArgs, ExampleDriverAction,
+        ExampleDriverDeployArgs, LoadArgs, MutantsArgs, RestartArgs, TestArgs, UpArgs, UpstreamDriverAction,
+        UpstreamSpecsArgs,
     },
     docker::DockerAction,
     runner::{BenchAction, E2eArgs},
 };
 use crate::{
-    bench, e2e, example_driver, image_archive, kind, kubectl, local, mutants, overrides, provider::Provider,
-    test, upstream_specs, usage::UsageError,
+    bench, deployed_driver, e2e, example_driver, image_archive, kind, kubectl, local, mutants, overrides,
+    provider::Provider, test, upstream_driver, upstream_specs, usage::UsageError,
 };
 
 /// cargo xtask: clusters, e2e runs and the project's tests for dra-e2e.
@@ -126,6 +127,15 @@ pub enum Command {
         #[command(subcommand)]
         action: ExampleDriverAction,
     },
+    /// Upstream's own DRA test driver (k8s.io/kubernetes test/e2e/dra/test-driver), built at the
+    /// cluster's version, as a DaemonSet on the local cluster's workers with upstream's plugin
+    /// permissions: `upstream-driver build`, `upstream-driver deploy`, `upstream-driver remove`. Then
+    /// `cargo xtask e2e --driver test-driver.cdi.k8s.io [--interpose]` checks it.
+    UpstreamDriver {
+        /// Deploy or remove.
+        #[command(subcommand)]
+        action: UpstreamDriverAction,
+    },
     /// Internal: forward a host TCP address into a network namespace (the local cluster's
     /// apiserver forwarder, started and stopped by `cluster up`/`down`).
     #[command(hide = true)]
@@ -180,6 +190,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::UpstreamSpecs(args) => upstream_specs::run(&args.into()),
         Command::Mutants(args) => mutants::run(args.into()).await,
         Command::ExampleDriver { action } => run_example_driver(action).await.map(|()| ExitCode::SUCCESS),
+        Command::UpstreamDriver { action } => run_upstream_driver(action).await.map(|()| ExitCode::SUCCESS),
         Command::NetnsForward { netns, listen, connect } => {
             local::forward_command(netns, listen, connect).await.map(|_| ExitCode::SUCCESS)
         }
@@ -245,18 +256,32 @@ async fn run_cluster(action: ClusterAction) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The kubeconfig of `example-driver` and `upstream-driver`: `--kubeconfig`, else the local
+/// cluster's.
+fn driver_kubeconfig(args: DriverClusterArgs) -> anyhow::Result<std::path::PathBuf> {
+    match args.kubeconfig {
+        Some(path) => Ok(path),
+        None => deployed_driver::default_kubeconfig(),
+    }
+}
+
+/// Runs `cargo xtask upstream-driver …`.
+async fn run_upstream_driver(action: UpstreamDriverAction) -> anyhow::Result<()> {
+    match action {
+        UpstreamDriverAction::Build => upstream_driver::build().map(drop),
+        UpstreamDriverAction::Deploy(cluster) => upstream_driver::deploy(&driver_kubeconfig(cluster)?).await,
+        UpstreamDriverAction::Remove(cluster) => upstream_driver::remove(&driver_kubeconfig(cluster)?).await,
+    }
+}
+
 /// Runs `cargo xtask example-driver …`.
 async fn run_example_driver(action: ExampleDriverAction) -> anyhow::Result<()> {
-    let kubeconfig = |args: ExampleDriverClusterArgs| match args.kubeconfig {
-        Some(path) => Ok(path),
-        None => example_driver::default_kubeconfig(),
-    };
     match action {
         ExampleDriverAction::Deploy(ExampleDriverDeployArgs { cluster, brk, static_cdi }) => {
             let options = example_driver::Options { brk: brk.map(Into::into), static_cdi };
-            example_driver::deploy_with(&kubeconfig(cluster)?, options).await
+            example_driver::deploy_with(&driver_kubeconfig(cluster)?, options).await
         }
-        ExampleDriverAction::Remove(cluster) => example_driver::remove(&kubeconfig(cluster)?).await,
+        ExampleDriverAction::Remove(cluster) => example_driver::remove(&driver_kubeconfig(cluster)?).await,
     }
 }
 
@@ -364,6 +389,26 @@ mod tests {
         };
         assert_eq!(args.kubeconfig, Some(PathBuf::from("/k")));
         assert!(Cli::try_parse_from(["xtask", "example-driver", "deploy", "--break", "nothing"]).is_err());
+    }
+
+    #[test]
+    fn upstream_driver_takes_a_kubeconfig_and_nothing_to_break() {
+        let cli = Cli::try_parse_from(["xtask", "upstream-driver", "deploy", "--kubeconfig", "/k"]).unwrap();
+        let Command::UpstreamDriver { action: UpstreamDriverAction::Deploy(args) } = cli.command else {
+            panic!("not deploy")
+        };
+        assert_eq!(args.kubeconfig, Some(PathBuf::from("/k")));
+        let cli = Cli::try_parse_from(["xtask", "upstream-driver", "build"]).unwrap();
+        assert!(matches!(cli.command, Command::UpstreamDriver { action: UpstreamDriverAction::Build }));
+        assert!(Cli::try_parse_from(["xtask", "upstream-driver", "build", "--kubeconfig", "/k"]).is_err());
+        let cli = Cli::try_parse_from(["xtask", "upstream-driver", "remove"]).unwrap();
+        let Command::UpstreamDriver { action: UpstreamDriverAction::Remove(args) } = cli.command else {
+            panic!("not remove")
+        };
+        assert_eq!(args.kubeconfig, None);
+        assert!(
+            Cli::try_parse_from(["xtask", "upstream-driver", "deploy", "--break", "skip-unprepare"]).is_err()
+        );
     }
 
     #[test]

@@ -22,12 +22,8 @@ use std::{fs, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-pub(crate) use self::go::{go_build, go_version, path_str};
-use self::{
-    cache_key::cache_key,
-    go::{GoBuild, go_build_quiet},
-    plan::plan,
-};
+pub(crate) use self::go::{go_build, go_build_quiet, go_version, path_str};
+use self::{cache_key::cache_key, go::GoBuild, plan::plan};
 pub use self::{
     plan::Wanted,
     prune::prune,

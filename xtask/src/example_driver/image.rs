@@ -1,14 +1,13 @@
 //! The driver's image: the dev-profile `node_driver` example with the shared libraries it loads,
-//! written as a Docker archive and imported into every node of the local cluster.
+//! written as a Docker archive (imported into every node by [`deployed_driver::load`]).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
 
 use crate::{
     common::{images, layout::Layout, shared_libs},
-    e2e, local,
+    deployed_driver, e2e,
     progress::Step,
 };
 
@@ -41,17 +40,6 @@ pub fn build(repo: &Path) -> Result<(PathBuf, String)> {
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let archive = dir.join("example-driver.tar");
     images::write_linked_binary_image(super::IMAGE, &binary, &libs, &archive)?;
-    let digest = {
-        let mut file =
-            std::fs::File::open(&archive).with_context(|| format!("open {}", archive.display()))?;
-        let mut hasher = Sha256::new();
-        std::io::copy(&mut file, &mut hasher).with_context(|| format!("read {}", archive.display()))?;
-        hex::encode(hasher.finalize())
-    };
+    let digest = deployed_driver::archive_digest(&archive)?;
     Ok((archive, digest))
-}
-
-/// Imports the archive into every node's containerd (what `cargo xtask cluster load` does).
-pub async fn load(archive: &Path) -> Result<()> {
-    local::load(&[archive.to_path_buf()]).await
 }

@@ -1,29 +1,29 @@
 //! `manifests/example-driver.yaml` as typed objects, the DaemonSet made for one deployment
-//! (`--break`, image digest, API server address), applied (server-side) and deleted.
+//! (`--break`, `--static-cdi`, image digest, API server address), applied (server-side) and deleted.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::api::{
     apps::v1::DaemonSet,
-    core::v1::{EnvVar, Namespace, ServiceAccount},
+    core::v1::{Namespace, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
     resource::v1::DeviceClass,
 };
-use kube::{
-    Api, Client, Resource,
-    api::{DeleteParams, Patch, PatchParams},
-};
-use serde::{Deserialize as _, Serialize, de::DeserializeOwned};
+use kube::{Api, Client};
 
 use super::Break;
+use crate::deployed_driver::{
+    self,
+    objects::{apply, delete, documents, name_of, next},
+};
 
 /// The manifest's text.
 pub const TEXT: &str = include_str!("../../../manifests/example-driver.yaml");
 
+/// The manifest's name in messages.
+const FILE: &str = "manifests/example-driver.yaml";
+
 /// The field manager of `deploy`'s server-side apply.
 const MANAGER: &str = "dra-e2e-example-driver";
-
-/// The pod annotation that holds the image archive's digest (a new image rolls the pods).
-pub const IMAGE_ANNOTATION: &str = "dra-e2e.test/image-digest";
 
 /// The objects of the manifest, in the order they are applied.
 #[derive(Debug, Clone)]
@@ -55,53 +55,31 @@ pub struct Deployment {
     pub api_server: (String, u16),
 }
 
-fn parse<T: DeserializeOwned>(docs: &mut std::vec::IntoIter<serde_json::Value>, kind: &str) -> Result<T> {
-    let doc = docs.next().with_context(|| format!("manifests/example-driver.yaml lacks its {kind}"))?;
-    let found = doc.get("kind").and_then(|k| k.as_str()).unwrap_or("?").to_string();
-    if found != kind {
-        bail!("manifests/example-driver.yaml: expected a {kind}, found a {found}");
-    }
-    serde_json::from_value(doc).with_context(|| format!("manifests/example-driver.yaml: its {kind}"))
-}
-
 /// The manifest, parsed: Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet,
 /// DeviceClass, in this order.
 pub fn objects() -> Result<Objects> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(TEXT) {
-        let value =
-            serde_json::Value::deserialize(doc).context("manifests/example-driver.yaml is not YAML")?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
+    let docs = documents(TEXT, FILE)?;
     let count = docs.len();
     let mut docs = docs.into_iter();
     let objects = Objects {
-        namespace: parse(&mut docs, "Namespace")?,
-        service_account: parse(&mut docs, "ServiceAccount")?,
-        cluster_role: parse(&mut docs, "ClusterRole")?,
-        cluster_role_binding: parse(&mut docs, "ClusterRoleBinding")?,
-        daemonset: parse(&mut docs, "DaemonSet")?,
-        device_class: parse(&mut docs, "DeviceClass")?,
+        namespace: next(&mut docs, "Namespace", FILE)?,
+        service_account: next(&mut docs, "ServiceAccount", FILE)?,
+        cluster_role: next(&mut docs, "ClusterRole", FILE)?,
+        cluster_role_binding: next(&mut docs, "ClusterRoleBinding", FILE)?,
+        daemonset: next(&mut docs, "DaemonSet", FILE)?,
+        device_class: next(&mut docs, "DeviceClass", FILE)?,
     };
     if count != 6 {
-        bail!("manifests/example-driver.yaml must hold exactly six objects, found {count}");
+        anyhow::bail!("{FILE} must hold exactly six objects, found {count}");
     }
     Ok(objects)
 }
 
-/// The DaemonSet of `objects` for `deployment`: `--break` and `--static-cdi` appended to the driver's args, the
-/// image digest annotated, the API server's address in the environment.
+/// The DaemonSet of `objects` for `deployment`: `--break` and `--static-cdi` appended to the
+/// driver's args, the image digest annotated, the API server's address in the environment.
 pub fn customize(daemonset: &mut DaemonSet, deployment: &Deployment) -> Result<()> {
-    let template = &mut daemonset.spec.template;
-    template
-        .metadata
-        .get_or_insert_with(Default::default)
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(IMAGE_ANNOTATION.to_string(), deployment.image_digest.clone());
-    let pod = template.spec.as_mut().context("the DaemonSet has no pod spec")?;
+    deployed_driver::pin_template(daemonset, &deployment.image_digest, &deployment.api_server)?;
+    let pod = daemonset.spec.template.spec.as_mut().context("the DaemonSet has no pod spec")?;
     let container = pod.containers.first_mut().context("the DaemonSet has no container")?;
     if let Some(brk) = deployment.brk {
         container.args.get_or_insert_with(Vec::new).extend(["--break".to_string(), brk.as_str().to_string()]);
@@ -109,76 +87,42 @@ pub fn customize(daemonset: &mut DaemonSet, deployment: &Deployment) -> Result<(
     if deployment.static_cdi {
         container.args.get_or_insert_with(Vec::new).push("--static-cdi".to_string());
     }
-    let env = container.env.get_or_insert_with(Vec::new);
-    let (host, port) = &deployment.api_server;
-    for (name, value) in
-        [("KUBERNETES_SERVICE_HOST", host.clone()), ("KUBERNETES_SERVICE_PORT", port.to_string())]
-    {
-        env.retain(|e| e.name != name);
-        env.push(EnvVar { name: name.to_string(), value: Some(value), value_from: None });
-    }
-    Ok(())
-}
-
-async fn apply<K>(api: &Api<K>, object: &K) -> Result<()>
-where
-    K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let name = object.meta().name.clone().context("an object without a name")?;
-    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(object))
-        .await
-        .with_context(|| format!("apply {} {name}", K::kind(&Default::default())))?;
     Ok(())
 }
 
 /// Applies every object (server-side, forced: `deploy` owns them).
 pub async fn apply_all(client: &Client, objects: &Objects) -> Result<()> {
     let ns = super::NAMESPACE;
-    apply(&Api::<Namespace>::all(client.clone()), &objects.namespace).await?;
-    apply(&Api::<ServiceAccount>::namespaced(client.clone(), ns), &objects.service_account).await?;
-    apply(&Api::<ClusterRole>::all(client.clone()), &objects.cluster_role).await?;
-    apply(&Api::<ClusterRoleBinding>::all(client.clone()), &objects.cluster_role_binding).await?;
-    apply(&Api::<DaemonSet>::namespaced(client.clone(), ns), &objects.daemonset).await?;
-    apply(&Api::<DeviceClass>::all(client.clone()), &objects.device_class).await?;
+    apply(&Api::<Namespace>::all(client.clone()), &objects.namespace, MANAGER).await?;
+    apply(&Api::<ServiceAccount>::namespaced(client.clone(), ns), &objects.service_account, MANAGER).await?;
+    apply(&Api::<ClusterRole>::all(client.clone()), &objects.cluster_role, MANAGER).await?;
+    apply(&Api::<ClusterRoleBinding>::all(client.clone()), &objects.cluster_role_binding, MANAGER).await?;
+    apply(&Api::<DaemonSet>::namespaced(client.clone(), ns), &objects.daemonset, MANAGER).await?;
+    apply(&Api::<DeviceClass>::all(client.clone()), &objects.device_class, MANAGER).await?;
     Ok(())
-}
-
-async fn delete<K>(api: &Api<K>, name: &str) -> Result<()>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("delete {} {name}", K::kind(&Default::default()))),
-    }
 }
 
 /// Deletes every object; missing ones are fine. The DaemonSet goes first, so its pods stop
 /// (and delete their slices) while their permissions still exist.
 pub async fn delete_all(client: &Client, objects: &Objects) -> Result<()> {
     let ns = super::NAMESPACE;
-    let name = |meta: &kube::core::ObjectMeta| meta.name.clone().unwrap_or_default();
-    delete(&Api::<DaemonSet>::namespaced(client.clone(), ns), &name(&objects.daemonset.metadata)).await?;
-    delete(&Api::<DeviceClass>::all(client.clone()), &name(&objects.device_class.metadata)).await?;
+    delete(&Api::<DaemonSet>::namespaced(client.clone(), ns), &name_of(&objects.daemonset)).await?;
+    delete(&Api::<DeviceClass>::all(client.clone()), &name_of(&objects.device_class)).await?;
     Ok(())
 }
 
 /// Deletes what the driver's pods needed, once they are gone: binding, role, namespace.
 pub async fn delete_rest(client: &Client, objects: &Objects) -> Result<()> {
-    let name = |meta: &kube::core::ObjectMeta| meta.name.clone().unwrap_or_default();
-    delete(&Api::<ClusterRoleBinding>::all(client.clone()), &name(&objects.cluster_role_binding.metadata))
-        .await?;
-    delete(&Api::<ClusterRole>::all(client.clone()), &name(&objects.cluster_role.metadata)).await?;
-    delete(&Api::<Namespace>::all(client.clone()), &name(&objects.namespace.metadata)).await?;
+    delete(&Api::<ClusterRoleBinding>::all(client.clone()), &name_of(&objects.cluster_role_binding)).await?;
+    delete(&Api::<ClusterRole>::all(client.clone()), &name_of(&objects.cluster_role)).await?;
+    delete(&Api::<Namespace>::all(client.clone()), &name_of(&objects.namespace)).await?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deployed_driver::IMAGE_ANNOTATION;
 
     #[test]
     fn the_manifest_holds_what_deploy_and_the_lane_name() {
@@ -194,6 +138,9 @@ mod tests {
         assert_eq!(args, &["--driver-name", super::super::DRIVER_NAME]);
         let class = serde_json::to_string(&objects.device_class.spec).unwrap();
         assert!(class.contains(&format!(r#"device.driver == \"{}\""#, super::super::DRIVER_NAME)), "{class}");
+        let labels = objects.daemonset.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        let (key, value) = super::super::DEPLOYED.pod_selector.split_once('=').unwrap();
+        assert_eq!(labels.get(key).map(String::as_str), Some(value));
     }
 
     #[test]
@@ -217,7 +164,6 @@ mod tests {
         let value =
             |name: &str| env.iter().filter(|e| e.name == name).map(|e| e.value.clone()).collect::<Vec<_>>();
         assert_eq!(value("KUBERNETES_SERVICE_HOST"), [Some("10.1.2.3".to_string())]);
-        assert_eq!(value("KUBERNETES_SERVICE_PORT"), [Some("443".to_string())]);
         assert_eq!(value("NODE_NAME").len(), 1);
     }
 }

@@ -12,7 +12,10 @@
 //! 5. the driver redeployed broken on purpose (`--break skip-unprepare`: it answers
 //!    NodeUnprepareResources but leaves the claim's CDI spec behind), and the unprepare spec
 //!    must fail, naming the call and showing the call log ([`CAUGHT`]);
-//! 6. the driver removed, also when an earlier step failed.
+//! 6. the driver removed, also when an earlier step failed;
+//! 7. only when [`UPSTREAM_OPT_IN`] is `1` (CI does not set it): upstream's own test driver
+//!    (`cargo xtask upstream-driver deploy`) deployed, the specs as a vendor runs them and
+//!    interposed, and the driver removed, also when a step failed.
 
 use std::{path::Path, time::Duration};
 
@@ -21,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use super::{
     LANE_PROCS, StepStart, host_skips::HostSkips, lane_run::SuiteRun, report::ReportedSpec, steps::Steps,
 };
-use crate::{e2e, example_driver, local::LocalCluster};
+use crate::{e2e, example_driver, local::LocalCluster, upstream_driver};
 
 /// The spec whose claim the kubelet prepares after its restart.
 pub(crate) const PREPARE_SPEC: &str = "prepares the claim of a pod and its CDI devices reach the container";
@@ -37,6 +40,11 @@ pub(crate) const CAUGHT: [&str; 3] =
 pub(crate) const STEMS: [&str; 4] = ["driver", "driver-interposed", "driver-after-restart", BROKEN_REPORT];
 /// The JUnit and JSON reports' stem of the broken driver's run.
 const BROKEN_REPORT: &str = "driver-broken";
+
+/// The variable that adds upstream's test driver to the lane when it is `1`; CI does not set it.
+pub(crate) const UPSTREAM_OPT_IN: &str = "DRA_E2E_UPSTREAM_DRIVER_LANE";
+/// The reports' stems of the runs against upstream's driver: as a vendor runs it, interposed.
+pub(crate) const UPSTREAM_STEMS: [&str; 2] = ["upstream-driver", "upstream-driver-interposed"];
 
 /// The node whose kubelet the lane restarts.
 const RESTARTED_NODE: &str = "kind-worker";
@@ -74,6 +82,52 @@ pub(crate) async fn run(repo: &Path, cluster: &LocalCluster, steps: &mut Steps) 
     // Also after a failed deploy or an interrupt: what it created goes.
     let t = StepStart::now();
     steps.record("driver lane: the example driver removed", example_driver::remove(&kubeconfig).await, t);
+    if upstream_opted_in(std::env::var(UPSTREAM_OPT_IN).ok().as_deref()) {
+        run_upstream(repo, &kubeconfig, steps).await;
+    }
+}
+
+/// Whether the value of [`UPSTREAM_OPT_IN`] adds upstream's driver: `1` only.
+fn upstream_opted_in(value: Option<&str>) -> bool {
+    value == Some("1")
+}
+
+/// The runs against upstream's driver: as a vendor runs it (its DeviceClass named) and
+/// interposed; the selection of each.
+fn upstream_selections() -> [Vec<&'static str>; 2] {
+    let driver = ["--driver", upstream_driver::DRIVER_NAME];
+    [
+        [&driver[..], &["--device-class", upstream_driver::DEVICE_CLASS]].concat(),
+        [&driver[..], &["--interpose"]].concat(),
+    ]
+}
+
+/// Deploys upstream's test driver, runs the specs against it plain and interposed, and removes
+/// it, also when a step failed.
+async fn run_upstream(repo: &Path, kubeconfig: &Path, steps: &mut Steps) {
+    let deploy = "driver lane: upstream's test driver deployed as a DaemonSet";
+    let runs = [
+        "e2e: driver lane, upstream's test driver as a vendor runs it (--driver)",
+        "e2e: driver lane, upstream's test driver interposed (--driver --interpose)",
+    ];
+    if steps.skipped(deploy) {
+        for name in runs {
+            steps.skipped(name);
+        }
+        return;
+    }
+    let t = StepStart::now();
+    let deployed = upstream_driver::deploy(kubeconfig).await;
+    let ok = deployed.is_ok();
+    steps.record(deploy, deployed, t);
+    if ok {
+        for ((name, selection), stem) in runs.iter().zip(upstream_selections()).zip(UPSTREAM_STEMS) {
+            let run = SuiteRun::new(repo, &selection, stem, LANE_PROCS);
+            steps.run(name, super::run_suite(repo, kubeconfig, &run)).await;
+        }
+    }
+    let t = StepStart::now();
+    steps.record("driver lane: upstream's test driver removed", upstream_driver::remove(kubeconfig).await, t);
 }
 
 /// A run against the example driver.
@@ -158,6 +212,21 @@ fn judge_caught(failed: &[&ReportedSpec]) -> Result<()> {
 #[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_s_driver_joins_the_lane_only_when_asked() {
+        assert!(upstream_opted_in(Some("1")));
+        for value in [None, Some(""), Some("0"), Some("true"), Some("yes")] {
+            assert!(!upstream_opted_in(value), "{value:?}");
+        }
+        let [vendor, interposed] = upstream_selections();
+        assert_eq!(
+            vendor,
+            ["--driver", "test-driver.cdi.k8s.io", "--device-class", "test-driver.cdi.k8s.io"]
+        );
+        assert_eq!(interposed, ["--driver", "test-driver.cdi.k8s.io", "--interpose"]);
+        assert!(UPSTREAM_STEMS.iter().all(|stem| !STEMS.contains(stem)), "a report would be overwritten");
+    }
 
     fn failed(state: &str, node: &str, message: &str) -> ReportedSpec {
         ReportedSpec {

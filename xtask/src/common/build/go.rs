@@ -56,7 +56,7 @@ pub(crate) fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Resul
 }
 
 /// [`go_build`] with the output captured and printed only when the build fails.
-pub(super) fn go_build_quiet(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
+pub(crate) fn go_build_quiet(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
     let out = Command::new("go")
         .arg("build")
         .args(args)
