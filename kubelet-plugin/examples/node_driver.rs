@@ -10,6 +10,11 @@
 //!     --driver-name example.dra.test --node-name worker-1 --devices 4
 //! ```
 //!
+//! `--static-cdi` makes its CDI devices static, as many real drivers' are: one CDI spec file
+//! (`<cdi dir>/<driver-name>-static.json`, kind `<driver-name>/device`, a device per device of
+//! the node that sets `<DEVICE>=<device>`) written when it starts and removed when it stops;
+//! prepare answers `<driver-name>/device=<device>` and writes no file, unprepare removes none.
+//!
 //! `--break skip-unprepare` or `--break fail-unprepare` makes it a broken driver on purpose: it
 //! leaves the claim's CDI spec file behind on unprepare while answering OK, or fails every
 //! `NodeUnprepareResources`. `cargo xtask example-driver deploy` runs it as a DaemonSet.
@@ -70,6 +75,9 @@ pub struct Args {
     /// Break the driver on purpose (default: it works).
     #[arg(long = "break", value_enum)]
     pub brk: Option<Break>,
+    /// Static CDI devices: one spec for all devices, written at start; none per claim.
+    #[arg(long)]
+    pub static_cdi: bool,
 }
 
 /// How `--break` breaks the driver.
@@ -134,6 +142,8 @@ pub struct NodeDriver {
     slices: Api<ResourceSlice>,
     slice: String,
     plugin_dir: PathBuf,
+    /// The static CDI spec file (`--static-cdi`), removed when the driver stops.
+    static_spec: Option<PathBuf>,
     /// Publishes the slice again when it is gone.
     keeper: Option<JoinHandle<()>>,
     /// The failure of `--break fail-unprepare`, in effect while the driver runs.
@@ -163,7 +173,9 @@ impl NodeDriver {
         let endpoint = in_node.join("plugins").join(&args.driver_name).join("dra.sock");
 
         let config = PluginConfig::new(&args.driver_name, &args.node_name, &args.cdi_dir)
-            .dra_endpoint(endpoint.display().to_string());
+            .dra_endpoint(endpoint.display().to_string())
+            .static_cdi(args.static_cdi);
+        let static_spec = if args.static_cdi { Some(write_static_spec(args)?) } else { None };
         let mut builder =
             KubeletPlugin::builder(config).claim_source(Arc::new(KubeClaims::new(client.clone())));
         if args.brk == Some(Break::SkipUnprepare) {
@@ -179,6 +191,9 @@ impl NodeDriver {
             Ok(plugin) => plugin,
             Err(e) => {
                 let _ = std::fs::remove_dir(&plugin_dir);
+                if let Some(spec) = &static_spec {
+                    let _ = std::fs::remove_file(spec);
+                }
                 return Err(e).context("starting the kubelet plugin");
             }
         };
@@ -189,8 +204,15 @@ impl NodeDriver {
             )
         });
         let slice = format!("{}-{}", args.node_name, args.driver_name.replace('.', "-"));
-        let mut driver =
-            NodeDriver { plugin, slices: Api::all(client), slice, plugin_dir, keeper: None, _fault: fault };
+        let mut driver = NodeDriver {
+            plugin,
+            slices: Api::all(client),
+            slice,
+            plugin_dir,
+            static_spec,
+            keeper: None,
+            _fault: fault,
+        };
         // From here on, a failure stops what was started. Register first, then publish.
         if let Err(e) = driver.plugin.wait_registered(REGISTRATION_TIMEOUT).await {
             driver.stop().await;
@@ -206,13 +228,18 @@ impl NodeDriver {
         Ok(driver)
     }
 
-    /// Stops keeping the slice published, stops the plugin (removing its sockets and directory)
-    /// and deletes the ResourceSlice.
+    /// Stops keeping the slice published, stops the plugin (removing its sockets and directory),
+    /// removes the static CDI spec (`--static-cdi`) and deletes the ResourceSlice.
     pub async fn stop(self) {
         if let Some(keeper) = &self.keeper {
             keeper.abort();
         }
         self.plugin.stop().await;
+        if let Some(spec) = &self.static_spec
+            && let Err(e) = std::fs::remove_file(spec)
+        {
+            eprintln!("could not remove the static CDI spec {}: {e}", spec.display());
+        }
         // Only if empty: the kubelet may keep files of its own there.
         let _ = std::fs::remove_dir(&self.plugin_dir);
         match self.slices.delete(&self.slice, &DeleteParams::default()).await {
@@ -258,10 +285,29 @@ async fn keep_published(slices: Api<ResourceSlice>, name: String, body: serde_js
     }
 }
 
+/// The names of the node's devices: `device-00`, `device-01`, ...
+fn device_names(args: &Args) -> Vec<String> {
+    (0..args.devices).map(|i| format!("device-{i:02}")).collect()
+}
+
+/// Writes the static CDI spec of all devices (`--static-cdi`); returns its path.
+fn write_static_spec(args: &Args) -> anyhow::Result<PathBuf> {
+    let path = args.cdi_dir.join(format!("{}-static.json", args.driver_name));
+    let spec = kubelet_plugin::plugin::static_spec(&args.driver_name, &device_names(args));
+    let json = spec.to_json().context("encoding the static CDI spec")?;
+    // Whole or not at all: the runtime may read the directory at any time.
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, json).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    println!("static CDI spec {} defines {} device(s)", path.display(), args.devices);
+    Ok(path)
+}
+
 /// One pool named after the node, in one slice, with `args.devices` devices.
 fn resource_slice(args: &Args, name: &str) -> serde_json::Value {
     let devices: Vec<_> =
-        (0..args.devices).map(|i| serde_json::json!({ "name": format!("device-{i:02}") })).collect();
+        device_names(args).into_iter().map(|name| serde_json::json!({ "name": name })).collect();
     serde_json::json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -297,9 +343,12 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let cdi = if args.static_cdi { "static CDI devices" } else { "a CDI spec per claim" };
     match args.brk {
-        Some(brk) => println!("{} starts broken on purpose: --break {}", args.driver_name, brk.as_str()),
-        None => println!("{} starts with no break", args.driver_name),
+        Some(brk) => {
+            println!("{} starts broken on purpose: --break {} ({cdi})", args.driver_name, brk.as_str())
+        }
+        None => println!("{} starts with no break ({cdi})", args.driver_name),
     }
     let driver = NodeDriver::start(&args).await?;
     println!(

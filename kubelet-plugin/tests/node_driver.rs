@@ -98,6 +98,7 @@ async fn the_example_driver_serves_a_pod_on_a_real_kubelet() {
         cdi_dir: node_dir.join("cdi"),
         kubeconfig: Some(kubeconfig.clone()),
         brk: None,
+        static_cdi: false,
     };
 
     let namespaces: Api<Namespace> = Api::all(client.clone());

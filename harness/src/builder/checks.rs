@@ -182,11 +182,21 @@ impl Builder {
             if let (Some(selector), Some(node)) = (selector, node_name(pod)) {
                 let nodes: Api<Node> = Api::all(self.inner.ctx.client().clone());
                 let node_obj = nodes.get(node).await.map_err(api_error(format!("get node {node}")))?;
-                if node_selector_admits(selector, &node_obj) == Some(false) {
-                    return Err(problem(format!(
-                        "the pod was scheduled to node {node}, which the claim's allocation does not reach (its nodeSelector: {})",
-                        serde_json::to_string(selector).unwrap_or_default()
-                    )));
+                let shown = || serde_json::to_string(selector).unwrap_or_default();
+                match node_selector_admits(selector, &node_obj) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(problem(format!(
+                            "the pod was scheduled to node {node}, which the claim's allocation does not reach (its nodeSelector: {})",
+                            shown()
+                        )));
+                    }
+                    Err(e) => {
+                        return Err(problem(format!(
+                            "the claim's allocation has a nodeSelector no node can be matched against ({e}): {}",
+                            shown()
+                        )));
+                    }
                 }
             }
             let lines = allocation_env(self.driver_name(), claim).map_err(&problem)?;

@@ -50,16 +50,18 @@ use serde_json::json;
 mod checks;
 mod claim_pods;
 mod env;
+mod node_selector;
 mod objects;
 mod pods;
 mod workloads;
 
 pub use claim_pods::PodWithClaims;
 pub use env::{ExecOutput, allocation_env, check_env, driver_env_lines, exec, parse_env};
+pub use node_selector::{InvalidNodeSelector, NodeSelectorMatcher, node_selector_admits};
 pub use objects::Objects;
 pub use pods::{
     allocation_results, condition, env_checking_init_container, extended_resource_claim_name, is_allocated,
-    node_name, node_selector_admits, phase, pod_claim_names, prepared_results,
+    node_name, phase, pod_claim_names, prepared_results,
 };
 pub use workloads::POD_GROUP_TEMPLATE;
 

@@ -86,48 +86,6 @@ pub fn env_checking_init_container(container: &Container) -> Container {
     init
 }
 
-/// Whether the allocation's node selector (a claim's `status.allocation.nodeSelector`) admits
-/// `node`: its terms are ORed, a term's expressions and fields ANDed, as the scheduler reads
-/// them. `None` when it uses what this does not judge (`Gt`/`Lt`, a field other than
-/// `metadata.name`).
-pub fn node_selector_admits(
-    selector: &k8s_openapi::api::core::v1::NodeSelector,
-    node: &Node,
-) -> Option<bool> {
-    let labels = node.metadata.labels.clone().unwrap_or_default();
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let mut any = false;
-    for term in &selector.node_selector_terms {
-        let mut all = true;
-        for e in term.match_expressions.iter().flatten() {
-            let value = labels.get(&e.key);
-            let values = e.values.clone().unwrap_or_default();
-            let holds = match e.operator.as_str() {
-                "In" => value.is_some_and(|v| values.contains(v)),
-                "NotIn" => value.is_none_or(|v| !values.contains(v)),
-                "Exists" => value.is_some(),
-                "DoesNotExist" => value.is_none(),
-                _ => return None,
-            };
-            all &= holds;
-        }
-        for f in term.match_fields.iter().flatten() {
-            if f.key != "metadata.name" {
-                return None;
-            }
-            let values = f.values.clone().unwrap_or_default();
-            let holds = match f.operator.as_str() {
-                "In" => values.contains(&name),
-                "NotIn" => !values.contains(&name),
-                _ => return None,
-            };
-            all &= holds;
-        }
-        any |= all;
-    }
-    Some(any)
-}
-
 /// Whether the claim has an allocation.
 pub fn is_allocated(claim: &ResourceClaim) -> bool {
     claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
@@ -148,34 +106,6 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodResourceClaimStatus, PodStatus};
 
     use super::*;
-
-    #[test]
-    fn node_selectors_are_read_as_the_scheduler_reads_them() {
-        let node = |name: &str, zone: &str| -> Node {
-            serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"zone": zone}}}))
-                .unwrap()
-        };
-        let selector = |terms: serde_json::Value| -> k8s_openapi::api::core::v1::NodeSelector {
-            serde_json::from_value(serde_json::json!({ "nodeSelectorTerms": terms })).unwrap()
-        };
-        let by_name = selector(serde_json::json!([
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["kind-worker"]}]}
-        ]));
-        assert_eq!(node_selector_admits(&by_name, &node("kind-worker", "a")), Some(true));
-        assert_eq!(node_selector_admits(&by_name, &node("kind-worker2", "a")), Some(false));
-        let either = selector(serde_json::json!([
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
-            {"matchExpressions": [{"key": "zone", "operator": "Exists"}],
-             "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["kind-worker"]}]}
-        ]));
-        assert_eq!(node_selector_admits(&either, &node("kind-worker", "b")), Some(true), "first term");
-        assert_eq!(node_selector_admits(&either, &node("kind-worker2", "a")), Some(true), "second term");
-        assert_eq!(node_selector_admits(&either, &node("kind-worker", "a")), Some(false), "neither");
-        let unknown = selector(serde_json::json!([
-            {"matchExpressions": [{"key": "cpus", "operator": "Gt", "values": ["4"]}]}
-        ]));
-        assert_eq!(node_selector_admits(&unknown, &node("kind-worker", "a")), None);
-    }
 
     #[test]
     fn pod_claim_names_resolve_templates_through_the_status() {

@@ -62,6 +62,7 @@ async fn start_example_driver() -> NodeDriver {
         cdi_dir: node_dir.join("cdi"),
         kubeconfig: Some(kubeconfig),
         brk: None,
+        static_cdi: false,
     };
     NodeDriver::start(&args).await.unwrap()
 }

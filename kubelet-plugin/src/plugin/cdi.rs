@@ -53,6 +53,35 @@ pub fn spec_path(cdi_dir: &Path, driver: &str, claim_uid: &str, base_request: &s
     cdi_dir.join(format!("{driver}-{claim_uid}-{base_request}.json"))
 }
 
+/// The CDI class of static devices: kind `<driver>/device`.
+pub const STATIC_CLASS: &str = "device";
+
+/// `<driver>/device=<device>`: a device of the [`static_spec`] ([`PluginConfig::static_cdi`](super::PluginConfig::static_cdi)).
+pub fn static_device_id(driver: &str, device: &str) -> String {
+    format!("{driver}/{STATIC_CLASS}={device}")
+}
+
+/// The static spec of `devices` (kind `<driver>/device`): each sets `<DEVICE>=<device>` in the
+/// container, its name in upper case with every character outside `[A-Z0-9]` replaced by `_`.
+pub fn static_spec(driver: &str, devices: &[String]) -> CdiSpec {
+    let device = |name: &String| {
+        let key: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+            .collect();
+        CdiDevice {
+            name: name.clone(),
+            container_edits: CdiContainerEdits { env: vec![format!("{key}={name}")], mounts: Vec::new() },
+        }
+    };
+    CdiSpec {
+        version: CDI_VERSION.to_string(),
+        kind: format!("{driver}/{STATIC_CLASS}"),
+        devices: devices.iter().map(device).collect(),
+        container_edits: CdiContainerEdits::default(),
+    }
+}
+
 /// `claim_<claim>_<baseRequest>` with every character outside `[a-zA-Z0-9]`
 /// replaced by `_`.
 pub fn claim_env_name(claim_name: &str, base_request: &str) -> String {
@@ -119,7 +148,7 @@ pub struct CdiSpec {
     pub version: String,
     /// `<driver>/test`.
     pub kind: String,
-    /// Exactly one device.
+    /// Exactly one device (every device of the node in a [`static_spec`]).
     pub devices: Vec<CdiDevice>,
     /// Spec-wide edits: always empty, present because upstream's Go encoder
     /// writes the empty struct.
@@ -260,5 +289,21 @@ mod tests {
             spec_path(Path::new("/cdi"), "d.k8s.io", "uid", "r"),
             Path::new("/cdi/d.k8s.io-uid-r.json")
         );
+    }
+
+    #[test]
+    fn the_static_spec_defines_every_device_with_its_env() {
+        let spec = static_spec("d.k8s.io", &["device-00".to_owned(), "gpu.1".to_owned()]);
+        assert_eq!(spec.kind, "d.k8s.io/device");
+        let devices: Vec<(&str, &[String])> =
+            spec.devices.iter().map(|d| (d.name.as_str(), d.container_edits.env.as_slice())).collect();
+        assert_eq!(
+            devices,
+            [
+                ("device-00", &["DEVICE_00=device-00".to_owned()][..]),
+                ("gpu.1", &["GPU_1=gpu.1".to_owned()][..])
+            ]
+        );
+        assert_eq!(static_device_id("d.k8s.io", "device-00"), "d.k8s.io/device=device-00");
     }
 }

@@ -56,6 +56,11 @@ pub struct PluginConfig {
     /// Write device metadata files for prepared claims and mount them into the containers
     /// (upstream's `EnableDeviceMetadata`); `None`: off, as by default upstream.
     pub metadata: Option<MetadataConfig>,
+    /// Static CDI devices (default: off, a CDI spec per claim): the node's devices are defined
+    /// once, by a spec the driver writes when it starts ([`static_spec`](super::cdi::static_spec));
+    /// prepare answers `<driver>/device=<device>` for each allocated device and writes no file,
+    /// unprepare removes none.
+    pub static_cdi: bool,
 }
 
 impl PluginConfig {
@@ -78,7 +83,14 @@ impl PluginConfig {
             health_resend_interval: Some(DEFAULT_HEALTH_RESEND_INTERVAL),
             stop_grace: Duration::from_millis(500),
             metadata: None,
+            static_cdi: false,
         }
+    }
+
+    /// Sets [`PluginConfig::static_cdi`].
+    pub fn static_cdi(mut self, on: bool) -> Self {
+        self.static_cdi = on;
+        self
     }
 
     /// Sets [`PluginConfig::dra_endpoint`].

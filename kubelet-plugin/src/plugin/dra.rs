@@ -287,6 +287,16 @@ impl DraCore {
                 continue;
             }
             let base = cdi::base_request(&result.request);
+            if self.config.static_cdi {
+                devices.push(PreparedDevice {
+                    pool: result.pool.clone(),
+                    device: result.device.clone(),
+                    share_id: result.share_id.clone(),
+                    requests: vec![base.to_string()],
+                    cdi_ids: vec![cdi::static_device_id(driver, &result.device)],
+                });
+                continue;
+            }
             let env = cdi::env_for_result(driver, name, configs, result)?;
             if env.is_empty() {
                 // CDI rejects empty container edits; inject nothing instead.
@@ -438,7 +448,9 @@ impl DraCore {
                 None => Ok(()),
                 Some(devices) => {
                     let mut result = Ok(());
-                    'devices: for device in &devices {
+                    // Static CDI devices stay defined: no file per claim.
+                    let per_claim = if self.config.static_cdi { &[][..] } else { &devices[..] };
+                    'devices: for device in per_claim {
                         for request in &device.requests {
                             let path = self.spec_path(&req.uid, request);
                             if let Err(e) = self.files.remove(&path).await {
@@ -589,5 +601,50 @@ impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
             })
             .collect();
         Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
+mod tests {
+    use super::*;
+    use crate::plugin::{LocalDirFiles, MemoryClaims};
+
+    /// With static CDI devices, prepare answers the static IDs and writes no file; unprepare
+    /// removes none (the static spec stays).
+    #[tokio::test]
+    async fn static_cdi_prepares_and_unprepares_without_a_file_per_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("d.k8s.io-static.json");
+        std::fs::write(&spec, cdi::static_spec("d.k8s.io", &["device-00".to_owned()]).to_json().unwrap())
+            .unwrap();
+        let claims = MemoryClaims::new();
+        claims.insert(
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "c", "namespace": "ns", "uid": "u1" },
+                "spec": {},
+                "status": { "allocation": { "devices": { "results": [
+                    { "request": "req", "driver": "d.k8s.io", "pool": "node-1", "device": "device-00" },
+                ] } } },
+            }))
+            .unwrap(),
+        );
+        let config = PluginConfig::new("d.k8s.io", "node-1", dir.path()).static_cdi(true);
+        let core = DraCore::new(config, Arc::new(claims), Arc::new(LocalDirFiles), Default::default());
+        let request = ClaimRequest { namespace: "ns".into(), name: "c".into(), uid: "u1".into() };
+        let prepared = core.prepare(std::slice::from_ref(&request), None).await.unwrap();
+        let devices = prepared["u1"].clone().unwrap();
+        assert_eq!(devices[0].cdi_ids, ["d.k8s.io/device=device-00"]);
+        let files = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(files(), ["d.k8s.io-static.json"]);
+        assert!(core.unprepare(&[request], None).await["u1"].is_ok());
+        assert_eq!(files(), ["d.k8s.io-static.json"]);
     }
 }

@@ -54,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use cdi::{
     CDI_CLASS, CDI_VERSION, CdiContainerEdits, CdiDevice, CdiMount, CdiSpec, base_request, claim_env_name,
-    device_id, device_name, env_for_result, kind as cdi_kind, spec_path,
+    device_id, device_name, env_for_result, kind as cdi_kind, spec_path, static_device_id, static_spec,
 };
 pub use claims::{ClaimSource, ClaimSourceError, KubeClaims, MemoryClaims, NoClaims};
 pub use config::{DEFAULT_HEALTH_RESEND_INTERVAL, PluginConfig};

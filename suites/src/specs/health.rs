@@ -21,26 +21,18 @@
 //! and none of the other.
 //!
 //! Feature gates: specs skip when the API server reports `ResourceHealthStatus` (or
-//! `ResourceHealthStatusMessage`) off, because it then drops those fields. The kubelet's own gates
-//! are read from its metrics through the node proxy when that works (see [`gates`]). Both are
-//! decided before anything is created (the specs' requirements, on the node the spec will
-//! select), as is the kubelet version (the `KubeletMinVersion` labels). When the kubelet's
-//! metrics cannot be read (the local single-node cluster's node address is loopback, which the
-//! API server refuses to proxy to), its gates are inferred from behaviour that is decided in one
-//! place in the kubelet, once the pod runs:
-//! - with `ResourceHealthStatus` on, the kubelet opens the health stream as soon as it registers a
-//!   plugin that advertises a health service, and it adds `allocatedResourcesStatus` to the very
-//!   status update that reports the pod running. If neither happened by the time the pod runs,
-//!   the gate is off and the spec is skipped; if only one happened, the spec fails.
-//! - `ResourceHealthStatusMessage` decides whether the kubelet copies the message into the entry
-//!   it builds from the same cached report as the health. If the first reported health arrives
-//!   without its message, the gate is off and the spec is skipped.
+//! `ResourceHealthStatusMessage`) off, because it then drops those fields, and unless the
+//! kubelet of the node the spec will select runs with them on, as its metrics say, else its
+//! configuration (`/configz`, see [`gates`]); a kubelet whose gates cannot be read skips the
+//! spec, saying why. Both are decided before anything is created (the specs' requirements), as
+//! is the kubelet version (the `KubeletMinVersion` labels); never from what the kubelet does,
+//! which is what the specs test.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use harness::{
-    builder::{Builder, CLAIM_CONTAINER, node_name},
+    builder::{Builder, node_name},
     calls::{CallLog, Method},
     driver::{Driver, DriverConfig, Nodes, resources},
     framework::{ClusterAccess, Ctx, Label, Precheck, Registry, SpecResult},
@@ -54,7 +46,7 @@ use super::{
     FEATURE_DRA,
     kubelet_drivers::{
         evidence::{self, HealthApi},
-        gates::{self, Gate},
+        gates,
     },
 };
 
@@ -123,11 +115,11 @@ async fn health_node(from: &impl ClusterAccess) -> SpecResult<String> {
     Ok(nodes.names().first().context("no node selected")?.clone())
 }
 
-/// Skips before anything is created when the kubelet of the node the spec will run on reports
-/// `gate` off (when its metrics cannot be read, the spec infers the gate at run time).
+/// Skips before anything is created unless the kubelet of the node the spec will run on runs
+/// with `gate` on (see [`gates::require_kubelet`]).
 async fn kubelet_gate_requirement(pre: Precheck, gate: &'static str) -> SpecResult {
     let node = health_node(&pre).await?;
-    gates::require_kubelet(&pre, &node, gate).await.map(|_| ())
+    gates::require_kubelet(&pre, &node, gate).await
 }
 
 /// The health and message of the driver's device as the pod status shows it under
@@ -144,45 +136,6 @@ fn device_health(pod: &Pod, status_name: &str, driver: &str) -> Option<(String, 
         .flat_map(|rs| rs.resources.iter().flatten())
         .find(|h| h.resource_id.starts_with(&prefix))
         .map(|h| (h.health.clone().unwrap_or_default(), h.message.clone()))
-}
-
-/// Whether the status of the container that uses the claim has `allocatedResourcesStatus`.
-fn publishes_resource_status(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|cs| cs.name == CLAIM_CONTAINER)
-        .any(|cs| cs.allocated_resources_status.as_ref().is_some_and(|r| !r.is_empty()))
-}
-
-/// What the kubelet's behaviour says about its `ResourceHealthStatus` gate.
-#[derive(Debug, PartialEq, Eq)]
-enum Inferred {
-    On,
-    /// Off; the text says what it did not do.
-    Off(&'static str),
-    /// Only one of the two things the gate controls happened; the text says which.
-    Inconsistent(&'static str),
-}
-
-/// Infers the kubelet's `ResourceHealthStatus` gate once a pod using a claim runs: with the gate
-/// on, the kubelet opened a health stream when it registered the plugin (`watches`), and the
-/// status update that reported the pod running carries `allocatedResourcesStatus` (`publishes`).
-fn infer_health_gate(watches: bool, publishes: bool) -> Inferred {
-    match (watches, publishes) {
-        (true, true) => Inferred::On,
-        (false, false) => Inferred::Off(
-            "it opened no NodeWatchResources stream and reported the running pod without allocatedResourcesStatus",
-        ),
-        (true, false) => Inferred::Inconsistent(
-            "watches device health but reported the running pod without allocatedResourcesStatus",
-        ),
-        (false, true) => {
-            Inferred::Inconsistent("reports allocatedResourcesStatus but opened no NodeWatchResources stream")
-        }
-    }
 }
 
 /// Health string and message the plugin last sent for `pool/device` on the stream of `method`.
@@ -212,14 +165,10 @@ struct HealthFixture {
 impl HealthFixture {
     /// Sets up the driver (`config`) on one node, a claim (named `claim_name` if given) and a pod
     /// using it, waits until the pod runs, and checks the health stream in the call log. The
-    /// kubelet version and the gates reported off were decided by the spec's requirements; when
-    /// the kubelet's metrics cannot be read, skips when its behaviour says `ResourceHealthStatus`
-    /// is off (see the module documentation).
+    /// kubelet version and gates were decided by the spec's requirements.
     async fn start(ctx: &Ctx, config: DriverConfig, claim_name: Option<&str>) -> SpecResult<Self> {
         let nodes = Nodes::select(ctx, 1, 1).await?;
         let node = nodes.names().first().context("no node selected")?.clone();
-        // Read again for the inference below (the requirement skipped the spec if it was off).
-        let kubelet_gate = gates::require_kubelet(ctx, &node, "ResourceHealthStatus").await?;
         let (health_v1, health_v1alpha1) = (config.health_v1, config.health_v1alpha1);
         let driver = Driver::start(ctx, &nodes, config).await?;
         let b = Builder::start(ctx, &driver, None).await?;
@@ -243,29 +192,6 @@ impl HealthFixture {
         let (pool, device) = (result.pool.clone(), result.device.clone());
 
         let calls = driver.try_calls(&node)?;
-        let unknown = match &kubelet_gate {
-            Gate::On | Gate::Off => None,
-            Gate::Unknown(why) => Some(why.clone()),
-            Gate::NotReported => Some("the kubelet does not report the gate".to_owned()),
-        };
-        if let Some(why) = unknown {
-            let watches = calls.count(Method::NodeWatchResources) > 0;
-            match infer_health_gate(watches, publishes_resource_status(&running)) {
-                Inferred::On => {}
-                Inferred::Off(what) => {
-                    return Err(ctx.skip(format!(
-                        "the kubelet of node {node} runs with feature gate ResourceHealthStatus off, judging by its \
-                         behaviour ({what}; its metrics were not available: {why})"
-                    )));
-                }
-                Inferred::Inconsistent(what) => fail!(
-                    "the kubelet of node {node} {what}\nrunning pod: {}\ncall log:\n{}",
-                    harness::wait::describe(&running),
-                    calls.log()
-                ),
-            }
-        }
-
         // The most recent version served by the driver that the kubelet supports.
         let kubelet = ctx.cluster().nodes.iter().find(|n| n.name == node).and_then(|n| n.kubelet());
         let api = match (health_v1, health_v1alpha1) {
@@ -375,8 +301,6 @@ async fn reflect_health(ctx: Ctx, health_v1: bool, health_v1alpha1: bool) -> Spe
 async fn custom_messages(ctx: Ctx) -> SpecResult {
     let config = DriverConfig::kubelet(resources::network(10, false));
     let f = HealthFixture::start(&ctx, config, Some("health-test-claim")).await?;
-    // Read again for the inference below (the requirement skipped the spec if it was off).
-    let message_gate = gates::require_kubelet(&ctx, &f.node, "ResourceHealthStatusMessage").await?;
 
     let steps = [
         (Health::Healthy, "Healthy", "Device operating normally, temperature: 45°C"),
@@ -385,20 +309,8 @@ async fn custom_messages(ctx: Ctx) -> SpecResult {
         (Health::Unhealthy, "Unhealthy", "Critical: Memory corruption detected"),
         (Health::Healthy, "Healthy", "Recovered after reset, all diagnostics passed"),
     ];
-    for (i, (health, text, message)) in steps.into_iter().enumerate() {
+    for (health, text, message) in steps {
         f.set(health, message);
-        if i == 0 && !matches!(message_gate, Gate::On) {
-            // Health and message come from the same cached report (see the module docs).
-            let (_, shown) = f.wait(&format!("health {text}"), MESSAGE_TIMEOUT, |h, _| h == text).await?;
-            if shown.is_none() {
-                return Err(ctx.skip(format!(
-                    "the kubelet of node {} runs with feature gate ResourceHealthStatusMessage off, judging by its \
-                     behaviour (its metrics were not available: {message_gate:?}): it published health {text} without \
-                     the message that came with it",
-                    f.node
-                )));
-            }
-        }
         f.wait(&format!("health {text} with message {message:?}"), MESSAGE_TIMEOUT, |h, m| {
             h == text && m == Some(message)
         })
@@ -423,14 +335,6 @@ mod tests {
     }
 
     #[test]
-    fn infers_the_gate_from_both_signals() {
-        assert_eq!(infer_health_gate(true, true), Inferred::On);
-        assert!(matches!(infer_health_gate(false, false), Inferred::Off(_)));
-        assert!(matches!(infer_health_gate(true, false), Inferred::Inconsistent(_)));
-        assert!(matches!(infer_health_gate(false, true), Inferred::Inconsistent(_)));
-    }
-
-    #[test]
     fn reads_the_drivers_device_health_from_the_pod_status() {
         let p = pod(json!([{
             "name": "with-resource", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
@@ -447,11 +351,9 @@ mod tests {
             Some(("Healthy".to_owned(), Some("ok".to_owned())))
         );
         assert_eq!(device_health(&p, "claim:resource-claim", "e.k8s.io"), None);
-        assert!(publishes_resource_status(&p));
         let bare = pod(
             json!([{ "name": "with-resource", "image": "i", "imageID": "", "ready": true, "restartCount": 0 }]),
         );
-        assert!(!publishes_resource_status(&bare));
         assert_eq!(device_health(&bare, "claim:resource-claim", "d.k8s.io"), None);
     }
 }

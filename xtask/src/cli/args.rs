@@ -337,4 +337,8 @@ pub struct ExampleDriverDeployArgs {
     /// Break the driver on purpose (default: it works).
     #[arg(long = "break", value_enum)]
     pub brk: Option<BreakArg>,
+    /// Static CDI devices: the driver writes one CDI spec for all of a node's devices when it
+    /// starts and none per claim (default: a spec per claim).
+    #[arg(long)]
+    pub static_cdi: bool,
 }

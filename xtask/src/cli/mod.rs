@@ -277,8 +277,9 @@ async fn run_upstream_driver(action: UpstreamDriverAction) -> anyhow::Result<()>
 /// Runs `cargo xtask example-driver …`.
 async fn run_example_driver(action: ExampleDriverAction) -> anyhow::Result<()> {
     match action {
-        ExampleDriverAction::Deploy(ExampleDriverDeployArgs { cluster, brk }) => {
-            example_driver::deploy(&driver_kubeconfig(cluster)?, brk.map(Into::into)).await
+        ExampleDriverAction::Deploy(ExampleDriverDeployArgs { cluster, brk, static_cdi }) => {
+            let options = example_driver::Options { brk: brk.map(Into::into), static_cdi };
+            example_driver::deploy_with(&driver_kubeconfig(cluster)?, options).await
         }
         ExampleDriverAction::Remove(cluster) => example_driver::remove(&driver_kubeconfig(cluster)?).await,
     }
@@ -376,6 +377,12 @@ mod tests {
         };
         assert_eq!(args.brk.map(example_driver::Break::from), Some(example_driver::Break::FailUnprepare));
         assert_eq!(args.cluster.kubeconfig, None);
+        assert!(!args.static_cdi);
+        let cli = Cli::try_parse_from(["xtask", "example-driver", "deploy", "--static-cdi"]).unwrap();
+        let Command::ExampleDriver { action: ExampleDriverAction::Deploy(args) } = cli.command else {
+            panic!("not deploy")
+        };
+        assert!(args.static_cdi && args.brk.is_none());
         let cli = Cli::try_parse_from(["xtask", "example-driver", "remove", "--kubeconfig", "/k"]).unwrap();
         let Command::ExampleDriver { action: ExampleDriverAction::Remove(args) } = cli.command else {
             panic!("not remove")

@@ -1,5 +1,5 @@
 //! `manifests/example-driver.yaml` as typed objects, the DaemonSet made for one deployment
-//! (`--break`, image digest, API server address), applied (server-side) and deleted.
+//! (`--break`, `--static-cdi`, image digest, API server address), applied (server-side) and deleted.
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::{
@@ -47,6 +47,8 @@ pub struct Objects {
 pub struct Deployment {
     /// `--break` for the driver.
     pub brk: Option<Break>,
+    /// `--static-cdi` for the driver.
+    pub static_cdi: bool,
     /// The image archive's sha256.
     pub image_digest: String,
     /// The API server's address as pods on the host network reach it.
@@ -73,14 +75,17 @@ pub fn objects() -> Result<Objects> {
     Ok(objects)
 }
 
-/// The DaemonSet of `objects` for `deployment`: `--break` appended to the driver's args, the
-/// image digest annotated, the API server's address in the environment.
+/// The DaemonSet of `objects` for `deployment`: `--break` and `--static-cdi` appended to the
+/// driver's args, the image digest annotated, the API server's address in the environment.
 pub fn customize(daemonset: &mut DaemonSet, deployment: &Deployment) -> Result<()> {
     deployed_driver::pin_template(daemonset, &deployment.image_digest, &deployment.api_server)?;
     let pod = daemonset.spec.template.spec.as_mut().context("the DaemonSet has no pod spec")?;
     let container = pod.containers.first_mut().context("the DaemonSet has no container")?;
     if let Some(brk) = deployment.brk {
         container.args.get_or_insert_with(Vec::new).extend(["--break".to_string(), brk.as_str().to_string()]);
+    }
+    if deployment.static_cdi {
+        container.args.get_or_insert_with(Vec::new).push("--static-cdi".to_string());
     }
     Ok(())
 }
@@ -139,10 +144,11 @@ mod tests {
     }
 
     #[test]
-    fn a_deployment_adds_its_break_digest_and_api_server() {
+    fn a_deployment_adds_its_break_static_cdi_digest_and_api_server() {
         let mut ds = objects().unwrap().daemonset;
         let deployment = Deployment {
             brk: Some(Break::SkipUnprepare),
+            static_cdi: true,
             image_digest: "abc".into(),
             api_server: ("10.1.2.3".into(), 443),
         };
@@ -153,7 +159,7 @@ mod tests {
             "abc"
         );
         let container = &template.spec.as_ref().unwrap().containers[0];
-        assert_eq!(container.args.as_ref().unwrap()[2..], ["--break", "skip-unprepare"]);
+        assert_eq!(container.args.as_ref().unwrap()[2..], ["--break", "skip-unprepare", "--static-cdi"]);
         let env = container.env.as_ref().unwrap();
         let value =
             |name: &str| env.iter().filter(|e| e.name == name).map(|e| e.value.clone()).collect::<Vec<_>>();

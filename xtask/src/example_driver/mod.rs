@@ -1,6 +1,7 @@
 //! `cargo xtask example-driver deploy|remove`: the crate's example DRA driver
 //! (`kubelet-plugin/examples/node_driver.rs`) as a DaemonSet on the local cluster's workers,
-//! working or broken on purpose (`--break`), for the driver lane of `cargo xtask test`.
+//! working or broken on purpose (`--break`), with a CDI spec per claim or static CDI devices
+//! (`--static-cdi`), for the driver lane of `cargo xtask test`.
 //!
 //! [`deploy`] builds the binary and its image ([`image`](mod@image)), imports it into every node,
 //! applies `manifests/example-driver.yaml` ([`manifest`]) and waits until the driver runs,
@@ -70,22 +71,44 @@ impl Break {
     }
 }
 
-/// Builds and imports the driver's image, applies the manifest with `brk`, and waits until the
-/// DaemonSet's pods of this deployment are all ready (a redeploy with another `brk` rolls them)
-/// and every served node's ResourceSlice was published after its pod started, which the driver
-/// does only once the kubelet registered it. On a failed wait, everything is removed again.
+/// How one deployment of the driver behaves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Broken on purpose (`--break`), or working.
+    pub brk: Option<Break>,
+    /// Static CDI devices (`--static-cdi`): one spec for all of a node's devices, written when
+    /// the driver starts, none per claim.
+    pub static_cdi: bool,
+}
+
+/// [`deploy_with`] the driver working or broken (`brk`), with a CDI spec per claim.
 pub async fn deploy(kubeconfig: &Path, brk: Option<Break>) -> Result<()> {
+    deploy_with(kubeconfig, Options { brk, static_cdi: false }).await
+}
+
+/// Builds and imports the driver's image, applies the manifest with `options`, and waits until
+/// the DaemonSet's pods of this deployment are all ready (a redeploy with other options rolls
+/// them) and every served node's ResourceSlice was published after its pod started, which the
+/// driver does only once the kubelet registered it. On a failed wait, everything is removed
+/// again.
+pub async fn deploy_with(kubeconfig: &Path, options: Options) -> Result<()> {
     let client = deployed_driver::reachable_client(kubeconfig).await?;
     let (archive, digest) = image::build(&repo_root())?;
     deployed_driver::load(&archive).await?;
     let api_server = deployed_driver::api_server(&client).await?;
-    let deployment = manifest::Deployment { brk, image_digest: digest.clone(), api_server };
+    let Options { brk, static_cdi } = options;
+    let deployment = manifest::Deployment { brk, static_cdi, image_digest: digest.clone(), api_server };
     let mut objects = manifest::objects()?;
     manifest::customize(&mut objects.daemonset, &deployment)?;
     let args = deployed_driver::container_args(&objects.daemonset);
-    let what = match brk {
-        Some(b) => format!("deploy the example driver with --break {}", b.as_str()),
-        None => "deploy the example driver".to_string(),
+    let flags: Vec<String> = brk
+        .map(|b| format!("--break {}", b.as_str()))
+        .into_iter()
+        .chain(static_cdi.then(|| "--static-cdi".to_string()))
+        .collect();
+    let what = match flags.as_slice() {
+        [] => "deploy the example driver".to_string(),
+        flags => format!("deploy the example driver with {}", flags.join(" ")),
     };
     let step = Step::start(what);
     manifest::apply_all(&client, &objects).await?;

@@ -18,10 +18,10 @@
 //! kubelet is and declares.
 //!
 //! Beyond upstream, every spec checks that the API server kept `skipNodeOperations` in the slice
-//! and copied it into the allocation. Where the kubelet's `/metrics` is
-//! reachable through the API server's node proxy, its counters `dra_node_prepare_skips_total` /
-//! `dra_node_unprepare_skips_total` for the driver must show the skips (or none, where nothing
-//! may be skipped). With the plugin: a skipped prepare leaves the containers without the driver's
+//! and copied it into the allocation, and that the kubelet's counters
+//! `dra_node_prepare_skips_total` / `dra_node_unprepare_skips_total` for the driver (its
+//! `/metrics`, through the API server's node proxy) show the skips (or none, where nothing may be
+//! skipped); a counter that cannot be read fails the spec, saying why. With the plugin: a skipped prepare leaves the containers without the driver's
 //! variables and the plugin without the claim; a skipped unprepare leaves the claim prepared in
 //! the plugin until the spec unprepares it directly (as upstream does), after the claim was
 //! deallocated, so that the kubelet had every chance to call.
@@ -202,7 +202,8 @@ fn counter_value(text: &str, metric: &str, driver: &str) -> f64 {
         .fold(0.0, |sum, v| sum + v)
 }
 
-/// Checks the kubelet's skip counter against `check` when the kubelet's metrics can be read.
+/// Checks the kubelet's skip counter against `check`; fails when the kubelet's metrics cannot
+/// be read.
 async fn expect_counter(
     ctx: &Ctx,
     driver: &Driver,
@@ -211,20 +212,31 @@ async fn expect_counter(
     check: impl Fn(f64) -> bool,
     want: &str,
 ) -> anyhow::Result<()> {
-    match kubelet_counter(ctx, node, metric, driver.name()).await {
-        Ok(value) => {
-            expect!(
-                check(value),
-                "the kubelet of node {node}: {metric} of driver {} is {value}, expected {want}",
-                driver.name()
-            );
-            tracing::info!(%node, metric, value, "kubelet skip counter");
-        }
-        Err(e) => {
-            tracing::warn!(%node, metric, error = %e, "cannot read the kubelet's metrics; not checking the skip counter")
-        }
-    }
+    let read = kubelet_counter(ctx, node, metric, driver.name()).await;
+    let value = judge_counter(read, node, metric, driver.name(), check, want)?;
+    tracing::info!(%node, metric, value, "kubelet skip counter");
     Ok(())
+}
+
+/// The counter's value when it was `read` and passes `check`; otherwise why not.
+fn judge_counter(
+    read: Result<f64, String>,
+    node: &str,
+    metric: &str,
+    driver: &str,
+    check: impl Fn(f64) -> bool,
+    want: &str,
+) -> anyhow::Result<f64> {
+    let value = read.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read {metric} of driver {driver} from the kubelet of node {node}, so its skips cannot be checked: {e}"
+        )
+    })?;
+    expect!(
+        check(value),
+        "the kubelet of node {node}: {metric} of driver {driver} is {value}, expected {want}"
+    );
+    Ok(value)
 }
 
 /// The pod's events with reason `reason`.
@@ -386,6 +398,22 @@ mod tests {
             ),
             "{gate_off}"
         );
+    }
+
+    /// The loophole of issue 47: a counter that could not be read was skipped with a warning and
+    /// the spec passed; now it fails, saying why.
+    #[test]
+    fn a_counter_that_cannot_be_read_fails() {
+        let unreadable = Err("GET /api/v1/nodes/n/proxy/metrics: address not allowed".to_owned());
+        let err = judge_counter(unreadable, "n", PREPARE_SKIPS, "d.k8s.io", |v| v >= 1.0, "at least 1")
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot read dra_node_prepare_skips_total of driver d.k8s.io from the kubelet of node n, so its skips \
+             cannot be checked: GET /api/v1/nodes/n/proxy/metrics: address not allowed"
+        );
+        assert!(judge_counter(Ok(0.0), "n", PREPARE_SKIPS, "d", |v| v >= 1.0, "at least 1").is_err());
+        assert_eq!(judge_counter(Ok(2.0), "n", PREPARE_SKIPS, "d", |v| v >= 1.0, "at least 1").unwrap(), 2.0);
     }
 
     #[test]

@@ -7,12 +7,14 @@
 //!   gate decides what it stores (it drops `allocatedResourcesStatus` and its `message` from pod
 //!   status, `firstAvailable` from claims, `sharedCounters` from slices when the gate is off).
 //! - A kubelet's `/metrics` is read through the API server's node proxy
-//!   (`/api/v1/nodes/<node>/proxy/metrics`). That does not always work: the API server refuses to
-//!   proxy to loopback node addresses (`address not allowed`, e.g. the local single-node cluster
-//!   whose node is `127.0.0.1`), and it needs the kubelet's serving port reachable. The kubelet's
-//!   `configz` has the same reachability problem and lists only gates set explicitly, not
-//!   defaults, so it is not used. When a kubelet cannot be asked, the specs infer its gates from
-//!   what it does (see the health specs).
+//!   (`/api/v1/nodes/<node>/proxy/metrics`); when that fails, its configuration, `/configz`,
+//!   through the same proxy: the gates it sets (`kubeletconfig.featureGates`, flags included),
+//!   and for a gate it does not set, the gate's default at the kubelet's version (from
+//!   [`versions::TABLES`](crate::versions::TABLES); a version without a table leaves it
+//!   unknown). Neither works when the API server cannot reach the kubelet (it refuses to proxy to
+//!   loopback node addresses, `address not allowed`, and needs the kubelet's serving port): the
+//!   gate is then [`Gate::Unknown`], saying why, and a spec that needs it skips. A gate is never
+//!   inferred from the behaviour a spec tests.
 //!
 //! A metric that is missing means the component does not know the gate: it was removed after
 //! graduating (the feature is always on) or the component is older than the gate.
@@ -20,7 +22,7 @@
 //! Everything here takes a [`ClusterAccess`]: a spec's requirements (a `Precheck`, before the
 //! spec's namespace exists) and its body (a `Ctx`) read gates the same way.
 
-use harness::framework::{ClusterAccess, SpecError, SpecResult};
+use harness::framework::{ClusterAccess, KubeVersion, SpecError, SpecResult};
 use kube::{api::GetParams, core::Request};
 
 /// What is known about one gate of one component.
@@ -58,7 +60,12 @@ fn gate_from(text: &str, gate: &str) -> Gate {
 
 /// GETs `<path>/metrics` from the API server.
 async fn metrics(from: &impl ClusterAccess, path: &str) -> Result<String, String> {
-    let request = Request::new(path).get("metrics", &GetParams::default()).map_err(|e| e.to_string())?;
+    get_text(from, path, "metrics").await
+}
+
+/// GETs `<path>/<what>` from the API server.
+async fn get_text(from: &impl ClusterAccess, path: &str, what: &str) -> Result<String, String> {
+    let request = Request::new(path).get(what, &GetParams::default()).map_err(|e| e.to_string())?;
     from.client().request_text(request).await.map_err(|e| match e {
         kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
         e => e.to_string(),
@@ -79,13 +86,59 @@ pub(crate) async fn api_server(from: &impl ClusterAccess, gate: &str) -> Gate {
     }
 }
 
-/// The state of `gate` in the kubelet of `node`, through the API server's node proxy.
+/// The state of `gate` in the kubelet of `node`, through the API server's node proxy: from its
+/// `/metrics`, else from its configuration (`/configz`, see [`gate_from_configz`]).
 pub(crate) async fn kubelet(from: &impl ClusterAccess, node: &str, gate: &str) -> Gate {
     let path = format!("/api/v1/nodes/{node}/proxy");
-    match metrics(from, &path).await {
-        Ok(text) => gate_from(&text, gate),
-        Err(e) => Gate::Unknown(format!("GET {path}/metrics failed: {e}")),
+    let metrics_failed = match metrics(from, &path).await {
+        Ok(text) => return gate_from(&text, gate),
+        Err(e) => format!("GET {path}/metrics failed: {e}"),
+    };
+    let version = from.cluster().nodes.iter().find(|n| n.name == node).and_then(|n| n.kubelet());
+    match get_text(from, &path, "configz").await {
+        Ok(text) => gate_from_configz(&text, gate, version)
+            .unwrap_or_else(|why| Gate::Unknown(format!("{metrics_failed}; {path}/configz: {why}"))),
+        Err(e) => Gate::Unknown(format!("{metrics_failed}; GET {path}/configz failed: {e}")),
     }
+}
+
+/// The state of `gate` in a kubelet's configuration as its `/configz` reports it
+/// (`{"kubeletconfig": {..., "featureGates": {...}}}`): as set there, else its default at the
+/// kubelet's `version`. `Err` says why it cannot be told.
+pub(crate) fn gate_from_configz(
+    text: &str,
+    gate: &str,
+    version: Option<KubeVersion>,
+) -> Result<Gate, String> {
+    let configz: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let config = configz.get("kubeletconfig").ok_or("no kubeletconfig in it")?;
+    if let Some(set) = config.get("featureGates").and_then(|g| g.get(gate)) {
+        return match set.as_bool() {
+            Some(true) => Ok(Gate::On),
+            Some(false) => Ok(Gate::Off),
+            None => Err(format!("featureGates.{gate} is {set}, not a boolean")),
+        };
+    }
+    let version =
+        version.ok_or_else(|| format!("it does not set {gate}, and the kubelet's version is unknown"))?;
+    default_at(version, gate).map(|on| if on { Gate::On } else { Gate::Off }).ok_or_else(|| {
+        format!(
+            "it does not set {gate}, and dra-e2e knows no default of it for a v{}.{} kubelet",
+            version.major, version.minor
+        )
+    })
+}
+
+/// The default of `gate` at `version` (its minor release), from the gate tables: a gate the
+/// table lists as removed is on (it graduated); `None` without a table or gate.
+fn default_at(version: KubeVersion, gate: &str) -> Option<bool> {
+    let table = crate::versions::TABLES.iter().find(|t| {
+        KubeVersion::parse(t.version).is_some_and(|v| (v.major, v.minor) == (version.major, version.minor))
+    })?;
+    if table.removed.contains(&gate) {
+        return Some(true);
+    }
+    table.gates.iter().find(|g| g.name == gate).map(|g| g.default)
 }
 
 /// Skips when the API server reports `gate` off; `why` says what the spec then cannot see.
@@ -111,15 +164,26 @@ pub(crate) fn api_server_requirement(
     move |pre| Box::pin(async move { require_api_server(&pre, gate, why).await })
 }
 
-/// The kubelet of `node`'s state of `gate`; skips when it reports the gate off. The other states
-/// (on, not reported, unknown) are the caller's to interpret.
-pub(crate) async fn require_kubelet(from: &impl ClusterAccess, node: &str, gate: &str) -> SpecResult<Gate> {
+/// Skips unless the kubelet of `node` runs with `gate` on: off, not known to the kubelet, or
+/// unknown (its metrics and configuration cannot be read), each said in the skip.
+pub(crate) async fn require_kubelet(from: &impl ClusterAccess, node: &str, gate: &str) -> SpecResult {
     let state = kubelet(from, node, gate).await;
     tracing::info!(node, gate, ?state, "feature gate of the kubelet");
-    if state.is_off() {
-        return Err(SpecError::skip(format!("the kubelet of node {node} runs with feature gate {gate} off")));
+    kubelet_gate_on(node, gate, &state).map_err(SpecError::skip)
+}
+
+/// `Ok` when `state` is on, else why not, for a skip.
+fn kubelet_gate_on(node: &str, gate: &str, state: &Gate) -> Result<(), String> {
+    match state {
+        Gate::On => Ok(()),
+        Gate::Off => Err(format!("the kubelet of node {node} runs with feature gate {gate} off")),
+        Gate::NotReported => Err(format!(
+            "the kubelet of node {node} reports no state of feature gate {gate} (kubernetes_feature_enabled): it does not know the gate"
+        )),
+        Gate::Unknown(why) => Err(format!(
+            "cannot tell whether the kubelet of node {node} runs with feature gate {gate} on: neither its metrics nor its configuration could be read ({why})"
+        )),
     }
-    Ok(state)
 }
 
 #[cfg(test)]
@@ -144,5 +208,49 @@ other_metric{name=\"Foo\"} 0
         assert_eq!(gate_from_metrics(METRICS, "ResourceHealth"), None);
         assert_eq!(gate_from(METRICS, "ResourceHealthStatusMessage"), Gate::Off);
         assert_eq!(gate_from("", "X"), Gate::NotReported);
+    }
+
+    /// Recorded from a kubelet of the local cluster (`/api/v1/nodes/kind-worker/proxy/configz`),
+    /// shortened; `ResourceHealthStatusMessage` set off here, `DRAPrioritizedList` not set.
+    const CONFIGZ: &str = r#"{"kubeletconfig":{"kind":"KubeletConfiguration","apiVersion":"kubelet.config.k8s.io/v1beta1",
+        "enableServer":true,"address":"10.89.0.3","port":10250,"featureGates":{"DRAConsumableCapacity":true,
+        "DRAOptionalNodeOperations":true,"ResourceHealthStatus":true,"ResourceHealthStatusMessage":false},
+        "failCgroupV1":false}}"#;
+
+    #[test]
+    fn reads_gates_from_the_kubelets_configuration() {
+        let v1_37 = KubeVersion { major: 1, minor: 37, patch: 0 };
+        assert_eq!(gate_from_configz(CONFIGZ, "ResourceHealthStatus", Some(v1_37)), Ok(Gate::On));
+        assert_eq!(gate_from_configz(CONFIGZ, "ResourceHealthStatusMessage", Some(v1_37)), Ok(Gate::Off));
+        // Not set: the default of v1.37 (on); off by default: off.
+        assert_eq!(gate_from_configz(CONFIGZ, "DRAPrioritizedList", Some(v1_37)), Ok(Gate::On));
+        assert_eq!(gate_from_configz(CONFIGZ, "GenericWorkload", Some(v1_37)), Ok(Gate::Off));
+        let old = KubeVersion { major: 1, minor: 30, patch: 0 };
+        let unknown = gate_from_configz(CONFIGZ, "DRAPrioritizedList", Some(old)).unwrap_err();
+        assert!(unknown.contains("knows no default of it for a v1.30 kubelet"), "{unknown}");
+        assert!(
+            gate_from_configz("{}", "ResourceHealthStatus", Some(v1_37))
+                .unwrap_err()
+                .contains("no kubeletconfig")
+        );
+        assert!(gate_from_configz("<html>", "ResourceHealthStatus", None).unwrap_err().contains("not JSON"));
+    }
+
+    /// The loophole of issue 47: a kubelet whose gate could not be read had it inferred from the
+    /// behaviour the spec tests; now only on runs the spec, every other state skips saying why.
+    #[test]
+    fn only_a_gate_known_to_be_on_runs_the_spec() {
+        assert_eq!(kubelet_gate_on("n", "G", &Gate::On), Ok(()));
+        for (state, says) in [
+            (Gate::Off, "runs with feature gate G off"),
+            (Gate::NotReported, "does not know the gate"),
+            (
+                Gate::Unknown("GET failed".into()),
+                "neither its metrics nor its configuration could be read (GET failed)",
+            ),
+        ] {
+            let why = kubelet_gate_on("n", "G", &state).unwrap_err();
+            assert!(why.contains(says), "{why}");
+        }
     }
 }

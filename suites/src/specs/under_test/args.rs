@@ -6,6 +6,8 @@ use std::{path::Path, time::Duration};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::{Api, ResourceExt as _, api::ListParams};
 
+use super::class_selector::not_selecting;
+
 /// The flags that turn `dra-e2e` into a test of a DRA driver already installed in the cluster.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct UnderTestArgs {
@@ -13,8 +15,8 @@ pub struct UnderTestArgs {
     /// registered (the harness's own specs are not).
     #[arg(long, value_name = "NAME")]
     pub driver: Option<String>,
-    /// The DeviceClass the specs' claims ask for (default: the DeviceClass whose selector names
-    /// the driver, `device.driver == "NAME"`).
+    /// The DeviceClass the specs' claims ask for; its CEL selectors must require
+    /// `device.driver == "NAME"` (default: the first such DeviceClass, by name).
     #[arg(long, value_name = "CLASS", requires = "driver")]
     pub device_class: Option<String>,
     /// Stand between the kubelet and the driver on the node under test (harness::interposer), so
@@ -43,9 +45,21 @@ pub enum UnderTestError {
     /// The DeviceClass given does not exist.
     #[error("--device-class {0:?} does not exist in the cluster")]
     NoSuchClass(String),
+    /// The DeviceClass given does not select the driver's devices only.
+    #[error(
+        "--device-class {class:?} does not select the devices of driver {driver}: {why}; give a DeviceClass with a CEL selector that requires `device.driver == \"{driver}\"`"
+    )]
+    ClassNotForDriver {
+        /// The class given.
+        class: String,
+        /// The driver under test.
+        driver: String,
+        /// Why the class does not select it, from the AST of its selectors.
+        why: String,
+    },
     /// No DeviceClass selects the driver's devices.
     #[error(
-        "no DeviceClass selects the devices of driver {0} (a CEL selector `device.driver == \"{0}\"`); create one or name it with --device-class"
+        "no DeviceClass selects the devices of driver {0} (a CEL selector that requires `device.driver == \"{0}\"`); create one or name it with --device-class"
     )]
     NoClass(String),
     /// The cluster could not be asked.
@@ -74,13 +88,7 @@ impl UnderTestArgs {
         }
         let class = match (&self.device_class, list) {
             (_, true) => self.device_class.clone().unwrap_or_else(|| CLASS_AT_RUN_TIME.to_owned()),
-            (Some(class), false) => {
-                let classes = classes(kubeconfig).await?;
-                if !classes.iter().any(|c| c.name_any() == *class) {
-                    return Err(UnderTestError::NoSuchClass(class.clone()));
-                }
-                class.clone()
-            }
+            (Some(class), false) => given_class(&classes(kubeconfig).await?, class, &driver)?,
             (None, false) => class_of(&classes(kubeconfig).await?, &driver)
                 .ok_or_else(|| UnderTestError::NoClass(driver.clone()))?,
         };
@@ -111,18 +119,24 @@ async fn classes(kubeconfig: Option<&Path>) -> Result<Vec<DeviceClass>, UnderTes
     }
 }
 
-/// The first (by name) DeviceClass with a CEL selector `device.driver == "<driver>"`.
+/// `class`, when it exists and its selectors require `device.driver == "<driver>"`.
+fn given_class(classes: &[DeviceClass], class: &str, driver: &str) -> Result<String, UnderTestError> {
+    let given = classes.iter().find(|c| c.name_any() == class);
+    let given = given.ok_or_else(|| UnderTestError::NoSuchClass(class.to_owned()))?;
+    match not_selecting(given, driver) {
+        None => Ok(class.to_owned()),
+        Some(why) => {
+            Err(UnderTestError::ClassNotForDriver { class: class.to_owned(), driver: driver.to_owned(), why })
+        }
+    }
+}
+
+/// The first (by name) DeviceClass whose CEL selectors require `device.driver == "<driver>"`
+/// ([`class_selector`](super::class_selector)).
 fn class_of(classes: &[DeviceClass], driver: &str) -> Option<String> {
-    let wanted = [format!("device.driver==\"{driver}\""), format!("device.driver=='{driver}'")];
     let mut names: Vec<String> = classes
         .iter()
-        .filter(|class| {
-            let selectors = class.spec.as_ref().and_then(|s| s.selectors.as_ref()).into_iter().flatten();
-            selectors.filter_map(|s| s.cel.as_ref()).any(|cel| {
-                let compact: String = cel.expression.split_whitespace().collect();
-                wanted.iter().any(|w| compact.contains(w.as_str()))
-            })
-        })
+        .filter(|class| not_selecting(class, driver).is_none())
         .map(|class| class.name_any())
         .collect();
     names.sort();
@@ -151,6 +165,33 @@ mod tests {
         ];
         assert_eq!(class_of(&classes, "d.example.com").as_deref(), Some("a"));
         assert_eq!(class_of(&classes, "f.example.com"), None);
+        // The text names the driver, the AST does not require it (a substring match took both).
+        let loose = [
+            class("negated", "!(device.driver == \"d.example.com\")"),
+            class("or-true", "device.driver == \"d.example.com\" || true"),
+        ];
+        assert_eq!(class_of(&loose, "d.example.com"), None);
+    }
+
+    #[test]
+    fn a_given_class_that_does_not_select_the_driver_is_refused_saying_why() {
+        let classes = [
+            class("mine", "device.driver == \"d.example.com\""),
+            class("other", "device.driver == \"e.example.com\""),
+            class("negated", "!(device.driver == \"d.example.com\")"),
+        ];
+        assert_eq!(given_class(&classes, "mine", "d.example.com").unwrap(), "mine");
+        for (name, why) in [("other", "another driver"), ("negated", "no selector requires")] {
+            let err = given_class(&classes, name, "d.example.com").unwrap_err();
+            assert!(matches!(err, UnderTestError::ClassNotForDriver { .. }), "{err}");
+            let text = err.to_string();
+            assert!(text.starts_with(&format!("--device-class \"{name}\" does not select")), "{text}");
+            assert!(text.contains(why), "{text}");
+        }
+        assert!(matches!(
+            given_class(&classes, "gone", "d.example.com"),
+            Err(UnderTestError::NoSuchClass(_))
+        ));
     }
 
     #[test]

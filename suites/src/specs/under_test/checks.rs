@@ -1,12 +1,12 @@
 //! The checks the pod specs share: the devices a claim got, the CDI devices the driver prepared
-//! for it (from the interposed prepare response, else the IDs that appeared on the node) and
-//! their env in the container, and that unprepare happened once and removed them.
+//! for it ([`Prepared`]) and their env in the container, and that unprepare happened
+//! (interposed: once) and removed the CDI devices written for the claim.
 
 use std::time::Duration;
 
 use harness::{
     builder::parse_env,
-    calls::{ClaimCalls, UNPREPARE_TIMEOUT},
+    calls::{Calls, ClaimCalls, UNPREPARE_TIMEOUT},
     framework::step,
     wait::{self, Attempt},
 };
@@ -14,8 +14,9 @@ use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 use kube::ResourceExt as _;
 
 use super::{
-    cdi::{CdiDevices, new_ids, still_defined},
-    session::{Session, allocated_devices, reserved_for},
+    cdi::{CdiDevices, still_defined},
+    evidence::{Prepared, pod_status_ids},
+    session::{POD_CLAIM, Session, allocated_devices, reserved_for},
 };
 
 /// How often the node's CDI files are read while waiting.
@@ -58,17 +59,19 @@ pub fn claim_calls(session: &Session, uid: &str) -> Option<ClaimCalls> {
     session.calls().map(|calls| calls.claim(uid))
 }
 
-/// The CDI device IDs prepared for the claim: interposed, those of its one successful
-/// `NodePrepareResources` (which must be its only prepare call); otherwise the IDs the node's
-/// CDI files define now and did not `before`.
-pub fn prepared_ids(
+/// The CDI devices prepared for the claim of `pod` (running): interposed, those of its one
+/// successful `NodePrepareResources` (which must be its only prepare call); otherwise those the
+/// kubelet lists in the pod status and those the node's CDI files define `now` and did not
+/// `before` (see [`evidence`](super::evidence)).
+pub fn prepared(
     session: &Session,
     uid: &str,
+    pod: &Pod,
     before: &CdiDevices,
     now: &CdiDevices,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Prepared> {
     let Some(history) = claim_calls(session, uid) else {
-        return Ok(new_ids(before, now).into_iter().collect());
+        return Ok(Prepared::new(None, pod_status_ids(pod, POD_CLAIM), before, now));
     };
     if history.prepared() != 1
         || history.prepare_failures() != 0
@@ -81,8 +84,8 @@ pub fn prepared_ids(
             session.call_log()
         );
     }
-    let prepared = history.first_prepared().map(|c| c.devices.clone()).unwrap_or_default();
-    Ok(prepared.into_iter().flat_map(|(_, _, ids)| ids).collect())
+    let returned = history.first_prepared().map(|c| c.devices.clone()).unwrap_or_default();
+    Ok(Prepared::new(Some(returned.into_iter().flat_map(|(_, _, ids)| ids).collect()), None, before, now))
 }
 
 /// Every ID is defined by a CDI spec file on the node, and the container's `env` has each env
@@ -117,9 +120,7 @@ pub async fn expect_cdi_visible(
         }
     }
     if ids.is_empty() {
-        step(
-            "no CDI device was prepared for the claim (none returned, none appeared on the node): nothing to check in the container",
-        );
+        step("no CDI device was prepared for the claim: nothing to check in the container");
     } else {
         step(format!(
             "the CDI devices {ids:?} are defined on node {} and their env is in the container",
@@ -130,8 +131,7 @@ pub async fn expect_cdi_visible(
 }
 
 /// Interposed: the claim was unprepared exactly once, successfully (waits for it).
-pub async fn expect_unprepared_once(session: &Session, uid: &str) -> anyhow::Result<()> {
-    let Some(calls) = session.calls() else { return Ok(()) };
+pub async fn expect_unprepared_once(session: &Session, calls: &Calls, uid: &str) -> anyhow::Result<()> {
     let history = calls.wait_unprepared(uid, UNPREPARE_TIMEOUT).await?;
     if history.unprepared() != 1 || history.unprepare_failures() != 0 {
         anyhow::bail!(
@@ -145,8 +145,8 @@ pub async fn expect_unprepared_once(session: &Session, uid: &str) -> anyhow::Res
 }
 
 /// Interposed: no unprepare named the claim so far.
-pub fn expect_not_unprepared(session: &Session, uid: &str, why: &str) -> anyhow::Result<()> {
-    let Some(history) = claim_calls(session, uid) else { return Ok(()) };
+pub fn expect_not_unprepared(session: &Session, calls: &Calls, uid: &str, why: &str) -> anyhow::Result<()> {
+    let history = calls.claim(uid);
     let unprepares = history.calls.iter().filter(|c| !c.prepare).count();
     anyhow::ensure!(
         unprepares == 0,
@@ -156,13 +156,17 @@ pub fn expect_not_unprepared(session: &Session, uid: &str, why: &str) -> anyhow:
     Ok(())
 }
 
-/// Waits until none of `ids` is defined on the node any more; fails naming them and their files.
-/// Interposed, call it once [`expect_unprepared_once`] saw the driver's answer: the files may
-/// then outlive it by [`REMOVED_AFTER_ANSWER`] at most.
-pub async fn expect_cdi_removed(session: &Session, ids: &[String]) -> anyhow::Result<()> {
-    if ids.is_empty() {
+/// Waits until none of `per_claim` (the CDI devices written for the claim) is defined on the
+/// node any more; fails naming them and their files. Interposed, call it once
+/// [`expect_unprepared_once`] saw the driver's answer: the files may then outlive it by
+/// [`REMOVED_AFTER_ANSWER`] at most.
+pub async fn expect_cdi_removed(session: &Session, per_claim: &[String]) -> anyhow::Result<()> {
+    if per_claim.is_empty() {
+        // Nothing was written for the claim; what shows the unprepare is decided by the caller
+        // (evidence::unprepare_evidence).
         return Ok(());
     }
+    let ids = per_claim;
     let what = format!("the CDI devices {ids:?} to be no longer defined on node {}", session.node);
     // Interposed, the unprepare was seen to succeed: the driver said it was done.
     let answered = session.calls().is_some();

@@ -4,11 +4,13 @@
 //! in-process driver).
 //!
 //! Each spec picks the node under test: the first node, by name, with a ResourceSlice of the
-//! driver. Its claims ask for one device of the DeviceClass (`--device-class`, default the class
-//! whose CEL selector names the driver). What a spec asserts is what the API and the node show
-//! (claims, pods, the node's CDI spec files in `/etc/cdi` and `/var/run/cdi`, read by a busybox
-//! pod on the node); with `--interpose` ([`harness::interposer`]) also the driver's gRPC calls,
-//! with exact counts, and a failure message then ends with the node's call log.
+//! driver. Its claims ask for one device of the DeviceClass (`--device-class`, default the first
+//! class whose CEL selectors require `device.driver == "NAME"`, see [`class_selector`]). What a
+//! spec asserts is what the API and the node show (claims, pods and their status, the node's CDI
+//! spec files in `/etc/cdi` and `/var/run/cdi`, read by a busybox pod on the node); with
+//! `--interpose` ([`harness::interposer`]) also the driver's gRPC calls, with exact counts, and a
+//! failure message then ends with the node's call log. A spec passes only on evidence it can
+//! name, and skips, naming `--interpose`, where there is none ([`evidence`]).
 //!
 //! | contract point | module |
 //! |---|---|
@@ -29,6 +31,8 @@ mod args;
 mod cdi;
 mod checks;
 mod claims;
+mod class_selector;
+mod evidence;
 mod health;
 mod pods;
 mod session;
@@ -72,29 +76,32 @@ pub fn register(registry: &mut Registry, target: Target) {
                 .description(
                     "A pod with a claim from the class, on the node under test, runs; the claim is allocated devices \
                      of the driver only and reserved for the pod; the CDI devices prepared for it (interposed: of \
-                     its one successful NodePrepareResources; else those that appeared on the node) are defined in \
-                     /etc/cdi or /var/run/cdi of the node and their env edits are in the container's env.",
+                     its one successful NodePrepareResources; else those the kubelet lists in the pod status and \
+                     those that appeared on the node) are defined in /etc/cdi or /var/run/cdi of the node and their \
+                     env edits are in the container's env. Skipped when they cannot be told (needs --interpose).",
                 );
             r.it("unprepares the claim once when its pod is deleted", with(&target, pods::unprepares))
                 .runs_alone(ALONE)
                 .description(
-                    "After the pod of a prepared claim is deleted, the claim is unprepared (interposed: exactly one \
-                     successful NodeUnprepareResources), its CDI devices are no longer defined on the node and the \
-                     claim is reserved for nobody.",
+                    "After the pod of a prepared claim is deleted, the kubelet removes it (which it does only once \
+                     NodeUnprepareResources succeeded; interposed: exactly one, successful), the CDI devices written \
+                     for the claim are no longer defined on the node and the claim is reserved for nobody.",
                 );
             r.it("prepares a claim shared by two pods once and unprepares it after the last pod", with(&target, claims::shared))
                 .runs_alone(ALONE)
                 .description(
                     "Two pods share one claim, the second created once the first runs: both run with its CDI devices; \
-                     interposed, one NodePrepareResources; \
-                     after the first pod is gone the claim stays prepared (no NodeUnprepareResources, devices still \
-                     defined); after the second it is unprepared once and its CDI devices are gone.",
+                     interposed, one NodePrepareResources; after the first pod is gone the claim stays prepared \
+                     (interposed: no NodeUnprepareResources; the CDI devices written for it still defined); after the \
+                     second it is unprepared (interposed: once) and those devices are gone. Without --interpose, \
+                     skipped when no CDI device was written for the claim.",
                 );
             r.it("unprepares the claim of a force-deleted pod", with(&target, pods::force_deleted))
                 .runs_alone(ALONE)
                 .description(
                     "A running pod deleted with grace period 0 still gets its claim unprepared (interposed: exactly \
-                     once) and its CDI devices removed from the node.",
+                     once) and the CDI devices written for it removed from the node. Without --interpose, skipped \
+                     when no CDI device was written for the claim (nothing else shows the unprepare).",
                 );
             r.it("must not run a pod whose claim is not reserved for it", with(&target, claims::not_reserved))
                 .runs_alone(ALONE)

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use harness::framework::{Ctx, SpecResult};
+use harness::framework::{Ctx, Skip, SpecResult, step};
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 use kube::ResourceExt as _;
 
@@ -12,8 +12,9 @@ use super::{
     Target,
     checks::{
         expect_allocated_for, expect_cdi_removed, expect_cdi_visible, expect_not_unprepared,
-        expect_unprepared_once, prepared_ids,
+        expect_unprepared_once, prepared,
     },
+    evidence::{Deletion, Prepared, skips, unprepare_evidence},
     session::Session,
 };
 
@@ -25,12 +26,13 @@ pub struct Running {
     pub claim: ResourceClaim,
     /// The claim's UID.
     pub uid: String,
-    /// The CDI device IDs the driver prepared for the claim.
-    pub ids: Vec<String>,
+    /// The CDI devices the driver prepared for the claim, as far as they can be known.
+    pub prepared: Prepared,
 }
 
 /// Creates a claim and a pod using it, waits until the pod runs and checks the allocation, the
-/// prepare (interposed: exactly one, OK, and no unprepare) and the CDI devices.
+/// prepare (interposed: exactly one, OK, and no unprepare) and the CDI devices, when they can
+/// be known.
 pub async fn start_pod(s: &Session) -> anyhow::Result<Running> {
     let claim = s.create_claim().await?;
     let before = s.cdi.devices().await?;
@@ -40,27 +42,34 @@ pub async fn start_pod(s: &Session) -> anyhow::Result<Running> {
     expect_allocated_for(s, &claim, &pod)?;
     let uid = claim.uid().unwrap_or_default();
     let now = s.cdi.devices().await?;
-    let ids = prepared_ids(s, &uid, &before, &now)?;
-    expect_cdi_visible(s, &pod, &ids, &now).await?;
-    expect_not_unprepared(s, &uid, "while its pod runs")?;
-    Ok(Running { pod, claim, uid, ids })
+    let prepared = prepared(s, &uid, &pod, &before, &now)?;
+    if prepared.is_known() {
+        expect_cdi_visible(s, &pod, &prepared.ids, &now).await?;
+    }
+    if let Some(calls) = s.calls() {
+        expect_not_unprepared(s, calls, &uid, "while its pod runs")?;
+    }
+    Ok(Running { pod, claim, uid, prepared })
 }
 
-/// b: a pod with a claim from the class runs with the driver's devices, prepared once.
+/// b: a pod with a claim from the class runs with the driver's devices, prepared once
+/// (interposed); skipped when the CDI devices prepared for it cannot be known.
 pub async fn prepares(ctx: Ctx, target: Arc<Target>) -> SpecResult {
     let s = Session::start(&ctx, &target).await?;
-    start_pod(&s).await?;
+    let running = start_pod(&s).await?;
+    if let Some(why) = running.prepared.unknown_because(&target.driver, &running.claim.name_any(), &s.node) {
+        return Err(Skip::because(why));
+    }
     Ok(())
 }
 
-/// c: deleting the pod unprepares its claim once and removes its CDI devices.
+/// c: deleting the pod unprepares its claim (interposed: once) and removes its CDI devices.
 pub async fn unprepares(ctx: Ctx, target: Arc<Target>) -> SpecResult {
     let s = Session::start(&ctx, &target).await?;
     let running = start_pod(&s).await?;
-    s.delete_pod(&running.pod, None).await?;
-    expect_unprepared_once(&s, &running.uid).await?;
-    expect_cdi_removed(&s, &running.ids).await?;
+    let evidence = unprepare(&s, &running, Deletion::Graceful).await?;
     s.wait_unreserved(&running.claim.name_any()).await?;
+    step(format!("claim {} was unprepared, shown by: {}", running.claim.name_any(), evidence.join("; ")));
     Ok(())
 }
 
@@ -68,8 +77,38 @@ pub async fn unprepares(ctx: Ctx, target: Arc<Target>) -> SpecResult {
 pub async fn force_deleted(ctx: Ctx, target: Arc<Target>) -> SpecResult {
     let s = Session::start(&ctx, &target).await?;
     let running = start_pod(&s).await?;
-    s.delete_pod(&running.pod, Some(0)).await?;
-    expect_unprepared_once(&s, &running.uid).await?;
-    expect_cdi_removed(&s, &running.ids).await?;
+    let evidence = unprepare(&s, &running, Deletion::Forced).await?;
+    step(format!("claim {} was unprepared, shown by: {}", running.claim.name_any(), evidence.join("; ")));
     Ok(())
+}
+
+/// Deletes the running pod as `deletion` says and checks that its claim was unprepared, on the
+/// evidence there is (decided before the pod is deleted; none is a skip naming `--interpose`).
+/// Returns the evidence, one sentence each.
+pub async fn unprepare(s: &Session, running: &Running, deletion: Deletion) -> SpecResult<Vec<String>> {
+    unprepare_pod(s, &running.pod, &running.claim, &running.uid, &running.prepared, deletion).await
+}
+
+/// [`unprepare`] for `pod`, the last pod of `claim`.
+pub async fn unprepare_pod(
+    s: &Session,
+    pod: &Pod,
+    claim: &ResourceClaim,
+    uid: &str,
+    prepared: &Prepared,
+    deletion: Deletion,
+) -> SpecResult<Vec<String>> {
+    let skips_unprepare = skips(claim, "NodeUnprepareResources");
+    let evidence = unprepare_evidence(s.calls().is_some(), deletion, &prepared.per_claim, skips_unprepare)
+        .map_err(Skip::because)?;
+    let grace = match deletion {
+        Deletion::Graceful => None,
+        Deletion::Forced => Some(0),
+    };
+    s.delete_pod(pod, grace).await?;
+    if let Some(calls) = s.calls() {
+        expect_unprepared_once(s, calls, uid).await?;
+    }
+    expect_cdi_removed(s, &prepared.per_claim).await?;
+    Ok(evidence)
 }

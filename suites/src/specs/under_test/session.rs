@@ -33,7 +33,7 @@ use serde_json::json;
 use super::{Target, cdi::CdiReader};
 
 /// The pod claim name of every test pod.
-const POD_CLAIM: &str = "device";
+pub const POD_CLAIM: &str = "device";
 /// The container of every test pod.
 pub const CONTAINER: &str = "with-device";
 
@@ -219,8 +219,17 @@ impl Session {
         let name = pod.name_any();
         let params = DeleteParams { grace_period_seconds: grace, ..DeleteParams::default() };
         delete(&self.pods(), &name, params).await?;
-        wait::gone(&self.pods(), &name, format!("pod {name} to be gone"), POD_DELETE_TIMEOUT).await?;
-        Ok(())
+        let gone =
+            wait::gone(&self.pods(), &name, format!("pod {name} to be gone"), POD_DELETE_TIMEOUT).await;
+        gone.map_err(|e| match grace {
+            Some(0) => anyhow::anyhow!("{e}"),
+            _ => anyhow::anyhow!(
+                "{e}: the kubelet removes a gracefully deleted pod only once its containers stopped and \
+                 NodeUnprepareResources of driver {} succeeded for the claims it was the last to use{}",
+                self.target.driver,
+                self.call_log()
+            ),
+        })
     }
 
     /// The claim now.
