@@ -105,4 +105,21 @@ mod tests {
         let err = format!("{:#}", Exceptions::parse(&doc(&row), "x.md".into()).unwrap_err());
         assert!(err.contains("has no evidence"), "{err}");
     }
+
+    #[test]
+    fn the_documented_force_deletion_row_accepts_only_the_reconcile_loop_s_late_unprepare() {
+        // The row of docs/restart-exceptions.md, against the failure the step saw (2026-12-07).
+        let exceptions = Exceptions::load(&crate::repo::repo_root()).unwrap();
+        let spec = "[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] must unprepare resources for force-deleted pod";
+        let timeout = "the kubelet of node kind-worker (driver dra-must-unprepare-resou-wkvv7.k8s.io): timed out after 60s \
+            waiting for a successful NodeUnprepareResources for claim UID 665a722d-46c7-410a-aca6-de01a61f708e\ncall log (10 calls):\n  …";
+        let restarted = "; while it ran, the cluster was disrupted: the kubelet of node kind-worker started again at 16:00:23 (3.2 s into the spec)";
+        let seen = failed(spec, &format!("{timeout}{restarted}"));
+        assert!(exceptions.accepting("restart-kubelet", "kind-worker", &seen).is_some());
+        // Not without the restart, not on another node, not for another failure of the spec.
+        assert!(exceptions.accepting("restart-kubelet", "kind-worker", &failed(spec, timeout)).is_none());
+        assert!(exceptions.accepting("restart-apiserver", "kind-control-plane", &seen).is_none());
+        let other = format!("claims still prepared on node kind-worker: [..]{restarted}");
+        assert!(exceptions.accepting("restart-kubelet", "kind-worker", &failed(spec, &other)).is_none());
+    }
 }
