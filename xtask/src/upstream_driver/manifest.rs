@@ -273,7 +273,14 @@ spec: {policyName: resourceslices-policy-dra-kubelet-plugin, validationActions: 
             assert_eq!(volume.host_path.as_ref().unwrap().path, mount.mount_path);
         }
         let paths: Vec<&str> = mounts.iter().map(|m| m.mount_path.as_str()).collect();
-        assert_eq!(paths, ["/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"]);
+        assert_eq!(
+            paths,
+            [
+                "/var/lib/kubelet/plugins_registry",
+                "/var/lib/kubelet/plugins/test-driver.cdi.k8s.io",
+                "/var/run/cdi"
+            ]
+        );
         let labels = o.daemonset.spec.template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
         let (key, value) = super::super::DEPLOYED.pod_selector.split_once('=').unwrap();
         assert_eq!(labels.get(key).map(String::as_str), Some(value));
