@@ -1,8 +1,9 @@
 //! The restart exceptions: the failures a restart step accepts because Kubernetes itself, not
 //! the harness, makes a spec fail across the restart, each with its evidence, as the one table of
 //! docs/restart-exceptions.md lists them. A failure is accepted only when a row names the step,
-//! the spec (its whole full text), the node whose component restarted, and its pattern matches
-//! the failure's message. That the cluster was disrupted excuses nothing by itself.
+//! the spec (its whole full text, or `*` for a behaviour that can hit any spec of the step), the
+//! node whose component restarted, and its pattern matches the failure's message. That the
+//! cluster was disrupted excuses nothing by itself.
 
 use anyhow::{Result, bail};
 use regex::Regex;
@@ -17,7 +18,7 @@ use super::{
 pub(crate) struct Exception {
     /// The restart step (its report stem: `restart-kubelet`, `restart-apiserver`).
     pub step: String,
-    /// The spec's full text, exactly.
+    /// The spec's full text, exactly, or [`ANY_SPEC`].
     pub spec: String,
     /// The node whose component the step restarts.
     pub node: String,
@@ -45,6 +46,11 @@ impl Row for Exception {
     }
 }
 
+/// The Spec cell of a row whose Kubernetes behaviour can hit any spec the step runs (which
+/// one depends on what was in flight when the component restarted): its failure pattern alone
+/// must then pin the behaviour down.
+pub(crate) const ANY_SPEC: &str = "*";
+
 /// Every documented exception.
 pub(crate) type Exceptions = Table<Exception>;
 
@@ -55,7 +61,7 @@ impl Table<Exception> {
         self.rows.iter().find(|row| {
             row.step == step
                 && row.node == node
-                && row.spec == failed.name
+                && (row.spec == failed.name || row.spec == ANY_SPEC)
                 && row.failure.is_match(&failed.message)
         })
     }
@@ -121,5 +127,56 @@ mod tests {
         assert!(exceptions.accepting("restart-apiserver", "kind-control-plane", &seen).is_none());
         let other = format!("claims still prepared on node kind-worker: [..]{restarted}");
         assert!(exceptions.accepting("restart-kubelet", "kind-worker", &failed(spec, &other)).is_none());
+    }
+
+    #[test]
+    fn a_row_for_any_spec_accepts_only_its_failure() {
+        let row = "| `restart-kubelet` | `*` | `kind-worker` | the kubelet deletes its node's slices as it starts | \
+            pkg/kubelet/x.go:12 | `(?s)the slices changed.*kubelet of node kind-worker started again` |\n";
+        let exceptions = Exceptions::parse(&doc(row), "x.md".into()).unwrap();
+        let seen = "the slices changed after the new instance went away: …; while it ran, the cluster was disrupted: the kubelet of node kind-worker started again";
+        for spec in ["[sig-node] [DRA] kubelet failed update", "[sig-node] [DRA] kubelet rolling update"] {
+            assert!(exceptions.accepting("restart-kubelet", "kind-worker", &failed(spec, seen)).is_some());
+        }
+        let other = "gave up waiting for pod tester-1 to run; while it ran, the cluster was disrupted: the kubelet of node kind-worker started again";
+        assert!(
+            exceptions.accepting("restart-kubelet", "kind-worker", &failed("[sig-node] x", other)).is_none()
+        );
+        assert!(
+            exceptions.accepting("restart-apiserver", "kind-worker", &failed("[sig-node] x", seen)).is_none()
+        );
+    }
+
+    #[test]
+    fn the_documented_rows_for_any_spec_accept_the_failures_the_cold_run_saw_and_no_other() {
+        // Shortened from the cold run of 66bdfca (2026-12-07): two pods whose container start the
+        // restart cancelled, and the slices the restarted kubelet wiped.
+        let exceptions = Exceptions::load(&crate::repo::repo_root()).unwrap();
+        let restarted = "\nwhile it ran, the cluster was disrupted: the kubelet of node kind-worker started again at 16:46:04 (17.9 s into the spec)";
+        let cancelled = "gave up waiting for pod tester-1 to run: the pod terminated with phase Failed; last seen: Pod d/tester-1 \
+            status={\"containerStatuses\":[{\"state\":{\"terminated\":{\"exitCode\":128,\"message\":\"failed to create containerd task: \
+            failed to create shim task: context canceled\",\"reason\":\"StartError\"}}}],\"phase\":\"Failed\"}";
+        let wiped = "the slices changed after the new instance went away: before [..], after [..]";
+        let spec =
+            |leaf: &str| format!("[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] {leaf}");
+        for (leaf, message) in
+            [("on single node supports claim and class parameters", cancelled), ("failed update", wiped)]
+        {
+            let seen = failed(&spec(leaf), &format!("{message}{restarted}"));
+            assert!(exceptions.accepting("restart-kubelet", "kind-worker", &seen).is_some(), "{leaf}");
+            // Not without the restart's line, not for another node's restart.
+            assert!(
+                exceptions
+                    .accepting("restart-kubelet", "kind-worker", &failed(&spec(leaf), message))
+                    .is_none()
+            );
+            assert!(exceptions.accepting("restart-kubelet", "kind-worker2", &seen).is_none());
+        }
+        let other = format!(
+            "gave up waiting for pod tester-1 to run: the pod terminated with phase Failed; OOMKilled{restarted}"
+        );
+        assert!(
+            exceptions.accepting("restart-kubelet", "kind-worker", &failed(&spec("x"), &other)).is_none()
+        );
     }
 }

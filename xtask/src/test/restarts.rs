@@ -305,8 +305,8 @@ mod tests {
 
     #[test]
     fn the_committed_exceptions_parse_and_each_names_a_restart_step_and_its_node() {
-        // The table starts empty: rows are added with evidence that Kubernetes (not the harness)
-        // makes the spec fail across the restart.
+        // Rows are added only with evidence that Kubernetes (not the harness) makes the spec
+        // fail across the restart.
         let exceptions = Exceptions::load(&crate::repo::repo_root()).unwrap();
         let runs = restart_runs();
         for row in &exceptions.rows {
