@@ -107,7 +107,7 @@ pub(crate) fn cluster_tests() -> Vec<ClusterTest> {
         ),
         // A proxy in front of the API server cuts the run's connections mid-write.
         test(
-            "connection cut cluster tests (harness/tests/cluster/connection_cuts.rs)",
+            "cut connections to the API server: cluster tests (harness/tests/cluster/connection_cuts.rs)",
             &["test", "--workspace", "--test", "cluster", "--", "--ignored", "connection_cuts::"],
             true,
         ),

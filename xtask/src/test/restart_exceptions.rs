@@ -159,9 +159,14 @@ mod tests {
         let wiped = "the slices changed after the new instance went away: before [..], after [..]";
         let spec =
             |leaf: &str| format!("[sig-node] [DRA] kubelet [Feature:DynamicResourceAllocation] {leaf}");
-        for (leaf, message) in
-            [("on single node supports claim and class parameters", cancelled), ("failed update", wiped)]
-        {
+        let start_cancelled = "gave up waiting for pod tester-4 to run: the pod terminated with phase Failed; last seen: Pod d/tester-4 \
+            status={\"containerStatuses\":[{\"state\":{\"terminated\":{\"exitCode\":128,\"message\":\"failed to start containerd task \
+            \\\"7301d26c\\\": context canceled\",\"reason\":\"StartError\"}}}],\"phase\":\"Failed\"}";
+        for (leaf, message) in [
+            ("on single node supports claim and class parameters", cancelled),
+            ("on single node supports reusing resources", start_cancelled),
+            ("failed update", wiped),
+        ] {
             let seen = failed(&spec(leaf), &format!("{message}{restarted}"));
             assert!(exceptions.accepting("restart-kubelet", "kind-worker", &seen).is_some(), "{leaf}");
             // Not without the restart's line, not for another node's restart.
