@@ -93,8 +93,7 @@ where
         r.it(name, move |ctx: Ctx| body(ctx, c.clone()));
     });
     let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
+    assert_eq!((report.failed(), report.passed()), (0, 1), "{}", crate::run::explain(&report, &output));
     assert_nothing_left(&client, &created).await;
 }
 

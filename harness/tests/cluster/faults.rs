@@ -287,8 +287,7 @@ async fn tunnels_and_proxies_come_back_after_their_connections_are_closed() {
         r.it("connections closed", move |ctx: Ctx| dropped_connections_body(ctx, c.clone(), api.clone()));
     });
     let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 0, "{output}");
-    assert_eq!(report.passed(), 1, "{output}");
+    assert_eq!((report.failed(), report.passed()), (0, 1), "{}", crate::run::explain(&report, &output));
     assert_nothing_left(&client, &created).await;
 }
 
@@ -348,7 +347,7 @@ async fn not_replaced(proxies: Proxies) {
         r.it("not replaced", move |ctx: Ctx| not_replaced_body(ctx, c.clone(), proxies, s.clone()));
     });
     let (report, output, client) = run(reg).await;
-    assert_eq!(report.failed(), 1, "{output}");
+    assert_eq!(report.failed(), 1, "{}", crate::run::explain(&report, &output));
     let spec = &report.specs[0];
     let harness::framework::Outcome::Failed { message, .. } = &spec.outcome else { panic!("{output}") };
     assert!(message.contains("was lost at"), "{message}");

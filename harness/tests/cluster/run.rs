@@ -52,5 +52,34 @@ where
         r.it(name, body);
     });
     let (report, output, _) = run(reg).await;
-    assert_eq!((report.passed(), report.failed(), report.skipped()), (1, 0, 0), "{output}");
+    let counts = (report.passed(), report.failed(), report.skipped());
+    assert_eq!(counts, (1, 0, 0), "{}", explain(&report, &output));
+}
+
+/// A failed assertion's message on a run: first one line per spec that did not pass (its
+/// outcome's message) and the run's own error, then the run's whole output, so that the start
+/// of the message (what a CI excerpt shows) says what went wrong.
+pub(crate) fn explain(report: &RunReport, output: &str) -> String {
+    use harness::framework::Outcome;
+    let mut lines: Vec<String> = report
+        .specs
+        .iter()
+        .filter_map(|s| match &s.outcome {
+            Outcome::Passed => None,
+            Outcome::Skipped { reason } => Some(format!("SKIPPED {}: {reason}", s.full_text)),
+            Outcome::Failed { kind, message, .. } => {
+                Some(format!("FAILED ({}) {}: {message}", kind.as_str(), s.full_text))
+            }
+        })
+        .collect();
+    if let Some(error) = &report.error {
+        lines.push(format!("the run failed: {error}"));
+    }
+    if report.interrupted {
+        lines.push("the run was interrupted".to_owned());
+    }
+    if lines.is_empty() {
+        lines.push(format!("every spec passed (exit code {})", report.exit_code()));
+    }
+    format!("{}\n---- the run's output ----\n{output}", lines.join("\n"))
 }

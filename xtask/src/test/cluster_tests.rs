@@ -236,6 +236,9 @@ async fn run_one(
     let status = cmd
         .args(&test.cargo_args)
         .env("DRA_E2E_KUBECONFIG", kubeconfig)
+        // A spec's failure without anyhow's backtrace (tokio's frames, hundreds of lines before
+        // the message's end); a panic keeps RUST_BACKTRACE's.
+        .env("RUST_LIB_BACKTRACE", "0")
         .envs(test.env.iter().map(|(k, v)| (k, v)))
         .current_dir(repo)
         .stdin(Stdio::null())
@@ -245,10 +248,14 @@ async fn run_one(
         .status()
         .await
         .with_context(|| format!("run {} {}", program.display(), test.cargo_args.join(" ")))?;
-    if !status.success() {
-        bail!("cargo {} failed ({status}); its output: {}", test.cargo_args.join(" "), log.display());
-    }
     let output = std::fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
+    if !status.success() {
+        let why = match panics(&output).as_slice() {
+            [] => String::new(),
+            panics => format!(": {}", panics.join("; ")),
+        };
+        bail!("cargo {} failed ({status}){why}; its output: {}", test.cargo_args.join(" "), log.display());
+    }
     match tests_ran(&output) {
         0 => bail!(
             "cargo {} ran no test: its filter selects none (renamed?); its output: {}",
@@ -275,11 +282,55 @@ fn tests_ran(output: &str) -> usize {
         .sum()
 }
 
+/// The most lines of a failed test's panic message [`panics`] keeps.
+const PANIC_LINES: usize = 3;
+/// The longest line [`panics`] keeps.
+const PANIC_LINE_CHARS: usize = 300;
+
+/// Each failed test of libtest's `output` with the first lines of its panic message
+/// (`NAME: line | line`), so that a failed step says why without its log.
+fn panics(output: &str) -> Vec<String> {
+    let lines: Vec<&str> = output.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.strip_prefix("thread '") else { continue };
+        let Some((name, after)) = rest.split_once('\'') else { continue };
+        if !after.contains(" panicked at ") {
+            continue;
+        }
+        let message: Vec<String> = lines[i + 1..]
+            .iter()
+            .take_while(|l| {
+                !l.trim().is_empty() && !l.starts_with("note: ") && !l.starts_with("stack backtrace:")
+            })
+            .take(PANIC_LINES)
+            .map(|l| l.trim().chars().take(PANIC_LINE_CHARS).collect())
+            .collect();
+        found.push(format!("{name}: {}", message.join(" | ")));
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn a_failed_test_is_named_with_the_start_of_its_panic_message() {
+        let output = "running 2 tests\ntest a::one ... ok\ntest a::two ... FAILED\n\nfailures:\n\n---- a::two stdout ----\n\n\
+                      thread 'a::two' (22868) panicked at harness/tests/cluster/a.rs:9:5:\n\
+                      FAILED (error) [x] spec: no move yet\nthe run failed: clean-up\n---- the run's output ----\nRandom Seed: 1\n\n\
+                      note: run with `RUST_BACKTRACE=1`\n\nthread 'other' panicked elsewhere\n";
+        assert_eq!(
+            panics(output),
+            [
+                "a::two: FAILED (error) [x] spec: no move yet | the run failed: clean-up | ---- the run's output ----"
+            ]
+        );
+        assert!(panics("test result: ok. 2 passed; 0 failed").is_empty());
+    }
 
     #[test]
     fn the_connection_fault_test_is_named_as_in_its_file() {
