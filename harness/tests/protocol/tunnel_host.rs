@@ -252,12 +252,7 @@ async fn a_terminated_proxy_ends_the_connections_it_splices() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("dra.sock");
     let port = free_port();
-    let mut proxy = tokio::process::Command::new(hostpathplugin())
-        .arg(format!("--endpoint={}", socket.display()))
-        .arg(format!("--proxy-endpoint=tcp://127.0.0.1:{port}"))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let proxy = spawn_proxy(&socket, port);
     wait_for_path(&socket, "the proxy's socket").await;
     let mut kubelet_side = tokio::net::UnixStream::connect(&socket).await.unwrap();
     let mut tunnel_side = within("the proxy's port", async {
@@ -274,13 +269,64 @@ async fn a_terminated_proxy_ends_the_connections_it_splices() {
     within("the spliced byte", tunnel_side.read_exact(&mut byte)).await.unwrap();
     assert_eq!(&byte, b"x");
 
+    terminate(proxy).await;
+    assert_eq!(within("EOF on the kubelet's side", kubelet_side.read(&mut byte)).await.unwrap(), 0);
+    assert_eq!(within("EOF on the tunnel's side", tunnel_side.read(&mut byte)).await.unwrap(), 0);
+    assert!(!socket.exists(), "the proxy left its socket behind");
+}
+
+/// `hostpathplugin --proxy-endpoint` between `socket` and TCP `port` on this machine.
+fn spawn_proxy(socket: &std::path::Path, port: u16) -> tokio::process::Child {
+    tokio::process::Command::new(hostpathplugin())
+        .arg(format!("--endpoint={}", socket.display()))
+        .arg(format!("--proxy-endpoint=tcp://127.0.0.1:{port}"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// SIGTERMs `proxy` and waits for its clean exit.
+async fn terminate(mut proxy: tokio::process::Child) {
     let pid = rustix::process::Pid::from_raw(i32::try_from(proxy.id().unwrap()).unwrap()).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let status = within("the proxy to exit after SIGTERM", proxy.wait()).await.unwrap();
     assert!(status.success(), "{status}");
-    assert_eq!(within("EOF on the kubelet's side", kubelet_side.read(&mut byte)).await.unwrap(), 0);
-    assert_eq!(within("EOF on the tunnel's side", tunnel_side.read(&mut byte)).await.unwrap(), 0);
-    assert!(!socket.exists(), "the proxy left its socket behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_stopped_after_its_replacement_started_leaves_the_replacement_s_socket() {
+    // A lost proxy pod's container is killed when its kubelet gets to it, which on a loaded node
+    // can be after the replacement pod's proxy listened at the same host path: the old proxy's
+    // exit must not unlink the new socket (the kubelet would lose the plugin).
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("dra.sock");
+    let old = spawn_proxy(&socket, free_port());
+    wait_for_path(&socket, "the old proxy's socket").await;
+    let port = free_port();
+    let new = spawn_proxy(&socket, port);
+    // The replacement listens on its port only after its socket took the path.
+    let mut tunnel_side = within("the replacement's port", async {
+        loop {
+            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                Ok(stream) => break stream,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await;
+
+    terminate(old).await;
+    assert!(socket.exists(), "the old proxy's exit removed the replacement's socket");
+    // The socket still reaches the replacement.
+    let mut kubelet_side = within("connect", tokio::net::UnixStream::connect(&socket)).await.unwrap();
+    kubelet_side.write_all(b"y").await.unwrap();
+    let mut byte = [0u8; 1];
+    within("the spliced byte", tunnel_side.read_exact(&mut byte)).await.unwrap();
+    assert_eq!(&byte, b"y");
+
+    terminate(new).await;
+    assert!(!socket.exists(), "the replacement left its own socket behind");
 }
 
 /// One GetInfo as the kubelet's registration makes it (1 s), without retries: `Err` with why.

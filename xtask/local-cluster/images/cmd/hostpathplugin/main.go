@@ -62,18 +62,44 @@ func parseEndpoint(ep string) (network, address string) {
 	}
 }
 
+// listen listens on ep. For a Unix socket, the cleanup it returns removes the socket file only
+// while it is still the one this process created: a proxy started in its place (a replacement
+// pod's, or this proxy restarted) listens at the same path, and an old proxy that stops after
+// it started (a SIGTERM that comes late) must not take the new socket away from the kubelet.
 func listen(ep string) (net.Listener, func(), error) {
 	network, address := parseEndpoint(ep)
-	cleanup := func() {}
-	if network == "unix" {
-		if err := os.Remove(address); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, nil, fmt.Errorf("remove stale socket %s: %w", address, err)
+	if network != "unix" {
+		l, err := net.Listen(network, address)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listen on %s: %w", ep, err)
 		}
-		cleanup = func() { _ = os.Remove(address) }
+		return l, func() {}, nil
+	}
+	if err := os.Remove(address); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("remove stale socket %s: %w", address, err)
 	}
 	l, err := net.Listen(network, address)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen on %s: %w", ep, err)
+	}
+	// Go's Close would unlink the path whoever's socket is there now.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	created, err := os.Lstat(address)
+	if err != nil {
+		l.Close()
+		return nil, nil, fmt.Errorf("stat the socket %s just created: %w", address, err)
+	}
+	cleanup := func() {
+		now, err := os.Lstat(address)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			logf(1, "socket %s left in place: %v", address, err)
+		case !os.SameFile(created, now):
+			logf(1, "socket %s left in place: another proxy listens there now", address)
+		default:
+			_ = os.Remove(address)
+		}
 	}
 	return l, cleanup, nil
 }
