@@ -124,12 +124,14 @@ impl Cluster<'_> {
             FirstRun::Done(verdict) => return Ok(verdict),
             FirstRun::Confirm(candidates) => candidates,
         };
+        let rerun = verdict::to_confirm(&candidates);
         println!(
-            "==> mutant {}: {} spec(s) failed an assertion; running them again",
+            "==> mutant {}: {} spec(s) failed an assertion; running {} of them again",
             mutant.name,
-            candidates.len()
+            candidates.len(),
+            rerun.len()
         );
-        let focus: Vec<String> = candidates
+        let focus: Vec<String> = rerun
             .iter()
             .flat_map(|c| ["--focus".to_owned(), format!("^{}$", regex::escape(&c.name))])
             .collect();
@@ -275,7 +277,7 @@ mod tests {
         fixture.phase("again", &[(SPEC, "failed", "called 0 times, want 1")], 1);
         let baseline: HashSet<String> = [SPEC, "b"].map(String::from).into();
         let verdict = fixture.check(&Stop::default(), Some(&baseline)).await;
-        let Some(Verdict::Caught(specs)) = verdict else { panic!("{verdict:?}") };
+        let Some(Verdict::Caught { specs, .. }) = verdict else { panic!("{verdict:?}") };
         assert_eq!(specs.iter().map(|s| s.text.as_str()).collect::<Vec<_>>(), [SPEC]);
         // The second run selected exactly that spec.
         let args = fs::read_to_string(fixture.dir.path().join("args.log")).unwrap();

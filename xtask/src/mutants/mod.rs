@@ -138,7 +138,7 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
     if interrupted_during.is_some() {
         return Ok(ExitCode::from(INTERRUPTED));
     }
-    let missed = results.iter().filter(|(_, v)| !matches!(v, Verdict::Caught(_))).count();
+    let missed = results.iter().filter(|(_, v)| !matches!(v, Verdict::Caught { .. })).count();
     if missed > 0 {
         println!("{missed} of {} mutants were not caught", results.len());
         return Ok(ExitCode::from(1));
@@ -149,7 +149,11 @@ pub async fn run(options: MutantsOptions) -> Result<ExitCode> {
 /// One line: how many specs caught it, or why not.
 fn describe(verdict: &Verdict) -> String {
     match verdict {
-        Verdict::Caught(specs) => format!("caught: {} spec(s) failed an assertion, twice", specs.len()),
+        Verdict::Caught { specs, first_run } => format!(
+            "caught: {first_run} spec(s) failed an assertion; {} of the {} run again failed again",
+            specs.len(),
+            first_run.min(&verdict::CONFIRM_AT_MOST)
+        ),
         Verdict::Survived { passed } => format!("SURVIVED: all {passed} specs passed"),
         Verdict::NotChecked(why) => format!("not checked: {why}"),
     }

@@ -3,7 +3,10 @@
 
 use std::fmt::Write as _;
 
-use crate::mutants::{catalogue::Mutant, verdict::Verdict};
+use crate::mutants::{
+    catalogue::Mutant,
+    verdict::{CONFIRM_AT_MOST, Verdict},
+};
 
 /// How the run went, beside its verdicts.
 #[derive(Debug, Clone, Copy, Default)]
@@ -29,10 +32,16 @@ pub fn table(results: &[(Mutant, Verdict)], notes: RunNotes) -> String {
     out += "| Mutant | Component | The bug | Lane | Caught by | First failure |\n|---|---|---|---|---|---|\n";
     for (mutant, verdict) in results {
         let (caught, first) = match verdict {
-            Verdict::Caught(specs) => (
-                specs.iter().map(|s| short(&s.text)).collect::<Vec<_>>().join("<br>"),
-                specs.first().map(|s| escape(&s.message)).unwrap_or_default(),
-            ),
+            Verdict::Caught { specs, first_run } => {
+                let mut by = specs.iter().map(|s| short(&s.text)).collect::<Vec<_>>().join("<br>");
+                let rerun = (*first_run).min(CONFIRM_AT_MOST);
+                let _ = write!(
+                    by,
+                    "<br>({first_run} failed an assertion, {rerun} ran again, {} failed again)",
+                    specs.len()
+                );
+                (by, specs.first().map(|s| escape(&s.message)).unwrap_or_default())
+            }
             Verdict::Survived { passed } => (format!("**nothing** ({passed} passed)"), String::new()),
             Verdict::NotChecked(why) => ("not checked".to_owned(), escape(why)),
         };
@@ -78,10 +87,13 @@ mod tests {
 
     #[test]
     fn the_table_names_what_caught_each_mutant_and_what_survived() {
-        let caught = Verdict::Caught(vec![FailedSpec {
-            text: "[sig-node] [DRA] kubelet [Feature:X] must unprepare".to_owned(),
-            message: "NodeUnprepareResources was called 0 times, want 1".to_owned(),
-        }]);
+        let caught = Verdict::Caught {
+            specs: vec![FailedSpec {
+                text: "[sig-node] [DRA] kubelet [Feature:X] must unprepare".to_owned(),
+                message: "NodeUnprepareResources was called 0 times, want 1".to_owned(),
+            }],
+            first_run: 30,
+        };
         let table = table(
             &[
                 (MUTANTS[0], caught),
@@ -92,7 +104,9 @@ mod tests {
         );
         assert!(table.starts_with("| Mutant |"), "{table}");
         assert!(
-            table.contains("| kubelet | kubelet must unprepare | NodeUnprepareResources was called 0 times"),
+            table.contains(
+                "| kubelet | kubelet must unprepare<br>(30 failed an assertion, 8 ran again, 1 failed again) | NodeUnprepareResources was called 0 times"
+            ),
             "{table}"
         );
         assert!(table.contains("**nothing** (63 passed)"), "{table}");

@@ -4,7 +4,8 @@
 //! still in (a flake does not repeat). A timeout, an interrupt, a panic, a set-up failure (the
 //! spec's namespace not created) or a clean-up that failed alone say the cluster was slow or the
 //! harness broke, not that the spec saw the bug: with only such failures the mutant is "not
-//! checked", with the reason.
+//! checked", with the reason. At most [`CONFIRM_AT_MOST`] of the first run's assertion failures run
+//! again: one that repeats is enough.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -23,7 +24,13 @@ pub struct FailedSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Specs failed an assertion, twice: the suites caught the bug.
-    Caught(Vec<FailedSpec>),
+    Caught {
+        /// The specs that failed an assertion again when run once more.
+        specs: Vec<FailedSpec>,
+        /// How many specs failed an assertion in the first run (at most [`CONFIRM_AT_MOST`] of
+        /// them ran again).
+        first_run: usize,
+    },
     /// Every spec passed (or skipped): the bug went unnoticed.
     Survived {
         /// Specs that passed.
@@ -72,25 +79,40 @@ pub fn first_run(specs: &[ReportedSpec], baseline: Option<&HashSet<String>>) -> 
     FirstRun::Done(Verdict::NotChecked(format!("no spec failed an assertion: {}{first}", how.join(", "))))
 }
 
-/// The verdict once `candidates` ran again with the mutant in: caught by those that failed an
-/// assertion again (`again`: the second run's specs).
+/// The most first-run assertion failures of a mutant that run again: one round of a lane's 8
+/// procs. One that repeats is enough to call the bug caught, and a bug that fails 50 specs, each
+/// waiting out a 5-minute timeout, would otherwise take another half hour.
+pub const CONFIRM_AT_MOST: usize = 8;
+
+/// The first run's assertion failures that run again: the first [`CONFIRM_AT_MOST`], in the
+/// report's order.
+pub fn to_confirm(candidates: &[ReportedSpec]) -> &[ReportedSpec] {
+    &candidates[..candidates.len().min(CONFIRM_AT_MOST)]
+}
+
+/// The verdict once the [`to_confirm`] share of `candidates` (the first run's assertion
+/// failures) ran again with the mutant in: caught by those that failed an assertion again
+/// (`again`: the second run's specs).
 pub fn confirm(candidates: &[ReportedSpec], again: &[ReportedSpec]) -> Verdict {
-    let repeated: Vec<FailedSpec> = candidates
+    let rerun = to_confirm(candidates);
+    let repeated: Vec<FailedSpec> = rerun
         .iter()
         .filter(|c| again.iter().any(|a| a.name == c.name && a.failed_an_assertion()))
         .map(|c| FailedSpec { text: c.name.clone(), message: c.first_line().to_owned() })
         .collect();
     if repeated.is_empty() {
-        let first = candidates
-            .first()
-            .map(|s| format!(" (first: {}: {})", s.name, s.first_line()))
-            .unwrap_or_default();
+        let first =
+            rerun.first().map(|s| format!(" (first: {}: {})", s.name, s.first_line())).unwrap_or_default();
+        let of = match candidates.len() - rerun.len() {
+            0 => String::new(),
+            more => format!(" ({more} more not run again)"),
+        };
         return Verdict::NotChecked(format!(
-            "the {} assertion failure(s) did not repeat when those specs ran again: flakes{first}",
-            candidates.len()
+            "the {} assertion failure(s) did not repeat when those specs ran again{of}: flakes{first}",
+            rerun.len()
         ));
     }
-    Verdict::Caught(repeated)
+    Verdict::Caught { specs: repeated, first_run: candidates.len() }
 }
 
 #[cfg(test)]
@@ -154,11 +176,36 @@ mod tests {
         let again = [spec("a", "failed", "It", "expected 1 call, saw 2"), spec("b", "passed", "", "")];
         assert_eq!(
             confirm(&candidates, &again),
-            Verdict::Caught(vec![FailedSpec { text: "a".into(), message: "expected 1 call, saw 2".into() }])
+            Verdict::Caught {
+                specs: vec![FailedSpec { text: "a".into(), message: "expected 1 call, saw 2".into() }],
+                first_run: 2,
+            }
         );
         let flaky = [spec("a", "timedout", "It", "timed out"), spec("b", "passed", "", "")];
         let Verdict::NotChecked(why) = confirm(&candidates, &flaky) else { panic!() };
         assert!(why.starts_with("the 2 assertion failure(s) did not repeat"), "{why}");
+    }
+
+    #[test]
+    fn at_most_eight_failures_run_again_and_one_that_repeats_catches() {
+        let names: Vec<String> = (0..20).map(|i| format!("s{i:02}")).collect();
+        let candidates: Vec<ReportedSpec> = names.iter().map(|n| spec(n, "failed", "It", "saw 0")).collect();
+        let rerun = to_confirm(&candidates);
+        assert_eq!(rerun.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), &names[..8]);
+        // Only the rerun ones count: a repeat of one that did not run again is no evidence.
+        let again = [spec("s03", "failed", "It", "saw 0"), spec("s12", "failed", "It", "saw 0")];
+        let Verdict::Caught { specs, first_run } = confirm(&candidates, &again) else { panic!() };
+        assert_eq!((specs.len(), specs[0].text.as_str(), first_run), (1, "s03", 20));
+        let Verdict::NotChecked(why) = confirm(&candidates, &[spec("s12", "failed", "It", "saw 0")]) else {
+            panic!()
+        };
+        assert!(
+            why.starts_with(
+                "the 8 assertion failure(s) did not repeat when those specs ran again (12 more not run again)"
+            ),
+            "{why}"
+        );
+        assert_eq!(to_confirm(&candidates[..3]).len(), 3);
     }
 
     #[test]
