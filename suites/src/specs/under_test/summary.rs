@@ -320,7 +320,7 @@ mod tests {
                 spec(
                     "sends the first health snapshot",
                     Outcome::Skipped {
-                        reason: "needs --interpose: the health stream is only seen through the interposer"
+                        reason: "the health stream is only seen through the interposer: run with --interpose"
                             .into(),
                     },
                 ),
@@ -365,7 +365,7 @@ mod tests {
 |---|---|---|
 | publishes valid ResourceSlices for every node it serves | PASS |  |
 | unprepares the claim once when its pod is deleted | FAIL | the driver answered NodeUnprepareResources OK, but the CDI devices x\\|y are still defined |
-| sends the first health snapshot | SKIP | needs --interpose: the health stream is only seen through the interposer |
+| sends the first health snapshot | SKIP | the health stream is only seen through the interposer: run with --interpose |
 ";
         assert_eq!(text, expected);
         let plain = driver(false);
@@ -458,7 +458,7 @@ mod tests {
         }
         match &suite.test_cases[2].status {
             TestCaseStatus::Skipped { message, .. } => {
-                assert!(message.as_ref().unwrap().as_str().starts_with("needs --interpose: "));
+                assert!(message.as_ref().unwrap().as_str().ends_with(": run with --interpose"));
             }
             other => panic!("{other:?}"),
         }
