@@ -431,3 +431,36 @@ async fn the_flags_choose_the_output_level() {
     let status = timeout(Duration::from_secs(30), both.child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(2), "-v and --succinct exclude each other: {error:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suite_s_report_follows_the_summary_and_one_it_cannot_make_fails_the_run() {
+    init_tracing();
+    let mut reg = Registry::new();
+    quick_specs(&mut reg);
+    reg.after_run(|report, cluster| {
+        Ok(format!(
+            "own report: {} of {} on {}\n",
+            report.failed(),
+            report.specs.len(),
+            cluster.server_version
+        ))
+    });
+    reg.after_run(|_, _| Err(anyhow::anyhow!("cannot write the own report x: no space left")));
+    let dir = tempfile::tempdir().unwrap();
+    let (output, buffer) = Output::capture();
+    let options =
+        RunOptions { procs: 1, artifacts: dir.path().join("artifacts"), output, ..RunOptions::default() };
+    let report = run_with_backend(
+        reg,
+        &Selection::all(),
+        options,
+        Arc::new(FakeCluster::new()),
+        CancellationToken::new(),
+    )
+    .await;
+    let out = buffer.contents();
+    let summary = out.find("\n1 passed, 1 failed, 1 skipped in ").expect(&out);
+    assert!(out[summary..].contains("\nown report: 1 of 3 on v1.37.2\n"), "{out}");
+    assert_eq!(report.error.as_deref(), Some("cannot write the own report x: no space left"));
+    assert_eq!(report.exit_code(), 2);
+}

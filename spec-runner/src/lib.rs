@@ -151,7 +151,9 @@ pub use cluster::run_identity::{
 pub use duration::{display as display_duration, parse as parse_duration};
 pub use report::ginkgo_json::{ReadError, ReadSpec, ReportFile, read as read_json_report};
 pub use report::json_report::{JsonConfig, SHARD_ENTRY, render as json_report, write as write_json_report};
-pub use report::junit::{JunitError, SUITE_NAME, report as junit_report, write as write_junit};
+pub use report::junit::{
+    JunitError, SUITE_NAME, report as junit_report, write as write_junit, write_report as write_junit_report,
+};
 pub use report::merge::{MergeArgs, MergeError, Merged, merge_command};
 pub use report::outcome::OUTCOME_TARGET;
 pub use report::outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport};

@@ -9,6 +9,7 @@
 //! dra-e2e report merge s1.json s2.json --json-report all.json --junit all.xml
 //! dra-e2e --kubeconfig K --rerun-failed all.json   # only what failed there
 //! dra-e2e --kubeconfig ~/.kube/config --driver gpu.example.com --interpose  # check an installed driver
+//! dra-e2e --kubeconfig ~/.kube/config --driver gpu.example.com --driver-summary out  # its summary in out/
 //! dra-e2e kubelet-plugin --driver-name D --node-name N --plugin-dir P --registry-dir R --cdi-dir C
 //! ```
 
@@ -108,7 +109,19 @@ async fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let registry = |gates| registry(gates, target.as_ref(), cli.show_calls);
+            let summary = specs::under_test::summary::SummaryFiles::resolve(
+                cli.under_test.driver_summary.as_deref(),
+                cli.runner.junit.as_deref(),
+                cli.runner.json_report.as_deref(),
+            );
+            let registry = |gates| {
+                let mut registry = registry(gates, target.as_ref(), cli.show_calls);
+                if let Some(target) = &target {
+                    registry
+                        .after_run(specs::under_test::summary::after_run(target.clone(), summary.clone()));
+                }
+                registry
+            };
             harness::framework::run_versioned(versions::TABLES, registry, cli.runner).await
         }
     }

@@ -73,7 +73,13 @@ pub fn report(run: &RunReport) -> Report {
 
 /// Writes the report atomically (a temporary file next to it, then rename).
 pub fn write(run: &RunReport, path: &Path) -> Result<(), JunitError> {
-    let xml = report(run).to_string().map_err(|e| JunitError::Serialize(e.to_string()))?;
+    write_report(&report(run), path)
+}
+
+/// Writes a JUnit report atomically (a temporary file next to it, then rename): [`report`]'s,
+/// or one a suite made from it.
+pub fn write_report(report: &Report, path: &Path) -> Result<(), JunitError> {
+    let xml = report.to_string().map_err(|e| JunitError::Serialize(e.to_string()))?;
     let tmp = path.with_extension("xml.tmp");
     std::fs::write(&tmp, xml)
         .and_then(|()| std::fs::rename(&tmp, path))

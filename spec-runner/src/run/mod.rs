@@ -1,6 +1,8 @@
 //! The run: scheduling and one spec's life (the runner, its tasks and their end), the clean-ups and
-//! deferred checks, what the specs of a run share, artifacts, captured logs, phases, the order of specs and what each is doing now.
+//! deferred checks, what the specs of a run share, artifacts, captured logs, phases, the order of
+//! specs, what each is doing now, and what a suite does after the run.
 
+pub(crate) mod after_run;
 pub(crate) mod artifacts;
 pub(crate) mod capture;
 pub(crate) mod cleanup;

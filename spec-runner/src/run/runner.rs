@@ -21,6 +21,7 @@ use crate::{
     report::outcome::OUTCOME_TARGET,
     report::outcome::{CheckReport, FailureKind, Outcome, RunReport, SpecReport},
     report::progress::{self, Verbosity},
+    run::after_run,
     run::artifacts,
     run::capture::{self, SPEC_SPAN_TARGET},
     run::cleanup::{CleanupStack, failure_lines},
@@ -221,6 +222,7 @@ pub async fn run_with_backend(
     }
     let lead = if env.options.verbosity == Verbosity::Succinct { "\n" } else { "" };
     env.options.output.block(&format!("{lead}{}", progress::summary(&report, not_run)));
+    after_run::run_hooks(&env.hooks.after_run, &mut report, &env.cluster, &env.options.output);
     report
 }
 

@@ -5,7 +5,9 @@ use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
 use futures::{FutureExt as _, future::BoxFuture};
 
 use crate::{
-    cluster::preflight::KubeVersion,
+    cluster::preflight::{ClusterInfo, KubeVersion},
+    report::outcome::RunReport,
+    run::after_run::AfterRun,
     spec::ctx::Ctx,
     spec::error::SpecResult,
     spec::gate::GateTable,
@@ -83,6 +85,8 @@ pub(crate) struct SuiteHooks {
     pub(crate) required_apis: Vec<(String, String)>,
     /// Run for every spec once its [`Ctx`] exists, before its body.
     pub(crate) before_each: Vec<SpecHook>,
+    /// Run once the run's summary is printed ([`Registry::after_run`]).
+    pub(crate) after_run: Vec<AfterRun>,
 }
 
 struct Container {
@@ -359,6 +363,17 @@ impl Registry {
     /// the suite works with.
     pub fn before_each(&mut self, hook: impl Fn(&Ctx) + Send + Sync + 'static) {
         self.hooks.before_each.push(Arc::new(hook));
+    }
+
+    /// Runs `hook` once the run has ended and printed its summary (not when it stopped before
+    /// its specs, e.g. at preflight), with the run's report and the cluster as preflight saw it:
+    /// what it returns is printed after the summary; an error becomes the run's error (exit 2).
+    /// For a suite's own report of the run, e.g. one it hands to someone else.
+    pub fn after_run(
+        &mut self,
+        hook: impl Fn(&RunReport, &ClusterInfo) -> anyhow::Result<String> + Send + Sync + 'static,
+    ) {
+        self.hooks.after_run.push(Arc::new(hook));
     }
 
     pub(crate) fn into_parts(self) -> (Vec<SpecDef>, SuiteHooks) {

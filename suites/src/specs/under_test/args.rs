@@ -1,7 +1,10 @@
 //! The flags of a driver-under-test run (`--driver`, `--device-class`, `--interpose`) and what
 //! they resolve to before any spec runs: the [`Target`].
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::{Api, ResourceExt as _, api::ListParams};
@@ -23,6 +26,12 @@ pub struct UnderTestArgs {
     /// that the specs also assert the driver's gRPC calls; these specs run one at a time.
     #[arg(long, requires = "driver")]
     pub interpose: bool,
+    /// Write the run's driver summary (each behaviour PASS, FAIL or SKIP with its reason, the
+    /// driver, its DeviceClass, the cluster's version, whether interposed) to
+    /// DIR/driver-summary.md and DIR/driver-summary.xml (JUnit). Default: next to --junit FILE
+    /// (else --json-report FILE) as <its stem>-summary.md and .xml; without any, only printed.
+    #[arg(long, value_name = "DIR", requires = "driver")]
+    pub driver_summary: Option<PathBuf>,
 }
 
 /// The driver under test, as the specs use it.

@@ -26,6 +26,9 @@
 //! newest registration of a driver on a node (two interposers would take it from each other);
 //! without it, because the CDI devices a claim got are told apart from others by what appeared
 //! on the node while its pod started, and because a real driver may have few devices.
+//!
+//! After the run, [`summary`] prints the behaviours' table a vendor hands on, and writes it as
+//! Markdown and JUnit.
 
 mod args;
 mod cdi;
@@ -37,6 +40,7 @@ mod health;
 mod pods;
 mod session;
 mod slices;
+pub mod summary;
 
 use std::{future::Future, sync::Arc};
 
@@ -61,7 +65,8 @@ where
     move |ctx| body(ctx, target.clone())
 }
 
-/// Registers the driver-under-test specs for `target`.
+/// Registers the driver-under-test specs for `target` (the summary of their run is
+/// [`summary::after_run`]'s).
 pub fn register(registry: &mut Registry, target: Target) {
     let target = Arc::new(target);
     registry.describe_with_labels("[sig-node]", ["DRA"], |r| {
