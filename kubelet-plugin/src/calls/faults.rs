@@ -103,7 +103,7 @@ impl Calls {
     /// [`ClaimCall::injected`](super::ClaimCall::injected)).
     ///
     /// The plugin's own DRA service applies it where it builds its answer; a plugin in forward
-    /// mode passes the other plugin's answer on unchanged, so no per-claim fault applies there.
+    /// mode answers the matching claims itself and forwards only the call's other claims.
     #[must_use = "dropping the guard stops the failures at once"]
     pub fn fail_claim(&self, filter: impl Into<CallFilter>, error: impl Into<String>) -> FaultGuard {
         self.add_failure(filter.into(), Failure::Claim(error.into()), None)

@@ -6,15 +6,19 @@
 //! [`tonic::transport::Channel`] to the driver's DRA endpoint and streams the driver's response
 //! back (so unary calls and the health stream work alike). It sits behind the same recording
 //! layer as the plugin's own services, so the call log records forwarded calls and fault guards
-//! fail them before they reach the driver.
+//! fail them before they reach the driver. Per-claim faults apply to the `DRAPlugin` services'
+//! prepare and unprepare calls ([`forward_claims`](super::forward_claims)).
 
 use std::{convert::Infallible, marker::PhantomData, task::Poll};
 
 use futures::future::BoxFuture;
-use tonic::{Status, body::Body, server::NamedService, transport::Channel};
-use tower::ServiceExt as _;
+use tonic::{body::Body, server::NamedService, transport::Channel};
 
-use crate::grpc::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
+use super::forward_claims::{self, DRA_V1, DRA_V1BETA1, DraMessages};
+use crate::{
+    calls::ClaimFaults,
+    grpc::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1},
+};
 
 /// Where a plugin in forward mode sends the calls: a channel to the driver's DRA endpoint and
 /// the `supported_versions` the driver advertised, which the plugin advertises in its place.
@@ -61,6 +65,8 @@ pub(crate) trait ServiceName: Send + Sync + 'static {
     const NAME: &'static str;
     /// The `supported_versions` entry of the service.
     const VERSION: &'static str;
+    /// Its calls that name claims, where per-claim faults apply (none for health).
+    const CLAIM_MESSAGES: Option<&'static DraMessages> = None;
 }
 
 /// `DRAPlugin` v1.
@@ -68,6 +74,7 @@ pub(crate) struct DraV1Service;
 impl ServiceName for DraV1Service {
     const NAME: &'static str = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin";
     const VERSION: &'static str = dra_v1::SERVICE_VERSION;
+    const CLAIM_MESSAGES: Option<&'static DraMessages> = Some(&DRA_V1);
 }
 
 /// `DRAPlugin` v1beta1.
@@ -75,6 +82,7 @@ pub(crate) struct DraV1beta1Service;
 impl ServiceName for DraV1beta1Service {
     const NAME: &'static str = "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin";
     const VERSION: &'static str = dra_v1beta1::SERVICE_VERSION;
+    const CLAIM_MESSAGES: Option<&'static DraMessages> = Some(&DRA_V1BETA1);
 }
 
 /// `DRAResourceHealth` v1.
@@ -91,8 +99,9 @@ impl ServiceName for HealthV1alpha1Service {
     const VERSION: &'static str = health_v1alpha1::SERVICE_VERSION;
 }
 
-/// Passes each request of one service to the driver and its response back, unchanged. A
-/// request the driver cannot be reached for is answered with `UNAVAILABLE` and the reason.
+/// Passes each request of one service to the driver and its response back, unchanged (but for
+/// injected per-claim faults). A request the driver cannot be reached for is answered with
+/// `UNAVAILABLE` and the reason.
 pub(crate) struct Forwarder<N> {
     channel: Channel,
     name: PhantomData<fn() -> N>,
@@ -119,15 +128,15 @@ impl<N: ServiceName> tower::Service<http::Request<Body>> for Forwarder<N> {
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let channel = self.channel.clone();
+        let messages = N::CLAIM_MESSAGES.and_then(|m| m.for_path(request.uri().path()));
+        let faults = request.extensions().get::<ClaimFaults>().cloned();
         Box::pin(async move {
-            let path = request.uri().path().to_owned();
-            match channel.oneshot(request).await {
-                Ok(response) => Ok(response),
-                Err(e) => {
-                    tracing::warn!(%path, error = %e, "cannot forward the call to the driver");
-                    Ok(Status::unavailable(format!("forward {path} to the driver: {e}")).into_http())
+            Ok(match (messages, faults) {
+                (Some(messages), Some(faults)) => {
+                    forward_claims::forward(channel, messages, &faults, request).await
                 }
-            }
+                _ => forward_claims::send(channel, request).await,
+            })
         })
     }
 }
@@ -135,6 +144,8 @@ impl<N: ServiceName> tower::Service<http::Request<Body>> for Forwarder<N> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    use tonic::Status;
 
     use super::*;
     use crate::{
@@ -219,6 +230,31 @@ mod tests {
         assert_eq!((failed.code(), failed.message()), (tonic::Code::Internal, "injected"));
         assert_eq!(driver.calls().count(Method::NodeUnprepareResources), 1);
         drop(fault);
+
+        // A per-claim fault answers that claim with its error, in place of the driver, and
+        // forwards the call's other claims alone.
+        let claim_fault = interposer.calls().fail_claim_next(Method::NodePrepareResources, 1, "claim failed");
+        let answered = client
+            .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: claims() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answered.claims["uid-1"].error, "claim failed");
+        assert_eq!(driver.calls().count(Method::NodePrepareResources), 2, "the driver never saw it");
+        drop(claim_fault);
+        let _one = interposer.calls().fail_claim(Method::NodePrepareResources.for_claim_uid("uid-1"), "one");
+        let other = dra_v1::Claim { namespace: "ns".into(), name: "other".into(), uid: "uid-2".into() };
+        let both = [claims(), vec![other]].concat();
+        let driver_error = client
+            .node_prepare_resources(dra_v1::NodePrepareResourcesRequest { claims: both })
+            .await
+            .unwrap_err();
+        assert_eq!(driver_error.code(), direct.code(), "the driver's answer for the other claim, unchanged");
+        let log = driver.calls().log();
+        let last = log.records.last().unwrap();
+        assert_eq!(last.claims.iter().map(|c| c.uid.as_str()).collect::<Vec<_>>(), ["uid-2"]);
+        let recorded = interposer.calls().log();
+        assert_eq!(recorded.count(Method::NodePrepareResources.for_claim_uid("uid-1").injected()), 2);
 
         // Not advertised by the driver: not served.
         let beta = dra_v1beta1::dra_plugin_client::DraPluginClient::new(channel_to(dra))

@@ -36,6 +36,7 @@ mod config;
 mod dra;
 mod files;
 mod forward;
+mod forward_claims;
 mod health;
 pub mod metadata;
 mod open_streams;

@@ -26,6 +26,7 @@ mod guide;
 mod health;
 mod kubelet;
 mod kubelet_drivers;
+mod kubelet_metrics;
 mod metadata;
 mod node_allocatable;
 #[cfg(test)]

@@ -211,13 +211,24 @@ mod tests {
 
     #[test]
     fn the_driver_under_test_flags_pass_on_to_the_runner_as_typed() {
-        let line = ["--driver", "d.example.com", "--device-class=c", "--interpose", "-p", "1"];
+        let line = [
+            "--driver",
+            "d.example.com",
+            "--device-class=c",
+            "--interpose",
+            "--churn-rounds",
+            "3",
+            "-p",
+            "1",
+        ];
         let argv: Vec<&str> = ["xtask", "e2e", "--kubeconfig", "/k"].into_iter().chain(line).collect();
         let options = e2e::E2eOptions::from(e2e_args(&argv));
         assert_eq!((options.kubeconfig, options.runner_args), (Some("/k".into()), strings(&line)));
-        let (kind, text) = refusal(&["xtask", "e2e", "--interpose"]);
-        assert_eq!(kind, ErrorKind::MissingRequiredArgument, "{text}");
-        assert!(text.contains("--driver <NAME>"), "{text}");
+        for alone in ["--interpose", "--churn-rounds=3"] {
+            let (kind, text) = refusal(&["xtask", "e2e", alone]);
+            assert_eq!(kind, ErrorKind::MissingRequiredArgument, "{text}");
+            assert!(text.contains("--driver <NAME>"), "{text}");
+        }
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct DriverUnderTestArgs {
     /// Stand between the kubelet and the driver under test and assert its gRPC calls too.
     #[arg(long, requires = "driver")]
     pub interpose: bool,
+    /// How many rounds of create, run and delete the churn spec makes (dra-e2e's default: 10).
+    #[arg(long, value_name = "N", requires = "driver", value_parser = clap::value_parser!(u32).range(1..))]
+    pub churn_rounds: Option<u32>,
 }
 
 /// `cargo xtask e2e`: xtask's own flags, the runner's, and the runner's `cleanup`.

@@ -114,6 +114,12 @@ pub async fn wait_event(
         .ok_or_else(|| anyhow::anyhow!("internal error: the matching event is missing"))
 }
 
+/// Whether any container of the pod has started (running or terminated).
+pub fn started(pod: &Pod) -> bool {
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
+    statuses.iter().any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()))
+}
+
 /// Waits until the pod has terminated with phase `Succeeded`; fails at once on `Failed`.
 pub async fn wait_succeeded(b: &Builder, pod: &Pod) -> anyhow::Result<Pod> {
     Ok(b.wait_pod(pod, "to succeed", POD_START_TIMEOUT, |p| match phase(p) {

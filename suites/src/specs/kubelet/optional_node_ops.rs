@@ -35,10 +35,10 @@ use harness::{
     plugin::ClaimId,
 };
 use k8s_openapi::api::core::v1::{Event, Node};
-use kube::{Api, ResourceExt as _, api::GetParams, api::ListParams, core::Request};
+use kube::{Api, ResourceExt as _, api::ListParams};
 
 use super::{
-    super::kubelet_drivers::gates,
+    super::{kubelet_drivers::gates, kubelet_metrics},
     checks::{self, POD_START_TIMEOUT, only_node, wait_event},
 };
 
@@ -185,21 +185,8 @@ async fn expect_allocation(
 /// The kubelet's counter `metric` for `driver` on `node`: `Err` when its `/metrics` cannot be
 /// read, `Ok(0)` when the series does not exist (yet).
 async fn kubelet_counter(ctx: &Ctx, node: &str, metric: &str, driver: &str) -> Result<f64, String> {
-    let path = format!("/api/v1/nodes/{node}/proxy");
-    let request = Request::new(&path).get("metrics", &GetParams::default()).map_err(|e| e.to_string())?;
-    let text = ctx.client().request_text(request).await.map_err(|e| format!("GET {path}/metrics: {e}"))?;
-    Ok(counter_value(&text, metric, driver))
-}
-
-/// The value of `metric{driver_name="<driver>"}` in Prometheus text (0 when absent).
-fn counter_value(text: &str, metric: &str, driver: &str) -> f64 {
-    let label = format!("driver_name=\"{driver}\"");
-    text.lines()
-        .filter(|l| l.strip_prefix(metric).is_some_and(|rest| rest.starts_with('{')))
-        .filter(|l| l.split_once('}').is_some_and(|(labels, _)| labels.split([',', '{']).any(|x| x == label)))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.trim().parse::<f64>().ok()))
-        // Not `sum()`: the empty sum of floats is -0.0, which reads oddly in the log.
-        .fold(0.0, |sum, v| sum + v)
+    let text = kubelet_metrics::read(ctx, node).await?;
+    Ok(kubelet_metrics::sum(&text, metric, &[("driver_name", driver)]))
 }
 
 /// Checks the kubelet's skip counter against `check`; fails when the kubelet's metrics cannot
@@ -414,20 +401,5 @@ mod tests {
         );
         assert!(judge_counter(Ok(0.0), "n", PREPARE_SKIPS, "d", |v| v >= 1.0, "at least 1").is_err());
         assert_eq!(judge_counter(Ok(2.0), "n", PREPARE_SKIPS, "d", |v| v >= 1.0, "at least 1").unwrap(), 2.0);
-    }
-
-    #[test]
-    fn reads_the_counter_of_one_driver() {
-        let text = "\
-# TYPE dra_node_prepare_skips_total counter
-dra_node_prepare_skips_total{driver_name=\"a.k8s.io\"} 2
-dra_node_prepare_skips_total{driver_name=\"b.k8s.io\"} 5
-dra_node_prepare_skips_total_other{driver_name=\"a.k8s.io\"} 7
-dra_node_unprepare_skips_total{driver_name=\"a.k8s.io\"} 1
-";
-        assert_eq!(counter_value(text, PREPARE_SKIPS, "a.k8s.io"), 2.0);
-        assert_eq!(counter_value(text, UNPREPARE_SKIPS, "a.k8s.io"), 1.0);
-        assert_eq!(counter_value(text, PREPARE_SKIPS, "c.k8s.io"), 0.0);
-        assert_eq!(counter_value("", PREPARE_SKIPS, "a.k8s.io").to_string(), "0");
     }
 }

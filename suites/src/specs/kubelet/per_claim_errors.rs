@@ -38,7 +38,7 @@ use harness::{
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 use kube::{ResourceExt as _, api::DeleteParams, runtime::watcher};
 
-use super::checks::{self, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, only_node, wait_event};
+use super::checks::{self, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, only_node, started, wait_event};
 
 /// The kubelet's event reason when preparing a pod's claims fails.
 const FAILED_PREPARE: &str = "FailedPrepareDynamicResources";
@@ -173,12 +173,6 @@ async fn prepare_retried(ctx: Ctx) -> SpecResult {
     tracing::info!(claim = %failing.name_any(), calls = %failing_history, "prepared after per-claim errors");
     calls.expect_none(Method::NodeUnprepareResources).context("the pod runs")?;
     Ok(())
-}
-
-/// Whether any container of the pod has started (running or terminated).
-fn started(pod: &Pod) -> bool {
-    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_deref()).unwrap_or_default();
-    statuses.iter().any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()))
 }
 
 /// A per-claim unprepare error keeps the claim prepared (cached and checkpointed by the kubelet,

@@ -32,6 +32,10 @@ pub struct UnderTestArgs {
     /// (else --json-report FILE) as <its stem>-summary.md and .xml; without any, only printed.
     #[arg(long, value_name = "DIR", requires = "driver")]
     pub driver_summary: Option<PathBuf>,
+    /// How many rounds of create, run and delete the churn spec makes (at least 1).
+    #[arg(long, value_name = "N", requires = "driver", default_value_t = super::churn::DEFAULT_ROUNDS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub churn_rounds: u32,
 }
 
 /// The driver under test, as the specs use it.
@@ -43,6 +47,8 @@ pub struct Target {
     pub class: String,
     /// Whether the specs interpose and assert the driver's calls.
     pub interpose: bool,
+    /// The churn spec's rounds (`--churn-rounds`).
+    pub churn_rounds: u32,
 }
 
 /// Why the flags cannot be used; each says it in one sentence (exit code 2).
@@ -101,7 +107,7 @@ impl UnderTestArgs {
             (None, false) => class_of(&classes(kubeconfig).await?, &driver)
                 .ok_or_else(|| UnderTestError::NoClass(driver.clone()))?,
         };
-        Ok(Some(Target { driver, class, interpose: self.interpose }))
+        Ok(Some(Target { driver, class, interpose: self.interpose, churn_rounds: self.churn_rounds }))
     }
 }
 

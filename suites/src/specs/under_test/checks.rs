@@ -2,7 +2,7 @@
 //! for it ([`Prepared`]) and their env in the container, and that unprepare happened
 //! (interposed: once) and removed the CDI devices written for the claim.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use harness::{
     builder::parse_env,
@@ -16,7 +16,7 @@ use kube::ResourceExt as _;
 use super::{
     cdi::{CdiDevices, still_defined},
     evidence::{Prepared, pod_status_ids},
-    session::{POD_CLAIM, Session, allocated_devices, reserved_for},
+    session::{CONTAINER, POD_CLAIM, Session, allocated_devices, reserved_for},
 };
 
 /// How often the node's CDI files are read while waiting.
@@ -70,8 +70,20 @@ pub fn prepared(
     before: &CdiDevices,
     now: &CdiDevices,
 ) -> anyhow::Result<Prepared> {
+    prepared_as(session, uid, pod, POD_CLAIM, before, now)
+}
+
+/// [`prepared`] for the claim the pod names `pod_claim`.
+pub fn prepared_as(
+    session: &Session,
+    uid: &str,
+    pod: &Pod,
+    pod_claim: &str,
+    before: &CdiDevices,
+    now: &CdiDevices,
+) -> anyhow::Result<Prepared> {
     let Some(history) = claim_calls(session, uid) else {
-        return Ok(Prepared::new(None, pod_status_ids(pod, POD_CLAIM), before, now));
+        return Ok(Prepared::new(None, pod_status_ids(pod, pod_claim), before, now));
     };
     if history.prepared() != 1
         || history.prepare_failures() != 0
@@ -96,6 +108,17 @@ pub async fn expect_cdi_visible(
     ids: &[String],
     now: &CdiDevices,
 ) -> anyhow::Result<()> {
+    expect_cdi_in(session, pod, CONTAINER, ids, now).await.map(|_| ())
+}
+
+/// [`expect_cdi_visible`] for `container`; returns its env.
+pub async fn expect_cdi_in(
+    session: &Session,
+    pod: &Pod,
+    container: &str,
+    ids: &[String],
+    now: &CdiDevices,
+) -> anyhow::Result<BTreeMap<String, String>> {
     let missing: Vec<&String> = ids.iter().filter(|id| !now.contains_key(*id)).collect();
     anyhow::ensure!(
         missing.is_empty(),
@@ -105,7 +128,7 @@ pub async fn expect_cdi_visible(
         now.keys().collect::<Vec<_>>(),
         session.call_log()
     );
-    let env_output = session.container_env(pod).await?;
+    let env_output = session.container_env(pod, container).await?;
     let env = parse_env(&env_output);
     for id in ids {
         let Some(device) = now.get(id) else { continue };
@@ -113,7 +136,7 @@ pub async fn expect_cdi_visible(
             let (key, value) = edit.split_once('=').unwrap_or((edit.as_str(), ""));
             anyhow::ensure!(
                 env.get(key).map(String::as_str) == Some(value),
-                "the env edit {edit} of CDI device {id} ({}) is not in the env of pod {}:\n{env_output}",
+                "the env edit {edit} of CDI device {id} ({}) is not in the env of container {container} of pod {}:\n{env_output}",
                 device.file,
                 pod.name_any()
             );
@@ -123,11 +146,11 @@ pub async fn expect_cdi_visible(
         step("no CDI device was prepared for the claim: nothing to check in the container");
     } else {
         step(format!(
-            "the CDI devices {ids:?} are defined on node {} and their env is in the container",
+            "the CDI devices {ids:?} are defined on node {} and their env is in container {container}",
             session.node
         ));
     }
-    Ok(())
+    Ok(env)
 }
 
 /// Interposed: the claim was unprepared exactly once, successfully (waits for it).

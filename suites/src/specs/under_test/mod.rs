@@ -21,6 +21,11 @@
 //! | e. a force-deleted pod's claim is unprepared | [`pods`] |
 //! | f. a pod whose claim is not reserved for it never runs, the claim is never prepared | [`claims`] |
 //! | g. the health stream's first snapshot (interposed, when the driver serves DRAResourceHealth) | [`health`] |
+//! | h. the kubelet registered the driver's plugin (its plugin manager, its client of the driver) and prepare reaches it | [`registration`] |
+//! | i. a device is used again by a new claim of a second pod once the first pod and claim are gone | [`reuse`] |
+//! | j. two claims in one pod, one with two devices: each claim its own CDI devices, each container its own env | [`several`] |
+//! | k. N rounds of create, run, delete leave nothing (CDI devices, pods, claims), interposed the calls add up | [`churn`] |
+//! | l. a per-claim prepare error (interposed) keeps the pod from running, the kubelet retries | [`retry`] |
 //!
 //! The specs that run pods run alone, one at a time: interposed, because the kubelet uses the
 //! newest registration of a driver on a node (two interposers would take it from each other);
@@ -33,12 +38,17 @@
 mod args;
 mod cdi;
 mod checks;
+mod churn;
 mod claims;
 mod class_selector;
 mod evidence;
 mod health;
 mod pods;
+mod registration;
+mod retry;
+mod reuse;
 mod session;
+mod several;
 mod slices;
 pub mod summary;
 
@@ -119,6 +129,78 @@ pub fn register(registry: &mut Registry, target: Target) {
                 "Interposed only: if the kubelet opens a NodeWatchResources stream (the driver serves \
                  DRAResourceHealth), the driver's first snapshot arrives within 60s; skipped, saying why, otherwise.",
             );
+            r.it("registers its kubelet plugin on the node", with(&target, registration::registered))
+                .runs_alone(ALONE)
+                .description(
+                    "The kubelet of the node under test shows the driver registered: its plugin manager registered a \
+                     socket of /var/lib/kubelet/plugins_registry (plugin_manager_total_plugins in its /metrics), and \
+                     while a pod with a claim of the class starts, its own client of the driver counts a successful \
+                     NodePrepareResources (dra_grpc_operations_duration_seconds_count{driver_name=NAME}); the kubelet \
+                     has such a client only for a registered driver. Interposed, exactly one NodePrepareResources of \
+                     the claim reached the driver through the interposer. Skipped when the kubelet's /metrics cannot \
+                     be read through the API server's node proxy.",
+                );
+            r.it(
+                "reuses a device for a second pod with a new claim after the first is gone",
+                with(&target, reuse::reuses),
+            )
+            .runs_alone(ALONE)
+            .description(
+                "Pod 1 with claim 1 runs, is deleted (its claim unprepared, as in 'unprepares the claim once') and \
+                 claim 1 is deleted; then pod 2 with a new claim 2 runs on the same node with its CDI devices. When \
+                 the driver's slices offer one device on the node, claim 2 must get the device claim 1 had; with \
+                 more, any device of the driver (the step says whether it was the same). Interposed, claim 1 was \
+                 unprepared once before claim 2 was first prepared.",
+            );
+            r.it(
+                "gives each claim of a pod and each device of a claim its CDI devices, each container only its own",
+                with(&target, several::several),
+            )
+            .runs_alone(ALONE)
+            .requires({
+                let target = target.clone();
+                move |pre| {
+                    let target = target.clone();
+                    async move { several::require_devices(&pre, &target).await }
+                }
+            })
+            .description(
+                "A pod with two containers, each using its own claim: one for one device, one for two (count 2). \
+                 Both claims are allocated three distinct devices of the driver; interposed, each is prepared once \
+                 and the answer lists every allocated device; the two claims' CDI devices (interposed: from the \
+                 answer; else from the pod status) share none; each container has the env of its own claim's CDI \
+                 devices and none that only the other claim's set. Skipped when the node offers fewer than three \
+                 devices of the driver, and without --interpose when the pod status lists no CDI devices.",
+            );
+            r.it("leaves nothing behind after N rounds of create, run and delete", with(&target, churn::churn))
+                .runs_alone(ALONE)
+                .timeout(churn::timeout(target.churn_rounds))
+                .priority(crate::specs::LONG_PRIORITY)
+                .description(
+                    "N rounds (--churn-rounds, default 10) of: a claim and a pod using it, the pod runs with its CDI \
+                     devices, the pod is deleted gracefully and the claim is deleted. Afterwards no CDI device written \
+                     for any round's claim (nor any CDI spec file named after its UID) is defined on the node within \
+                     10s, no pod with a claim and no claim is left; interposed, each claim was prepared once and \
+                     unprepared once, N successful prepares and N successful unprepares in all, none failed. A \
+                     failure names each round whose CDI devices are left, with the files.",
+                );
+            r.it(
+                "keeps a pod from running while the driver fails to prepare its claim, and retries",
+                with(&target, retry::retried),
+            )
+            .runs_alone(ALONE)
+            .timeout(retry::TIMEOUT)
+            .requires({
+                let interpose = target.interpose;
+                move |pre| retry::require_interposer(pre, interpose)
+            })
+            .description(
+                "Interposed only: the interposer answers the claim's first NodePrepareResources with a per-claim \
+                 error in place of the driver; the kubelet reports FailedPrepareDynamicResources naming the claim \
+                 and the error, no container of the pod starts before the claim is prepared, the kubelet prepares \
+                 again (exactly one more call, which reaches the driver and succeeds) and the pod runs with the \
+                 claim's CDI devices. Skipped without --interpose.",
+            );
         });
     });
 }
@@ -130,11 +212,12 @@ mod tests {
 
     #[test]
     fn every_spec_is_named_for_the_driver_under_test_and_says_what_it_asserts() {
-        let target = Target { driver: "d.example.com".into(), class: "c".into(), interpose: false };
+        let target =
+            Target { driver: "d.example.com".into(), class: "c".into(), interpose: false, churn_rounds: 1 };
         let mut registry = Registry::for_version(crate::versions::DEFAULT);
         register(&mut registry, target);
         registry.validate().unwrap();
-        assert_eq!(registry.len(), 7);
+        assert_eq!(registry.len(), 12);
         for spec in registry.specs() {
             assert!(
                 spec.full_text().starts_with("[sig-node] [DRA] driver under test [DriverUnderTest] "),

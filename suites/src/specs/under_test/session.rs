@@ -16,7 +16,7 @@ use harness::{
         BUSYBOX_IMAGE, INFINITE_SLEEP, POD_DELETE_TIMEOUT, POD_START_TIMEOUT, exec, is_allocated, phase,
     },
     calls::Calls,
-    framework::Ctx,
+    framework::{ClusterAccess, Ctx},
     interposer::Interposer,
     wait::{self, Verdict},
 };
@@ -53,7 +53,7 @@ pub struct Session {
 }
 
 /// The ResourceSlices of `driver`, by name.
-pub async fn driver_slices(ctx: &Ctx, driver: &str) -> anyhow::Result<Vec<ResourceSlice>> {
+pub async fn driver_slices(ctx: &impl ClusterAccess, driver: &str) -> anyhow::Result<Vec<ResourceSlice>> {
     let api: Api<ResourceSlice> = Api::all(ctx.client().clone());
     let mut slices = api.list(&ListParams::default().fields(&format!("spec.driver={driver}"))).await?.items;
     slices.retain(|s| s.spec.driver == driver);
@@ -62,7 +62,7 @@ pub async fn driver_slices(ctx: &Ctx, driver: &str) -> anyhow::Result<Vec<Resour
 }
 
 /// The nodes with a ResourceSlice of `driver` that exist, sorted.
-pub async fn served_nodes(ctx: &Ctx, driver: &str) -> anyhow::Result<Vec<String>> {
+pub async fn served_nodes(ctx: &impl ClusterAccess, driver: &str) -> anyhow::Result<Vec<String>> {
     let slices = driver_slices(ctx, driver).await?;
     let nodes: Api<Node> = Api::all(ctx.client().clone());
     let existing: Vec<String> =
@@ -132,34 +132,60 @@ impl Session {
     /// Creates a claim for one device of the class; it is deleted (and its deletion waited for)
     /// at cleanup, before the interposer goes.
     pub async fn create_claim(&self) -> anyhow::Result<ResourceClaim> {
+        self.create_claim_for(1).await
+    }
+
+    /// Creates a claim for `count` devices of the class (one request), deleted like
+    /// [`Session::create_claim`]'s.
+    pub async fn create_claim_for(&self, count: u32) -> anyhow::Result<ResourceClaim> {
+        let mut exactly = json!({ "deviceClassName": self.target.class });
+        if count != 1 {
+            exactly["count"] = json!(count);
+        }
         let claim: ResourceClaim = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": { "name": format!("claim-{}", self.next()) },
-            "spec": { "devices": { "requests": [
-                { "name": "device", "exactly": { "deviceClassName": self.target.class } },
-            ] } },
+            "spec": { "devices": { "requests": [{ "name": "device", "exactly": exactly }] } },
         }))?;
         let created = self.claims().create(&PostParams::default(), &claim).await?;
         self.delete_and_wait_at_cleanup(self.claims(), "claim", created.name_any());
         Ok(created)
     }
 
+    /// Deletes the claim and waits until it is gone.
+    pub async fn delete_claim(&self, name: &str) -> anyhow::Result<()> {
+        delete(&self.claims(), name, DeleteParams::default()).await?;
+        wait::gone(&self.claims(), name, format!("claim {name} to be gone"), POD_DELETE_TIMEOUT).await?;
+        Ok(())
+    }
+
     /// Creates a busybox pod that uses `claim`: on the node under test through node affinity
     /// (`bind`: false) or bound to it directly, past the scheduler (`bind`: true). It is deleted
     /// (and its deletion waited for) at cleanup, before the interposer goes.
     pub async fn create_pod(&self, claim: &str, bind: bool) -> anyhow::Result<Pod> {
-        let mut spec = json!({
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 5,
+        let spec = json!({
             "resourceClaims": [{ "name": POD_CLAIM, "resourceClaimName": claim }],
-            "containers": [{
-                "name": CONTAINER,
-                "image": BUSYBOX_IMAGE,
-                "command": ["/bin/sh", "-c", INFINITE_SLEEP],
-                "resources": { "claims": [{ "name": POD_CLAIM }] },
-            }],
+            "containers": [container(CONTAINER, POD_CLAIM)],
         });
+        self.create_pod_with(spec, bind).await
+    }
+
+    /// Creates a busybox pod on the node under test (node affinity) with one container per
+    /// `(name, claim)`, named `name`, that uses ResourceClaim `claim` as pod claim `name`; deleted
+    /// like [`Session::create_pod`]'s.
+    pub async fn create_pod_with_claims(&self, claims: &[(&str, &str)]) -> anyhow::Result<Pod> {
+        let spec = json!({
+            "resourceClaims": claims.iter().map(|(name, claim)| json!({ "name": name, "resourceClaimName": claim })).collect::<Vec<_>>(),
+            "containers": claims.iter().map(|(name, _)| container(name, name)).collect::<Vec<_>>(),
+        });
+        self.create_pod_with(spec, false).await
+    }
+
+    /// Creates the pod of `spec` (claims and containers), placed as [`Session::create_pod`] says.
+    async fn create_pod_with(&self, mut spec: serde_json::Value, bind: bool) -> anyhow::Result<Pod> {
+        spec["restartPolicy"] = json!("Never");
+        spec["terminationGracePeriodSeconds"] = json!(5);
         if bind {
             spec["nodeName"] = json!(self.node);
         } else {
@@ -232,6 +258,11 @@ impl Session {
         })
     }
 
+    /// The pod now.
+    pub async fn pod(&self, name: &str) -> anyhow::Result<Pod> {
+        Ok(self.pods().get(name).await?)
+    }
+
     /// The claim now.
     pub async fn claim(&self, name: &str) -> anyhow::Result<ResourceClaim> {
         Ok(self.claims().get(name).await?)
@@ -246,12 +277,47 @@ impl Session {
         .await?)
     }
 
-    /// The `env` output of the test pod's container.
-    pub async fn container_env(&self, pod: &Pod) -> anyhow::Result<String> {
-        let out = exec(self.ctx.client(), self.ctx.namespace(), &pod.name_any(), CONTAINER, &["env"]).await?;
-        anyhow::ensure!(out.success, "env in pod {} failed: {} {}", pod.name_any(), out.message, out.stderr);
+    /// The `env` output of `container` of the pod.
+    pub async fn container_env(&self, pod: &Pod, container: &str) -> anyhow::Result<String> {
+        let out = exec(self.ctx.client(), self.ctx.namespace(), &pod.name_any(), container, &["env"]).await?;
+        anyhow::ensure!(
+            out.success,
+            "env in container {container} of pod {} failed: {} {}",
+            pod.name_any(),
+            out.message,
+            out.stderr
+        );
         Ok(out.stdout)
     }
+
+    /// The devices of the driver's ResourceSlices for the node under test, as `(pool, device)`.
+    pub async fn node_devices(&self) -> anyhow::Result<Vec<(String, String)>> {
+        node_devices(&self.ctx, &self.target.driver, &self.node).await
+    }
+}
+
+/// A busybox container `name` that uses pod claim `claim`.
+fn container(name: &str, claim: &str) -> serde_json::Value {
+    json!({
+        "name": name,
+        "image": BUSYBOX_IMAGE,
+        "command": ["/bin/sh", "-c", INFINITE_SLEEP],
+        "resources": { "claims": [{ "name": claim }] },
+    })
+}
+
+/// The devices of `driver`'s ResourceSlices for `node`, as `(pool, device)`.
+pub async fn node_devices(
+    from: &impl ClusterAccess,
+    driver: &str,
+    node: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let slices = driver_slices(from, driver).await?;
+    Ok(slices
+        .iter()
+        .filter(|s| s.spec.node_name.as_deref() == Some(node))
+        .flat_map(|s| s.spec.devices.iter().flatten().map(|d| (s.spec.pool.name.clone(), d.name.clone())))
+        .collect())
 }
 
 /// Deletes an object; one that is gone already is fine.

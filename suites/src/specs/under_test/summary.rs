@@ -333,7 +333,7 @@ mod tests {
     }
 
     fn driver(interpose: bool) -> Target {
-        Target { driver: "gpu.example.com".into(), class: "gpu".into(), interpose }
+        Target { driver: "gpu.example.com".into(), class: "gpu".into(), interpose, churn_rounds: 10 }
     }
 
     #[test]
