@@ -29,7 +29,8 @@ pub struct UnderTestArgs {
     /// Write the run's driver summary (each behaviour PASS, FAIL or SKIP with its reason, the
     /// driver, its DeviceClass, the cluster's version, whether interposed) to
     /// DIR/driver-summary.md and DIR/driver-summary.xml (JUnit). Default: next to --junit FILE
-    /// (else --json-report FILE) as <its stem>-summary.md and .xml; without any, only printed.
+    /// (else --json-report FILE) as STEM-summary.md and .xml, STEM being that file's name without
+    /// its extension; without any, only printed.
     #[arg(long, value_name = "DIR", requires = "driver")]
     pub driver_summary: Option<PathBuf>,
     /// How many rounds of create, run and delete the churn spec makes (at least 1).
