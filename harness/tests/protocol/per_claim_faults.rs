@@ -45,10 +45,7 @@ async fn a_kubelet_client_gets_the_injected_claim_error_in_a_successful_answer()
         )
         .await;
     let first: dra_v1::NodePrepareResourcesResponse = answers[0].ok();
-    assert_eq!(first.claims["uid-a"].error, INJECTED);
-    assert!(first.claims["uid-a"].devices.is_empty(), "{first:?}");
-    assert_eq!(first.claims["uid-b"].error, "");
-    assert_eq!(first.claims["uid-b"].devices.len(), 1, "{first:?}");
+    claim_a_failed_claim_b_prepared(&first);
     // "Next 1": the retry prepares the claim.
     let second: dra_v1::NodePrepareResourcesResponse = answers[1].ok();
     assert_eq!((second.claims["uid-a"].error.as_str(), second.claims["uid-b"].error.as_str()), ("", ""));
@@ -132,10 +129,7 @@ async fn a_forwarding_plugin_answers_the_injected_claim_and_forwards_the_others(
         )
         .await;
     let first: dra_v1::NodePrepareResourcesResponse = answers[0].ok();
-    assert_eq!(first.claims["uid-a"].error, INJECTED);
-    assert!(first.claims["uid-a"].devices.is_empty(), "{first:?}");
-    assert_eq!(first.claims["uid-b"].error, "");
-    assert_eq!(first.claims["uid-b"].devices.len(), 1, "{first:?}");
+    claim_a_failed_claim_b_prepared(&first);
     let retried: dra_v1::NodePrepareResourcesResponse = answers[1].ok();
     assert_eq!((retried.claims["uid-a"].error.as_str(), retried.claims["uid-a"].devices.len()), ("", 1));
     let unprepared: dra_v1::NodeUnprepareResourcesResponse = answers[2].ok();
@@ -165,4 +159,13 @@ async fn a_forwarding_plugin_answers_the_injected_claim_and_forwards_the_others(
     assert_eq!(calls.claim("uid-b").prepared(), 1);
     interposer.stop().await;
     driver.plugin.stop().await;
+}
+
+/// The first prepare's answer: claim a failed with the injected error and no devices, claim b
+/// prepared with its device.
+fn claim_a_failed_claim_b_prepared(first: &dra_v1::NodePrepareResourcesResponse) {
+    assert_eq!(first.claims["uid-a"].error, INJECTED);
+    assert!(first.claims["uid-a"].devices.is_empty(), "{first:?}");
+    assert_eq!(first.claims["uid-b"].error, "");
+    assert_eq!(first.claims["uid-b"].devices.len(), 1, "{first:?}");
 }

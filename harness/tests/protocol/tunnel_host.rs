@@ -255,15 +255,7 @@ async fn a_terminated_proxy_ends_the_connections_it_splices() {
     let proxy = spawn_proxy(&socket, port);
     wait_for_path(&socket, "the proxy's socket").await;
     let mut kubelet_side = tokio::net::UnixStream::connect(&socket).await.unwrap();
-    let mut tunnel_side = within("the proxy's port", async {
-        loop {
-            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                Ok(stream) => break stream,
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    })
-    .await;
+    let mut tunnel_side = connect_port(port, "the proxy's port").await;
     kubelet_side.write_all(b"x").await.unwrap();
     let mut byte = [0u8; 1];
     within("the spliced byte", tunnel_side.read_exact(&mut byte)).await.unwrap();
@@ -273,6 +265,19 @@ async fn a_terminated_proxy_ends_the_connections_it_splices() {
     assert_eq!(within("EOF on the kubelet's side", kubelet_side.read(&mut byte)).await.unwrap(), 0);
     assert_eq!(within("EOF on the tunnel's side", tunnel_side.read(&mut byte)).await.unwrap(), 0);
     assert!(!socket.exists(), "the proxy left its socket behind");
+}
+
+/// A TCP connection to the proxy's `port` on 127.0.0.1, dialed until it listens.
+async fn connect_port(port: u16, what: &str) -> tokio::net::TcpStream {
+    within(what, async {
+        loop {
+            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                Ok(stream) => break stream,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await
 }
 
 /// `hostpathplugin --proxy-endpoint` between `socket` and TCP `port` on this machine.
@@ -306,15 +311,7 @@ async fn a_proxy_stopped_after_its_replacement_started_leaves_the_replacement_s_
     let port = free_port();
     let new = spawn_proxy(&socket, port);
     // The replacement listens on its port only after its socket took the path.
-    let mut tunnel_side = within("the replacement's port", async {
-        loop {
-            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                Ok(stream) => break stream,
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    })
-    .await;
+    let mut tunnel_side = connect_port(port, "the replacement's port").await;
 
     terminate(old).await;
     assert!(socket.exists(), "the old proxy's exit removed the replacement's socket");
