@@ -15,6 +15,13 @@
 //! the node that sets `<DEVICE>=<device>`) written when it starts and removed when it stops;
 //! prepare answers `<driver-name>/device=<device>` and writes no file, unprepare removes none.
 //!
+//! `--optional-devices` also publishes devices of DRA's optional features, each kind with the
+//! attribute `kind` (the plain devices get `kind: plain`): three partitions (`partition-0..2`,
+//! `kind: partition`) that consume 4Gi each of the counter set `shared-memory` (8Gi, in a second
+//! slice of the pool), so two fit at a time; a device shared by capacity (`shared-0`, `kind:
+//! shared`, `allowMultipleAllocations`, 8Gi of `memory` with a request policy); and a device
+//! tainted `example.dra-e2e.test/unhealthy=true:NoSchedule` (`tainted-0`, `kind: tainted`).
+//!
 //! `--break skip-unprepare` or `--break fail-unprepare` makes it a broken driver on purpose: it
 //! leaves the claim's CDI spec file behind on unprepare while answering OK, or fails every
 //! `NodeUnprepareResources`. `cargo xtask example-driver deploy` runs it as a DaemonSet.
@@ -78,6 +85,10 @@ pub struct Args {
     /// Static CDI devices: one spec for all devices, written at start; none per claim.
     #[arg(long)]
     pub static_cdi: bool,
+    /// Also publish devices of the optional features: partitions of a shared counter, a device
+    /// shared by capacity, a tainted device (each kind with attribute `kind`).
+    #[arg(long)]
+    pub optional_devices: bool,
 }
 
 /// How `--break` breaks the driver.
@@ -140,7 +151,8 @@ pub struct NodeDriver {
     /// The kubelet plugin (its calls, claims and health).
     pub plugin: KubeletPlugin,
     slices: Api<ResourceSlice>,
-    slice: String,
+    /// The names of its ResourceSlices (one, or two with `--optional-devices`).
+    names: Vec<String>,
     plugin_dir: PathBuf,
     /// The static CDI spec file (`--static-cdi`), removed when the driver stops.
     static_spec: Option<PathBuf>,
@@ -204,10 +216,11 @@ impl NodeDriver {
             )
         });
         let slice = format!("{}-{}", args.node_name, args.driver_name.replace('.', "-"));
+        let bodies = resource_slices(args, &slice);
         let mut driver = NodeDriver {
             plugin,
             slices: Api::all(client),
-            slice,
+            names: bodies.iter().map(|(name, _)| name.clone()).collect(),
             plugin_dir,
             static_spec,
             keeper: None,
@@ -219,17 +232,18 @@ impl NodeDriver {
             return Err(e)
                 .context(format!("waiting for the kubelet of {} to register the plugin", args.node_name));
         }
-        let body = resource_slice(args, &driver.slice);
-        if let Err(e) = publish(&driver.slices, &driver.slice, &body).await {
-            driver.stop().await;
-            return Err(e);
+        for (name, body) in &bodies {
+            if let Err(e) = publish(&driver.slices, name, body).await {
+                driver.stop().await;
+                return Err(e);
+            }
         }
-        driver.keeper = Some(tokio::spawn(keep_published(driver.slices.clone(), driver.slice.clone(), body)));
+        driver.keeper = Some(tokio::spawn(keep_published(driver.slices.clone(), bodies)));
         Ok(driver)
     }
 
     /// Stops keeping the slice published, stops the plugin (removing its sockets and directory),
-    /// removes the static CDI spec (`--static-cdi`) and deletes the ResourceSlice.
+    /// removes the static CDI spec (`--static-cdi`) and deletes the ResourceSlices.
     pub async fn stop(self) {
         if let Some(keeper) = &self.keeper {
             keeper.abort();
@@ -242,11 +256,18 @@ impl NodeDriver {
         }
         // Only if empty: the kubelet may keep files of its own there.
         let _ = std::fs::remove_dir(&self.plugin_dir);
-        match self.slices.delete(&self.slice, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => eprintln!("could not delete ResourceSlice {}: {e}", self.slice),
+        for name in &self.names {
+            match self.slices.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => eprintln!("could not delete ResourceSlice {name}: {e}"),
+            }
         }
+    }
+
+    /// The name of its (first) ResourceSlice, the one with the devices.
+    pub fn slice(&self) -> &str {
+        self.names.first().map_or("", String::as_str)
     }
 }
 
@@ -261,33 +282,88 @@ async fn publish(slices: &Api<ResourceSlice>, name: &str, body: &serde_json::Val
     Ok(())
 }
 
-/// Every [`SLICE_CHECK_INTERVAL`], reads the slice and publishes it again if it is gone; runs
+/// Every [`SLICE_CHECK_INTERVAL`], reads each slice and publishes it again if it is gone; runs
 /// until aborted. Failures are logged and retried at the next check.
-async fn keep_published(slices: Api<ResourceSlice>, name: String, body: serde_json::Value) {
+async fn keep_published(slices: Api<ResourceSlice>, bodies: Vec<(String, serde_json::Value)>) {
     loop {
         tokio::time::sleep(SLICE_CHECK_INTERVAL).await;
-        match tokio::time::timeout(REQUEST_TIMEOUT, slices.get_opt(&name)).await {
-            Ok(Ok(Some(_))) => continue,
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => {
-                eprintln!("checking ResourceSlice {name}: {e}");
-                continue;
-            }
-            Err(_) => {
-                eprintln!("checking ResourceSlice {name}: no answer within {REQUEST_TIMEOUT:?}");
-                continue;
-            }
-        }
-        match publish(&slices, &name, &body).await {
-            Ok(()) => println!("ResourceSlice {name} was gone; published it again"),
-            Err(e) => eprintln!("ResourceSlice {name} is gone and could not be published again: {e:#}"),
+        for (name, body) in &bodies {
+            keep_one(&slices, name, body).await;
         }
     }
 }
 
-/// The names of the node's devices: `device-00`, `device-01`, ...
+/// Publishes the slice again if it is gone.
+async fn keep_one(slices: &Api<ResourceSlice>, name: &str, body: &serde_json::Value) {
+    match tokio::time::timeout(REQUEST_TIMEOUT, slices.get_opt(name)).await {
+        Ok(Ok(Some(_))) => return,
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => return eprintln!("checking ResourceSlice {name}: {e}"),
+        Err(_) => return eprintln!("checking ResourceSlice {name}: no answer within {REQUEST_TIMEOUT:?}"),
+    }
+    match publish(slices, name, body).await {
+        Ok(()) => println!("ResourceSlice {name} was gone; published it again"),
+        Err(e) => eprintln!("ResourceSlice {name} is gone and could not be published again: {e:#}"),
+    }
+}
+
+/// The names of the node's devices: `device-00`, `device-01`, ..., and with
+/// `--optional-devices` those of [`optional_devices`].
 fn device_names(args: &Args) -> Vec<String> {
-    (0..args.devices).map(|i| format!("device-{i:02}")).collect()
+    devices(args).iter().filter_map(|d| d["name"].as_str().map(str::to_owned)).collect()
+}
+
+/// The counter set of the partitions (`--optional-devices`).
+const COUNTER_SET: &str = "shared-memory";
+
+/// The node's devices as published: `device-00`, ... (with `--optional-devices` attribute
+/// `kind: plain`), and with it the devices of [`optional_devices`].
+fn devices(args: &Args) -> Vec<serde_json::Value> {
+    let plain = (0..args.devices).map(|i| {
+        let mut device = serde_json::json!({ "name": format!("device-{i:02}") });
+        if args.optional_devices {
+            device["attributes"] = kind("plain");
+        }
+        device
+    });
+    let mut devices: Vec<serde_json::Value> = plain.collect();
+    if args.optional_devices {
+        devices.extend(optional_devices());
+    }
+    devices
+}
+
+/// The attributes `kind: <kind>`.
+fn kind(kind: &str) -> serde_json::Value {
+    serde_json::json!({ "kind": { "string": kind } })
+}
+
+/// The devices of `--optional-devices`: three partitions of [`COUNTER_SET`] (4Gi of its 8Gi
+/// each), a device shared by capacity, a tainted device.
+fn optional_devices() -> Vec<serde_json::Value> {
+    let partition = |i: usize| {
+        serde_json::json!({
+            "name": format!("partition-{i}"),
+            "attributes": kind("partition"),
+            "consumesCounters": [{ "counterSet": COUNTER_SET, "counters": { "memory": { "value": "4Gi" } } }],
+        })
+    };
+    let mut devices: Vec<serde_json::Value> = (0..3).map(partition).collect();
+    devices.push(serde_json::json!({
+        "name": "shared-0",
+        "attributes": kind("shared"),
+        "allowMultipleAllocations": true,
+        "capacity": { "memory": {
+            "value": "8Gi",
+            "requestPolicy": { "default": "1Gi", "validRange": { "min": "1Gi" } },
+        } },
+    }));
+    devices.push(serde_json::json!({
+        "name": "tainted-0",
+        "attributes": kind("tainted"),
+        "taints": [{ "key": "example.dra-e2e.test/unhealthy", "value": "true", "effect": "NoSchedule" }],
+    }));
+    devices
 }
 
 /// Writes the static CDI spec of all devices (`--static-cdi`); returns its path.
@@ -304,21 +380,32 @@ fn write_static_spec(args: &Args) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// One pool named after the node, in one slice, with `args.devices` devices.
-fn resource_slice(args: &Args, name: &str) -> serde_json::Value {
-    let devices: Vec<_> =
-        device_names(args).into_iter().map(|name| serde_json::json!({ "name": name })).collect();
-    serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": { "name": name },
-        "spec": {
+/// One pool named after the node: slice `name` with the devices and, with
+/// `--optional-devices`, slice `<name>-counters` with the partitions' counter set.
+fn resource_slices(args: &Args, name: &str) -> Vec<(String, serde_json::Value)> {
+    let count = if args.optional_devices { 2 } else { 1 };
+    let slice = |name: &str, content: (&str, serde_json::Value)| {
+        let mut spec = serde_json::json!({
             "driver": args.driver_name,
             "nodeName": args.node_name,
-            "pool": { "name": args.node_name, "generation": 1, "resourceSliceCount": 1 },
-            "devices": devices,
-        },
-    })
+            "pool": { "name": args.node_name, "generation": 1, "resourceSliceCount": count },
+        });
+        spec[content.0] = content.1;
+        let body = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": { "name": name },
+            "spec": spec,
+        });
+        (name.to_owned(), body)
+    };
+    let mut slices = vec![slice(name, ("devices", serde_json::Value::Array(devices(args))))];
+    if args.optional_devices {
+        let counters =
+            serde_json::json!([{ "name": COUNTER_SET, "counters": { "memory": { "value": "8Gi" } } }]);
+        slices.push(slice(&format!("{name}-counters"), ("sharedCounters", counters)));
+    }
+    slices
 }
 
 /// A client from `--kubeconfig`, or kube's defaults.
@@ -344,6 +431,7 @@ async fn main() -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     let cdi = if args.static_cdi { "static CDI devices" } else { "a CDI spec per claim" };
+    let cdi = if args.optional_devices { format!("{cdi}, optional devices") } else { cdi.to_owned() };
     match args.brk {
         Some(brk) => {
             println!("{} starts broken on purpose: --break {} ({cdi})", args.driver_name, brk.as_str())
@@ -353,7 +441,9 @@ async fn main() -> anyhow::Result<()> {
     let driver = NodeDriver::start(&args).await?;
     println!(
         "{} is registered and serves node {} (ResourceSlice {}); Ctrl-C stops it",
-        args.driver_name, args.node_name, driver.slice
+        args.driver_name,
+        args.node_name,
+        driver.slice()
     );
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

@@ -99,6 +99,7 @@ async fn the_example_driver_serves_a_pod_on_a_real_kubelet() {
         kubeconfig: Some(kubeconfig.clone()),
         brk: None,
         static_cdi: false,
+        optional_devices: false,
     };
 
     let namespaces: Api<Namespace> = Api::all(client.clone());

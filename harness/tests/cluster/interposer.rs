@@ -63,6 +63,7 @@ async fn start_example_driver() -> NodeDriver {
         kubeconfig: Some(kubeconfig),
         brk: None,
         static_cdi: false,
+        optional_devices: false,
     };
     NodeDriver::start(&args).await.unwrap()
 }

@@ -341,4 +341,9 @@ pub struct ExampleDriverDeployArgs {
     /// starts and none per claim (default: a spec per claim).
     #[arg(long)]
     pub static_cdi: bool,
+    /// Also publish devices of DRA's optional features (partitions of a shared counter, a
+    /// device shared by capacity, a tainted device), for the driver-under-test specs of those
+    /// features (default: plain devices only).
+    #[arg(long)]
+    pub optional_devices: bool,
 }

@@ -277,8 +277,13 @@ async fn run_upstream_driver(action: UpstreamDriverAction) -> anyhow::Result<()>
 /// Runs `cargo xtask example-driver …`.
 async fn run_example_driver(action: ExampleDriverAction) -> anyhow::Result<()> {
     match action {
-        ExampleDriverAction::Deploy(ExampleDriverDeployArgs { cluster, brk, static_cdi }) => {
-            let options = example_driver::Options { brk: brk.map(Into::into), static_cdi };
+        ExampleDriverAction::Deploy(ExampleDriverDeployArgs {
+            cluster,
+            brk,
+            static_cdi,
+            optional_devices,
+        }) => {
+            let options = example_driver::Options { brk: brk.map(Into::into), static_cdi, optional_devices };
             example_driver::deploy_with(&driver_kubeconfig(cluster)?, options).await
         }
         ExampleDriverAction::Remove(cluster) => example_driver::remove(&driver_kubeconfig(cluster)?).await,
@@ -382,7 +387,12 @@ mod tests {
         let Command::ExampleDriver { action: ExampleDriverAction::Deploy(args) } = cli.command else {
             panic!("not deploy")
         };
-        assert!(args.static_cdi && args.brk.is_none());
+        assert!(args.static_cdi && args.brk.is_none() && !args.optional_devices);
+        let cli = Cli::try_parse_from(["xtask", "example-driver", "deploy", "--optional-devices"]).unwrap();
+        let Command::ExampleDriver { action: ExampleDriverAction::Deploy(args) } = cli.command else {
+            panic!("not deploy")
+        };
+        assert!(args.optional_devices && !args.static_cdi);
         let cli = Cli::try_parse_from(["xtask", "example-driver", "remove", "--kubeconfig", "/k"]).unwrap();
         let Command::ExampleDriver { action: ExampleDriverAction::Remove(args) } = cli.command else {
             panic!("not remove")

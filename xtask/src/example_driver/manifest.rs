@@ -49,6 +49,8 @@ pub struct Deployment {
     pub brk: Option<Break>,
     /// `--static-cdi` for the driver.
     pub static_cdi: bool,
+    /// `--optional-devices` for the driver.
+    pub optional_devices: bool,
     /// The image archive's sha256.
     pub image_digest: String,
     /// The API server's address as pods on the host network reach it.
@@ -75,7 +77,7 @@ pub fn objects() -> Result<Objects> {
     Ok(objects)
 }
 
-/// The DaemonSet of `objects` for `deployment`: `--break` and `--static-cdi` appended to the
+/// The DaemonSet of `objects` for `deployment`: `--break`, `--static-cdi` and `--optional-devices` appended to the
 /// driver's args, the image digest annotated, the API server's address in the environment.
 pub fn customize(daemonset: &mut DaemonSet, deployment: &Deployment) -> Result<()> {
     deployed_driver::pin_template(daemonset, &deployment.image_digest, &deployment.api_server)?;
@@ -86,6 +88,9 @@ pub fn customize(daemonset: &mut DaemonSet, deployment: &Deployment) -> Result<(
     }
     if deployment.static_cdi {
         container.args.get_or_insert_with(Vec::new).push("--static-cdi".to_string());
+    }
+    if deployment.optional_devices {
+        container.args.get_or_insert_with(Vec::new).push("--optional-devices".to_string());
     }
     Ok(())
 }
@@ -144,11 +149,12 @@ mod tests {
     }
 
     #[test]
-    fn a_deployment_adds_its_break_static_cdi_digest_and_api_server() {
+    fn a_deployment_adds_its_break_static_cdi_optional_devices_digest_and_api_server() {
         let mut ds = objects().unwrap().daemonset;
         let deployment = Deployment {
             brk: Some(Break::SkipUnprepare),
             static_cdi: true,
+            optional_devices: true,
             image_digest: "abc".into(),
             api_server: ("10.1.2.3".into(), 443),
         };
@@ -159,7 +165,10 @@ mod tests {
             "abc"
         );
         let container = &template.spec.as_ref().unwrap().containers[0];
-        assert_eq!(container.args.as_ref().unwrap()[2..], ["--break", "skip-unprepare", "--static-cdi"]);
+        assert_eq!(
+            container.args.as_ref().unwrap()[2..],
+            ["--break", "skip-unprepare", "--static-cdi", "--optional-devices"]
+        );
         let env = container.env.as_ref().unwrap();
         let value =
             |name: &str| env.iter().filter(|e| e.name == name).map(|e| e.value.clone()).collect::<Vec<_>>();

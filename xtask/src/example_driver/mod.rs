@@ -1,7 +1,8 @@
 //! `cargo xtask example-driver deploy|remove`: the crate's example DRA driver
 //! (`kubelet-plugin/examples/node_driver.rs`) as a DaemonSet on the local cluster's workers,
 //! working or broken on purpose (`--break`), with a CDI spec per claim or static CDI devices
-//! (`--static-cdi`), for the driver lane of `cargo xtask test`.
+//! (`--static-cdi`), optionally with devices of DRA's optional features (`--optional-devices`),
+//! for the driver lane of `cargo xtask test`.
 //!
 //! [`deploy`] builds the binary and its image ([`image`](mod@image)), imports it into every node,
 //! applies `manifests/example-driver.yaml` ([`manifest`]) and waits until the driver runs,
@@ -79,11 +80,14 @@ pub struct Options {
     /// Static CDI devices (`--static-cdi`): one spec for all of a node's devices, written when
     /// the driver starts, none per claim.
     pub static_cdi: bool,
+    /// Devices of the optional features too (`--optional-devices`): partitions of a shared
+    /// counter, a device shared by capacity, a tainted device.
+    pub optional_devices: bool,
 }
 
 /// [`deploy_with`] the driver working or broken (`brk`), with a CDI spec per claim.
 pub async fn deploy(kubeconfig: &Path, brk: Option<Break>) -> Result<()> {
-    deploy_with(kubeconfig, Options { brk, static_cdi: false }).await
+    deploy_with(kubeconfig, Options { brk, ..Options::default() }).await
 }
 
 /// Builds and imports the driver's image, applies the manifest with `options`, and waits until
@@ -96,8 +100,9 @@ pub async fn deploy_with(kubeconfig: &Path, options: Options) -> Result<()> {
     let (archive, digest) = image::build(&repo_root())?;
     deployed_driver::load(&archive).await?;
     let api_server = deployed_driver::api_server(&client).await?;
-    let Options { brk, static_cdi } = options;
-    let deployment = manifest::Deployment { brk, static_cdi, image_digest: digest.clone(), api_server };
+    let Options { brk, static_cdi, optional_devices } = options;
+    let deployment =
+        manifest::Deployment { brk, static_cdi, optional_devices, image_digest: digest.clone(), api_server };
     let mut objects = manifest::objects()?;
     manifest::customize(&mut objects.daemonset, &deployment)?;
     let args = deployed_driver::container_args(&objects.daemonset);
@@ -105,6 +110,7 @@ pub async fn deploy_with(kubeconfig: &Path, options: Options) -> Result<()> {
         .map(|b| format!("--break {}", b.as_str()))
         .into_iter()
         .chain(static_cdi.then(|| "--static-cdi".to_string()))
+        .chain(optional_devices.then(|| "--optional-devices".to_string()))
         .collect();
     let what = match flags.as_slice() {
         [] => "deploy the example driver".to_string(),
