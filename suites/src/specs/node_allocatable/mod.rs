@@ -25,7 +25,7 @@
 //! retries forever), and nodes without `hugepages-2Mi` (as upstream skips).
 
 mod cases;
-mod cgroups;
+pub(crate) mod cgroups;
 mod fits;
 mod run;
 

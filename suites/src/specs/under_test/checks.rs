@@ -167,6 +167,28 @@ pub async fn expect_unprepared_once(session: &Session, calls: &Calls, uid: &str)
     Ok(())
 }
 
+/// Interposed: claim `gone` (UID) was unprepared before claim `new` was first prepared; the
+/// names are for the message. Nothing to check without the interposer.
+pub fn expect_unprepared_before(
+    session: &Session,
+    gone: (&str, &str),
+    new: (&str, &str),
+) -> anyhow::Result<()> {
+    let Some(calls) = session.calls() else { return Ok(()) };
+    let log = calls.log();
+    let (old, fresh) = (log.claim(gone.1), log.claim(new.1));
+    let unprepared = old.last_unprepared().map(|c| c.id);
+    let prepared = fresh.calls.iter().find(|c| c.prepare).map(|c| c.id);
+    anyhow::ensure!(
+        unprepared.is_some() && prepared.is_some() && unprepared < prepared,
+        "claim {} must be unprepared before claim {} is prepared: {old}\n{fresh}{}",
+        gone.0,
+        new.0,
+        session.call_log()
+    );
+    Ok(())
+}
+
 /// Interposed: no unprepare named the claim so far.
 pub fn expect_not_unprepared(session: &Session, calls: &Calls, uid: &str, why: &str) -> anyhow::Result<()> {
     let history = calls.claim(uid);

@@ -26,6 +26,15 @@
 //! | j. two claims in one pod, one with two devices: each claim its own CDI devices, each container its own env | [`several`] |
 //! | k. N rounds of create, run, delete leave nothing (CDI devices, pods, claims), interposed the calls add up | [`churn`] |
 //! | l. a per-claim prepare error (interposed) keeps the pod from running, the kubelet retries | [`retry`] |
+//! | m. partitions are allocated until their shared counters are used up, and again once freed | [`partitions`] |
+//! | n. claims share a device that allows multiple allocations, each consuming its capacity | [`sharing`] |
+//! | o. a tainted device goes only to a claim that tolerates its taint | [`taints`] |
+//! | p. a claim with admin access gets a device another claim holds | [`admin`] |
+//!
+//! m to o are optional features a driver shows in its ResourceSlices ([`features`], from the
+//! node's [`inventory`]); without them in the slices of the node under test each of those specs
+//! skips, naming what the slices lack. Admin access (p) is a feature of claims, which the
+//! cluster decides: refused, the spec skips quoting the API server.
 //!
 //! The specs that run pods run alone, one at a time: interposed, because the kubelet uses the
 //! newest registration of a driver on a node (two interposers would take it from each other);
@@ -35,6 +44,7 @@
 //! After the run, [`summary`] prints the behaviours' table a vendor hands on, and writes it as
 //! Markdown and JUnit.
 
+mod admin;
 mod args;
 mod cdi;
 mod checks;
@@ -42,20 +52,27 @@ mod churn;
 mod claims;
 mod class_selector;
 mod evidence;
+mod features;
 mod health;
+mod inventory;
+mod partitions;
 mod pods;
 mod registration;
 mod retry;
 mod reuse;
 mod session;
 mod several;
+mod sharing;
 mod slices;
 pub mod summary;
+mod taints;
 
 use std::{future::Future, sync::Arc};
 
 pub use args::{Target, UnderTestArgs};
-use harness::framework::{Ctx, Registry, SpecResult};
+use futures::future::BoxFuture;
+use harness::framework::{Ctx, Precheck, Registry, SpecResult};
+use inventory::Inventory;
 
 /// The label of every driver-under-test spec (`--label-filter DriverUnderTest`).
 pub const LABEL: &str = "DriverUnderTest";
@@ -73,6 +90,19 @@ where
 {
     let target = target.clone();
     move |ctx| body(ctx, target.clone())
+}
+
+/// The requirement that the slices of the node under test show what `plan` needs (else a skip
+/// with its reason, before anything is created).
+fn showing<T: Send + 'static>(
+    target: &Arc<Target>,
+    plan: fn(&Inventory) -> Result<T, String>,
+) -> impl Fn(Precheck) -> BoxFuture<'static, SpecResult> + Send + Sync + 'static {
+    let target = target.clone();
+    move |pre| {
+        let target = target.clone();
+        Box::pin(async move { features::require(&pre, &target, plan).await })
+    }
 }
 
 /// Registers the driver-under-test specs for `target` (the summary of their run is
@@ -201,8 +231,58 @@ pub fn register(registry: &mut Registry, target: Target) {
                  again (exactly one more call, which reaches the driver and succeeds) and the pod runs with the \
                  claim's CDI devices. Skipped without --interpose.",
             );
+            register_optional(r, &target);
         });
     });
+}
+
+/// Registers the specs of the optional features (m to p).
+fn register_optional(r: &mut Registry, target: &Arc<Target>) {
+    r.it(
+        "allocates partitions until their shared counters are used up, and again once they are freed",
+        with(target, partitions::fill),
+    )
+    .runs_alone(ALONE)
+    .requires(showing(target, features::partitions))
+    .description(
+        "Partitionable devices (sharedCounters, consumesCounters): of a kind of partition (same attributes, \
+         asked for by a CEL selector on them) of which N >= 2 fit their counter set at once and more are \
+         published, a claim for one and a claim for N-1 run with their CDI devices, N distinct partitions \
+         in all; a third claim for one stays unallocated while partitions of the kind are free (its pod \
+         unschedulable, the scheduler's message in the step; interposed, never prepared); once the first pod \
+         and claim are gone it is allocated a partition of the kind and its pod runs (interposed: prepared \
+         after the first claim was unprepared). Skipped when the slices of the node show no such partitions.",
+    );
+    r.it("shares a device between claims that consume its capacity", with(target, sharing::share_capacity))
+        .runs_alone(ALONE)
+        .requires(showing(target, features::sharing))
+        .description(
+            "Consumable capacity: a device with allowMultipleAllocations that its attributes single out, with a \
+             capacity that has a requestPolicy; two claims each request the policy's smallest amount of it \
+             (capacity.requests) and both pods run at once with their CDI devices; each allocation is that \
+             device, with consumedCapacity of at least the amount and a shareID of its own. Skipped when the \
+             slices of the node show no such device.",
+        );
+    r.it("allocates a tainted device only to a claim that tolerates its taint", with(target, taints::tolerated))
+        .runs_alone(ALONE)
+        .requires(showing(target, features::taints))
+        .description(
+            "Device taints: for devices with a NoSchedule or NoExecute taint (a kind of them asked for by their \
+             attributes, or all devices when every one is tainted), a claim without a toleration stays \
+             unallocated (its pod unschedulable; interposed, never prepared), and a claim that tolerates each \
+             taint is allocated one of them, the allocation carries the tolerations, and its pod runs with its \
+             CDI devices. Skipped when the slices of the node show no tainted device.",
+        );
+    r.it("gives a claim with admin access a device that another claim holds", with(target, admin::in_use))
+        .runs_alone(ALONE)
+        .requires(showing(target, features::plain))
+        .description(
+            "Admin access: in a namespace labelled resource.kubernetes.io/admin-access=true, a claim with \
+             adminAccess is created first (refused or stripped by the API server: skipped, quoting it); a claim \
+             takes every plain device of the node (allocationMode All) and its pod runs; then the admin claim's \
+             pod runs, its claim allocated one of those devices with adminAccess in the allocation result, and \
+             both pods have their claims' CDI devices (interposed: each prepared once, OK).",
+        );
 }
 
 #[cfg(test)]
@@ -217,7 +297,7 @@ mod tests {
         let mut registry = Registry::for_version(crate::versions::DEFAULT);
         register(&mut registry, target);
         registry.validate().unwrap();
-        assert_eq!(registry.len(), 12);
+        assert_eq!(registry.len(), 16);
         for spec in registry.specs() {
             assert!(
                 spec.full_text().starts_with("[sig-node] [DRA] driver under test [DriverUnderTest] "),

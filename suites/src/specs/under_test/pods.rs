@@ -10,6 +10,7 @@ use kube::ResourceExt as _;
 
 use super::{
     Target,
+    cdi::CdiDevices,
     checks::{
         expect_allocated_for, expect_cdi_removed, expect_cdi_visible, expect_not_unprepared,
         expect_unprepared_once, prepared,
@@ -35,14 +36,30 @@ pub struct Running {
 /// be known.
 pub async fn start_pod(s: &Session) -> anyhow::Result<Running> {
     let claim = s.create_claim().await?;
+    run_with_claim(s, &claim).await
+}
+
+/// [`start_pod`] with a claim the caller created.
+pub async fn run_with_claim(s: &Session, claim: &ResourceClaim) -> anyhow::Result<Running> {
     let before = s.cdi.devices().await?;
     let pod = s.create_pod(&claim.name_any(), false).await?;
-    let pod = s.wait_running(&pod).await?;
-    let claim = s.claim(&claim.name_any()).await?;
+    check_running(s, &claim.name_any(), &pod, &before).await
+}
+
+/// Waits until `pod` (created when the node's CDI devices were `before`) runs and checks its
+/// claim `claim` as [`start_pod`] does.
+pub async fn check_running(
+    s: &Session,
+    claim: &str,
+    pod: &Pod,
+    before: &CdiDevices,
+) -> anyhow::Result<Running> {
+    let pod = s.wait_running(pod).await?;
+    let claim = s.claim(claim).await?;
     expect_allocated_for(s, &claim, &pod)?;
     let uid = claim.uid().unwrap_or_default();
     let now = s.cdi.devices().await?;
-    let prepared = prepared(s, &uid, &pod, &before, &now)?;
+    let prepared = prepared(s, &uid, &pod, before, &now)?;
     if prepared.is_known() {
         expect_cdi_visible(s, &pod, &prepared.ids, &now).await?;
     }
@@ -52,15 +69,23 @@ pub async fn start_pod(s: &Session) -> anyhow::Result<Running> {
     Ok(Running { pod, claim, uid, prepared })
 }
 
+/// Skips, saying why, when the CDI devices prepared for a running claim cannot be known: a spec
+/// that checked everything else still cannot say that the driver's devices reached the pods.
+pub fn cdi_known(s: &Session, running: &[&Running]) -> SpecResult {
+    for r in running {
+        if let Some(why) = r.prepared.unknown_because(&s.target.driver, &r.claim.name_any(), &s.node) {
+            return Err(Skip::because(why));
+        }
+    }
+    Ok(())
+}
+
 /// b: a pod with a claim from the class runs with the driver's devices, prepared once
 /// (interposed); skipped when the CDI devices prepared for it cannot be known.
 pub async fn prepares(ctx: Ctx, target: Arc<Target>) -> SpecResult {
     let s = Session::start(&ctx, &target).await?;
     let running = start_pod(&s).await?;
-    if let Some(why) = running.prepared.unknown_because(&target.driver, &running.claim.name_any(), &s.node) {
-        return Err(Skip::because(why));
-    }
-    Ok(())
+    cdi_known(&s, &[&running])
 }
 
 /// c: deleting the pod unprepares its claim (interposed: once) and removes its CDI devices.

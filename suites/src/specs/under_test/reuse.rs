@@ -11,6 +11,7 @@ use kube::ResourceExt as _;
 
 use super::{
     Target,
+    checks::expect_unprepared_before,
     evidence::Deletion,
     pods::{start_pod, unprepare},
     session::{Session, allocated_devices},
@@ -54,18 +55,7 @@ pub async fn reuses(ctx: Ctx, target: Arc<Target>) -> SpecResult {
         s.node
     ));
 
-    if let Some(calls) = s.calls() {
-        let log = calls.log();
-        let (gone, new) = (log.claim(&first.uid), log.claim(&second.uid));
-        let unprepared = gone.last_unprepared().map(|c| c.id);
-        let prepared = new.calls.iter().find(|c| c.prepare).map(|c| c.id);
-        expect!(
-            unprepared.is_some() && prepared.is_some() && unprepared < prepared,
-            "claim {} must be unprepared before claim {} is prepared: {gone}\n{new}{}",
-            first.claim.name_any(),
-            second.claim.name_any(),
-            s.call_log()
-        );
-    }
+    let (gone, new) = (first.claim.name_any(), second.claim.name_any());
+    expect_unprepared_before(&s, (&gone, &first.uid), (&new, &second.uid))?;
     Ok(())
 }

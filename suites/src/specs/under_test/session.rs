@@ -138,10 +138,15 @@ impl Session {
     /// Creates a claim for `count` devices of the class (one request), deleted like
     /// [`Session::create_claim`]'s.
     pub async fn create_claim_for(&self, count: u32) -> anyhow::Result<ResourceClaim> {
-        let mut exactly = json!({ "deviceClassName": self.target.class });
-        if count != 1 {
-            exactly["count"] = json!(count);
-        }
+        let exactly = if count == 1 { json!({}) } else { json!({ "count": count }) };
+        self.create_claim_with(exactly).await
+    }
+
+    /// Creates a claim with one request for devices of the class, `exactly` adding to it
+    /// (`count`, `selectors`, `capacity`, `tolerations`, `adminAccess`, `allocationMode`);
+    /// deleted like [`Session::create_claim`]'s.
+    pub async fn create_claim_with(&self, mut exactly: serde_json::Value) -> anyhow::Result<ResourceClaim> {
+        exactly["deviceClassName"] = json!(self.target.class);
         let claim: ResourceClaim = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -224,6 +229,26 @@ impl Session {
             wait::gone(&api, &name, format!("{kind} {name} to be gone"), POD_DELETE_TIMEOUT).await?;
             Ok(())
         });
+    }
+
+    /// Waits until the scheduler reports the pod unschedulable (`PodScheduled=False`, reason
+    /// `Unschedulable`); fails at once if it gets a node. Returns the scheduler's message.
+    pub async fn wait_unschedulable(&self, pod: &Pod) -> anyhow::Result<String> {
+        let name = pod.name_any();
+        let what = format!("pod {name} to be unschedulable");
+        let pending = wait::existing(&self.pods(), &name, what, POD_START_TIMEOUT, |p| {
+            if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                return Verdict::Fail(format!("pod {name} got scheduled"));
+            }
+            Verdict::done_if(
+                harness::builder::condition(p, "PodScheduled")
+                    .is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable")),
+            )
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}{}", self.call_log()))?;
+        let condition = harness::builder::condition(&pending, "PodScheduled");
+        Ok(condition.and_then(|c| c.message.clone()).unwrap_or_default())
     }
 
     /// Waits until the pod runs; fails at once if it terminates.
