@@ -28,9 +28,8 @@ use serde_json::json;
 use super::{
     Target, features,
     inventory::Pin,
-    partitions::got,
     pods::{cdi_known, run_with_claim},
-    session::Session,
+    session::{Session, allocated_ids as got},
 };
 
 /// The namespace label without which the API server refuses admin access.

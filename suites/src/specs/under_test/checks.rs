@@ -16,7 +16,7 @@ use kube::ResourceExt as _;
 use super::{
     cdi::{CdiDevices, still_defined},
     evidence::{Prepared, pod_status_ids},
-    session::{CONTAINER, POD_CLAIM, Session, allocated_devices, reserved_for},
+    session::{CONTAINER, POD_CLAIM, Session, allocated_devices, allocated_ids, reserved_for},
 };
 
 /// How often the node's CDI files are read while waiting.
@@ -187,6 +187,29 @@ pub fn expect_unprepared_before(
         session.call_log()
     );
     Ok(())
+}
+
+/// Creates a pod of claim `claim` on the node under test and checks that the scheduler cannot
+/// place it: the pod is reported unschedulable, the claim stays unallocated and, interposed, the
+/// driver is never called for it. `because` says why it must not be allocated, for the failure.
+/// Returns the pod and the scheduler's message.
+pub async fn expect_pending(session: &Session, claim: &str, because: &str) -> anyhow::Result<(Pod, String)> {
+    let pod = session.create_pod(claim, false).await?;
+    let why = session.wait_unschedulable(&pod).await?;
+    let stored = session.claim(claim).await?;
+    anyhow::ensure!(
+        allocated_devices(&stored).is_empty(),
+        "claim {claim} got {:?} although {because}",
+        allocated_ids(&stored)
+    );
+    if let Some(history) = claim_calls(session, &stored.uid().unwrap_or_default()) {
+        anyhow::ensure!(
+            history.calls.is_empty(),
+            "the driver was called for claim {claim}, which is not allocated:\n{history}{}",
+            session.call_log()
+        );
+    }
+    Ok((pod, why))
 }
 
 /// Interposed: no unprepare named the claim so far.

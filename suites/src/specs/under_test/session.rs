@@ -374,5 +374,10 @@ pub fn allocated_devices(claim: &ResourceClaim) -> Vec<(String, String, String)>
         .collect()
 }
 
+/// The devices a claim got, as `pool/name`.
+pub fn allocated_ids(claim: &ResourceClaim) -> std::collections::BTreeSet<String> {
+    allocated_devices(claim).into_iter().map(|(_, pool, device)| format!("{pool}/{device}")).collect()
+}
+
 /// How long a spec watches that something does not happen (upstream's `Consistently` of 20 s).
 pub const CONSISTENTLY: Duration = Duration::from_secs(20);
