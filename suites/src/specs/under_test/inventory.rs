@@ -356,6 +356,26 @@ pub(super) mod tests {
             pin.ids(),
             ["n1/partition-0", "n1/partition-1", "n1/partition-2"].map(String::from).into()
         );
+        // Qualified names keep their domain; ints, bools and quoted strings are CEL literals.
+        let typed = Inventory::of(
+            &slices(
+                serde_json::json!([{ "name": "a", "attributes": {
+                    "gpu.example.com/index": { "int": 3 }, "healthy": { "bool": true },
+                    "model": { "string": "say \"hi\"" }, "v": { "version": "1.0.0" } } }]),
+                serde_json::Value::Null,
+            ),
+            DRIVER,
+            "n1",
+        );
+        let selector = typed.pin(&typed.devices[0]).selector.unwrap();
+        for term in [
+            r#"device.attributes["gpu.example.com"].index == 3"#,
+            r#"device.attributes["example.dra-e2e.test"].healthy == true"#,
+            r#"device.attributes["example.dra-e2e.test"].model == "say \"hi\"""#,
+        ] {
+            assert!(selector.contains(term), "{term} not in {selector}");
+        }
+        assert!(!selector.contains(".v "), "a version attribute is not compared: {selector}");
         // No attribute: no selector, every device.
         let plain = Inventory::of(&example_plain(), DRIVER, "n1");
         let pin = plain.pin(&plain.devices[0]);
