@@ -8,6 +8,8 @@ pub(crate) mod images;
 pub(crate) mod kube_module;
 pub(crate) mod kube_version;
 pub(crate) mod layout;
+#[cfg(test)]
+pub(crate) mod own_process;
 pub(crate) mod process;
 pub(crate) mod registry;
 pub(crate) mod shared_libs;
