@@ -109,7 +109,7 @@ fn download_with(version: &KubeVersion, toolchain: &str) -> anyhow::Result<Resul
         error: Option<String>,
     }
     let outside = tempfile::tempdir().context("creating an empty directory")?;
-    let out = crate::common::build::go_output_with_retries("go mod download", || {
+    let out = crate::common::go_retry::go_output_with_retries("go mod download", || {
         let mut command = Command::new("go");
         command
             .args(["mod", "download", "-json", &format!("k8s.io/kubernetes@{version}")])
@@ -230,7 +230,7 @@ pub fn replacements(repo: &Path) -> Vec<Replacement> {
 pub fn tidy(work: &Path, toolchain: &str, replacements: &[Replacement]) -> anyhow::Result<Vec<&'static str>> {
     let mut replaced: Vec<&'static str> = Vec::new();
     loop {
-        let out = crate::common::build::go_output_with_retries("go mod tidy", || {
+        let out = crate::common::go_retry::go_output_with_retries("go mod tidy", || {
             let mut command = Command::new("go");
             command.args(["mod", "tidy"]).current_dir(work).env("GOTOOLCHAIN", toolchain);
             command

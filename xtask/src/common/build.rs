@@ -22,7 +22,7 @@ use std::{fs, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-pub(crate) use self::go::{go_build, go_build_quiet, go_output_with_retries, go_version, path_str};
+pub(crate) use self::go::{go_build, go_build_quiet, go_version, path_str};
 use self::{cache_key::cache_key, go::GoBuild, plan::plan};
 pub use self::{
     plan::Wanted,

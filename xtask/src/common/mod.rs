@@ -4,6 +4,7 @@
 //! helpers.
 
 pub(crate) mod build;
+pub(crate) mod go_retry;
 pub(crate) mod images;
 pub(crate) mod kube_module;
 pub(crate) mod kube_version;

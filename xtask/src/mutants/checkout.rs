@@ -70,7 +70,7 @@ fn download_modules(modules: &[&str], version: &str, toolchain: &str) -> Result<
         error: Option<String>,
     }
     let outside = tempfile::tempdir().context("create an empty directory")?;
-    let out = crate::common::build::go_output_with_retries("go mod download", || {
+    let out = crate::common::go_retry::go_output_with_retries("go mod download", || {
         let mut command = Command::new("go");
         command
             .args(["mod", "download", "-json"])
