@@ -1,6 +1,7 @@
 //! The runner's output levels (`-v`, `--succinct`), progress reports (`--poll-progress-after`,
-//! SIGUSR1) and Ctrl-C messages, without a cluster: in-memory specs on a trivial backend, in
-//! this process and, for the signals, in a child process running the real command line.
+//! SIGUSR1) and interrupts (Ctrl-C's SIGINT, SIGTERM), without a cluster: in-memory specs on a
+//! trivial backend, in this process and, for the signals, in a child process running the real
+//! command line.
 //!
 //! The child is this test binary itself, started with the ignored test `child_process` and the
 //! variable `FRAMEWORK_CHILD` naming the specs it registers.
@@ -17,6 +18,7 @@ use harness::{
     },
     wait::{self, Attempt},
 };
+use rustix::process::Signal;
 use tokio::{
     io::{AsyncBufReadExt as _, BufReader, Lines},
     process::{Child, ChildStderr, ChildStdout},
@@ -259,7 +261,7 @@ fn spawn_child(specs: &str, args: &str) -> Spawned {
     Spawned { child, _artifacts: artifacts, stdout, stderr }
 }
 
-fn signal(child: &Child, signal: rustix::process::Signal) {
+fn signal(child: &Child, signal: Signal) {
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
     rustix::process::kill_process(pid, signal).unwrap();
 }
@@ -316,7 +318,7 @@ async fn report_with_both_waiting(spawned: &mut Spawned) -> String {
         loop {
             // Give the runner time to install its handler and the specs time to start.
             tokio::time::sleep(Duration::from_millis(300)).await;
-            signal(&spawned.child, rustix::process::Signal::USR1);
+            signal(&spawned.child, Signal::USR1);
             let report =
                 read_until(&mut spawned.stdout, "Progress report (SIGUSR1)", Duration::from_secs(10)).await;
             let mut block = vec![report.last().unwrap().clone()];
@@ -349,8 +351,24 @@ async fn sigusr1_prints_a_progress_report_of_every_running_spec() {
     }
     assert!(report.contains("    At [By Step] ask the void (Step Runtime: "), "{report}");
     // End the run: the first Ctrl-C cancels, the slow cleanups are reported while they run.
-    signal(&spawned.child, rustix::process::Signal::INT);
-    read_until(&mut spawned.stderr, "Interrupted: cancelling running specs", Duration::from_secs(30)).await;
+    an_interrupt_cancels_and_cleans_up(spawned, Signal::INT, "SIGINT").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_the_run_and_runs_the_cleanups_as_ctrl_c_does() {
+    // SIGTERM (a CI's timeout, `timeout(1)`, `kill`) used to end the runner without a cleanup.
+    let mut spawned = spawn_child("waiting", "-p 2 --timeout 5m");
+    report_with_both_waiting(&mut spawned).await;
+    an_interrupt_cancels_and_cleans_up(spawned, Signal::TERM, "SIGTERM").await;
+}
+
+/// Sends `first` to the run of [`waiting_specs`] (both specs waiting): the run says which signal
+/// came, both specs' slow cleanups run and are reported while they do, and the run ends
+/// interrupted (exit 130) with both specs failed.
+async fn an_interrupt_cancels_and_cleans_up(mut spawned: Spawned, first: Signal, name: &str) {
+    signal(&spawned.child, first);
+    let message = format!("Interrupted ({name}): cancelling running specs and running their cleanups; ");
+    read_until(&mut spawned.stderr, &message, Duration::from_secs(30)).await;
     let seen = both_in_cleanup(&mut spawned.stderr, "slow cleanup").await;
     let status = seen.join("\n");
     assert!(
@@ -372,16 +390,34 @@ async fn sigusr1_prints_a_progress_report_of_every_running_spec() {
     while let Some(line) = spawned.stdout.next_line().await.unwrap() {
         rest.push(line);
     }
+    assert!(rest.iter().any(|l| l.contains("interrupted (Ctrl-C) while running")), "{rest:#?}");
     assert!(rest.last().unwrap().starts_with("0 passed, 2 failed, 0 skipped in "), "{rest:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_ctrl_c_lists_the_cleanups_not_done() {
+    a_second_interrupt_exits_at_once((Signal::INT, "SIGINT"), (Signal::INT, "SIGINT"), 130).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_interrupt_of_either_kind_after_sigterm_exits_143_at_once() {
+    a_second_interrupt_exits_at_once((Signal::TERM, "SIGTERM"), (Signal::INT, "SIGINT"), 143).await;
+    a_second_interrupt_exits_at_once((Signal::TERM, "SIGTERM"), (Signal::TERM, "SIGTERM"), 143).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_after_ctrl_c_exits_130_at_once() {
+    a_second_interrupt_exits_at_once((Signal::INT, "SIGINT"), (Signal::TERM, "SIGTERM"), 130).await;
+}
+
+/// Sends `first`, then once both specs of [`waiting_specs`] hang in a cleanup, `second`: the run
+/// exits at once with `code`, naming both signals and listing the cleanup steps not done.
+async fn a_second_interrupt_exits_at_once(first: (Signal, &str), second: (Signal, &str), code: i32) {
     let mut spawned = spawn_child("hanging", "-p 2 --timeout 5m");
     report_with_both_waiting(&mut spawned).await;
-    signal(&spawned.child, rustix::process::Signal::INT);
+    signal(&spawned.child, first.0);
     both_in_cleanup(&mut spawned.stderr, "hang").await;
-    signal(&spawned.child, rustix::process::Signal::INT);
+    signal(&spawned.child, second.0);
     let mut rest = Vec::new();
     timeout(Duration::from_secs(30), async {
         while let Some(line) = spawned.stderr.next_line().await.unwrap() {
@@ -389,13 +425,11 @@ async fn a_second_ctrl_c_lists_the_cleanups_not_done() {
         }
     })
     .await
-    .expect("the child did not close stderr after the second Ctrl-C");
+    .expect("the child did not close stderr after the second interrupt");
     let status = timeout(Duration::from_secs(30), spawned.child.wait()).await.unwrap().unwrap();
-    assert_eq!(status.code(), Some(130), "{rest:#?}");
-    let at = rest
-        .iter()
-        .position(|l| l == "Interrupted twice: exiting without cleanup.")
-        .unwrap_or_else(|| panic!("{rest:#?}"));
+    assert_eq!(status.code(), Some(code), "{rest:#?}");
+    let twice = format!("Interrupted twice ({}, then {}): exiting without cleanup.", first.1, second.1);
+    let at = rest.iter().position(|l| *l == twice).unwrap_or_else(|| panic!("{twice:?} in {rest:#?}"));
     assert_eq!(rest[at + 1], "Cleanup steps not done:", "{rest:#?}");
     for name in ["waits one", "waits two"] {
         let line = rest

@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -228,21 +228,22 @@ fn procs_for_cpus(cpus: usize) -> usize {
     procs.max(2)
 }
 
-/// How often the run says what it is cleaning up after the first Ctrl-C.
+/// How often the run says what it is cleaning up after the first interrupt.
 const CLEANUP_STATUS_EVERY: Duration = Duration::from_secs(3);
 
 /// Runs the selected specs against the cluster of `--kubeconfig` and
 /// returns the process exit code: 0 when nothing failed, 1 when a spec
 /// failed, 2 for usage or configuration errors (bad regex or label filter,
 /// unusable kubeconfig, unreachable cluster, no `resource.k8s.io/v1`), 130
-/// after Ctrl-C.
+/// after an interrupt (Ctrl-C's SIGINT, or SIGTERM).
 ///
 /// Installs the default tracing set-up ([`init_tracing`](crate::init_tracing))
 /// unless a global subscriber exists, a panic hook that logs panics inside
 /// specs into the spec's log, and the signal handlers: SIGUSR1 prints a progress report of
-/// every running spec; the first Ctrl-C cancels running specs (their cleanups run, and every
-/// few seconds the run says which cleanup each spec is in) and writes the report; a second one
-/// lists the cleanup steps not done and exits at once.
+/// every running spec; the first interrupt, SIGINT (Ctrl-C) or SIGTERM, cancels running specs
+/// (their cleanups run, and every few seconds the run says which cleanup each spec is in) and
+/// writes the report; a second one, of either kind, lists the cleanup steps not done and exits
+/// at once: 130 when the first was SIGINT, 143 when it was SIGTERM.
 pub async fn run(registry: Registry, args: RunnerArgs) -> ExitCode {
     capture::init_tracing();
     if let Some(code) = before_the_cluster(&registry, &args, true) {
@@ -380,7 +381,7 @@ fn before_the_cluster(registry: &Registry, args: &RunnerArgs, final_registry: bo
     None
 }
 
-/// SIGUSR1 and Ctrl-C, for as long as the run lasts.
+/// SIGUSR1, and the interrupts (SIGINT, SIGTERM), for as long as the run lasts.
 async fn handle_signals(interrupt: CancellationToken, monitor: Monitor, output: Output) {
     let reports = async {
         match signal(SignalKind::user_defined1()) {
@@ -392,35 +393,101 @@ async fn handle_signals(interrupt: CancellationToken, monitor: Monitor, output: 
             Err(e) => tracing::warn!("cannot listen for SIGUSR1: {e}"),
         }
     };
-    tokio::join!(reports, handle_ctrl_c(interrupt, &monitor));
+    tokio::join!(reports, handle_interrupts(interrupt, &monitor));
 }
 
-/// First Ctrl-C: cancel the run, then say every few seconds what is being cleaned up. Second:
-/// list the cleanup steps not done and exit immediately. One listener serves both, so a second
-/// Ctrl-C that comes right after the first (before a new listener could exist) is not lost.
-async fn handle_ctrl_c(interrupt: CancellationToken, monitor: &Monitor) {
-    let mut sigint = match signal(SignalKind::interrupt()) {
-        Ok(sigint) => sigint,
-        Err(e) => {
-            tracing::warn!("cannot listen for Ctrl-C: {e}");
-            return;
+/// A signal that interrupts the run: Ctrl-C's SIGINT, or the SIGTERM of a CI's timeout,
+/// `timeout(1)` or `kill`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Interrupt {
+    Int,
+    Term,
+}
+
+impl Interrupt {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Int => "SIGINT",
+            Self::Term => "SIGTERM",
         }
-    };
-    if sigint.recv().await.is_none() {
-        return;
     }
+
+    /// The exit code when a second interrupt ends the run at once after this first one: 128 +
+    /// the signal's number, what the shell reports for a process the signal ended (130 after
+    /// SIGINT, 143 after SIGTERM). A run that finished its cleanups exits 130 after either
+    /// ([`RunReport::exit_code`](crate::RunReport::exit_code)): that is the runner's
+    /// one code for "interrupted", which xtask's lanes and mutants read.
+    fn exit_code(self) -> i32 {
+        match self {
+            Self::Int => 130,
+            Self::Term => 143,
+        }
+    }
+}
+
+/// The interrupts' listeners; one that could not be installed never fires (that signal then
+/// ends the process as by default).
+struct Interrupts {
+    sigint: Option<Signal>,
+    sigterm: Option<Signal>,
+}
+
+impl Interrupts {
+    fn listen() -> Self {
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| tracing::warn!("cannot listen for {name}: {e}")).ok()
+        };
+        Self {
+            sigint: listen(SignalKind::interrupt(), "SIGINT (Ctrl-C)"),
+            sigterm: listen(SignalKind::terminate(), "SIGTERM"),
+        }
+    }
+
+    /// The next interrupt; `None` once neither can come any more. Cancel-safe.
+    async fn next(&mut self) -> Option<Interrupt> {
+        async fn recv(signal: &mut Option<Signal>) -> Option<()> {
+            match signal {
+                Some(signal) => signal.recv().await,
+                None => None,
+            }
+        }
+        tokio::select! {
+            Some(()) = recv(&mut self.sigint) => Some(Interrupt::Int),
+            Some(()) = recv(&mut self.sigterm) => Some(Interrupt::Term),
+            else => None,
+        }
+    }
+}
+
+/// The first interrupt (SIGINT or SIGTERM): cancel the run, then say every few seconds what is
+/// being cleaned up. The second (either): list the cleanup steps not done and exit at once,
+/// with the first one's [`Interrupt::exit_code`]. The same listeners serve both, so a second
+/// interrupt that comes right after the first (before a new listener could exist) is not lost.
+async fn handle_interrupts(interrupt: CancellationToken, monitor: &Monitor) {
+    let mut interrupts = Interrupts::listen();
+    let Some(first) = interrupts.next().await else { return };
     let interrupted = tokio::time::Instant::now();
+    let again = match first {
+        Interrupt::Int => "press Ctrl-C again to exit at once",
+        Interrupt::Term => "a second SIGTERM or SIGINT exits at once",
+    };
     eprintln!(
-        "\nInterrupted: cancelling running specs and running their cleanups; press Ctrl-C again to exit at once."
+        "\nInterrupted ({}): cancelling running specs and running their cleanups; {again}.",
+        first.name()
     );
     interrupt.cancel();
     let mut status = tokio::time::interval_at(interrupted + CLEANUP_STATUS_EVERY, CLEANUP_STATUS_EVERY);
     loop {
         tokio::select! {
-            received = sigint.recv() => {
-                if received.is_some() {
-                    eprint!("\nInterrupted twice: exiting without cleanup.\n{}", monitor.left_behind());
-                    std::process::exit(130);
+            second = interrupts.next() => {
+                if let Some(second) = second {
+                    eprint!(
+                        "\nInterrupted twice ({}, then {}): exiting without cleanup.\n{}",
+                        first.name(),
+                        second.name(),
+                        monitor.left_behind()
+                    );
+                    std::process::exit(first.exit_code());
                 }
                 return;
             }

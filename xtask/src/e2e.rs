@@ -10,8 +10,13 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{kind, local, overrides::Overrides, provider::Provider};
+
+mod interrupts;
+
+pub(crate) use interrupts::pass_on_sigterm;
 
 /// What `cargo xtask e2e` runs: the cluster to use or bring up, and `dra-e2e`'s flags.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -63,26 +68,32 @@ pub fn target_dir(repo: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo.join("target"))
 }
 
-/// Runs `dra-e2e` with `args` against `kubeconfig`; returns its exit code. Ctrl-C reaches the
-/// runner too (same process group); we wait for it to finish its clean-up.
+/// Runs `dra-e2e` with `args` against `kubeconfig`; returns its exit code (128 + the signal's
+/// number when a signal ended it). It runs in a process group of its own: every SIGINT this
+/// process receives meanwhile (a terminal's Ctrl-C, `kill -INT`) is passed on to it once, and a
+/// SIGTERM as [`pass_on_sigterm`] says ([`interrupts`]).
 pub async fn run_runner(runner: &Path, kubeconfig: &Path, args: &[String]) -> Result<i32> {
+    run_runner_in(&interrupts::RUNNERS, runner, kubeconfig, args).await
+}
+
+/// [`run_runner`], the process registered in `set`.
+async fn run_runner_in(
+    set: &interrupts::RunnerSet,
+    runner: &Path,
+    kubeconfig: &Path,
+    args: &[String],
+) -> Result<i32> {
     let (subcommand, args) = split_subcommand(args);
-    let mut child = tokio::process::Command::new(runner)
-        .args(subcommand)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .spawn()
-        .with_context(|| format!("start {}", runner.display()))?;
+    // Listening before dra-e2e starts: no SIGINT in between is lost.
+    let mut sigint = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+    let mut command = tokio::process::Command::new(runner);
+    command.args(subcommand).arg("--kubeconfig").arg(kubeconfig).args(args);
+    let (mut child, _registered) =
+        interrupts::spawn(&mut command, set).with_context(|| format!("start {}", runner.display()))?;
     loop {
         tokio::select! {
-            status = child.wait() => {
-                let status = status?;
-                return Ok(status.code().unwrap_or(1));
-            }
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("interrupted: waiting for dra-e2e to clean up");
-            }
+            status = child.wait() => return Ok(interrupts::exit_code(status?)),
+            Some(()) = sigint.recv() => interrupts::pass_on(&child),
         }
     }
 }
@@ -164,8 +175,137 @@ fn kind_args(args: &E2eOptions) -> kind::KindOptions {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // A panic in a test is a failure with a location.
 mod tests {
+    use std::time::Duration;
+
+    use rustix::process::{Pid, Signal, kill_process};
+
     use super::*;
+    use crate::common::own_process::{Process, in_own_process};
+
+    /// A stand-in dra-e2e, a real process, and the set it runs in: it writes `started` (its pid),
+    /// appends each SIGINT (`INT`) and SIGTERM (`TERM`) it receives to `received`, exits 143
+    /// after a SIGTERM and 0 once `stop` exists, or after a minute (a failed test leaves no
+    /// process behind, nor one that holds the test's output open).
+    struct StandIn {
+        dir: tempfile::TempDir,
+        runner: PathBuf,
+        set: interrupts::RunnerSet,
+    }
+
+    impl StandIn {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let script = format!(
+                "#!/bin/sh\nexec >/dev/null 2>&1\ncd {}\n\
+                 trap 'echo INT >> received' INT\ntrap 'echo TERM >> received; exit 143' TERM\n\
+                 echo $$ > started.tmp; mv started.tmp started\n\
+                 i=0; while [ ! -f stop ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n",
+                dir.path().display()
+            );
+            let runner = dir.path().join("dra-e2e");
+            std::fs::write(&runner, script).unwrap();
+            std::fs::set_permissions(&runner, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            Self { dir, runner, set: interrupts::RunnerSet::default() }
+        }
+
+        /// [`run_runner`] on the stand-in, in its set.
+        async fn run(&self) -> Result<i32> {
+            run_runner_in(&self.set, &self.runner, Path::new("/k.conf"), &[]).await
+        }
+
+        /// Its pid, once it runs and traps the signals.
+        async fn started(&self) -> i32 {
+            self.wait_for("started", |t| t.ends_with('\n')).await.trim().parse().unwrap()
+        }
+
+        /// Waits until its file `name` holds `wanted`; returns the text.
+        async fn wait_for(&self, name: &str, wanted: impl Fn(&str) -> bool) -> String {
+            let file = self.dir.path().join(name);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                if wanted(&text) {
+                    return text;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "{}: {text:?}", file.display());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+
+        /// The signals it received, in order.
+        fn received(&self) -> String {
+            std::fs::read_to_string(self.dir.path().join("received")).unwrap_or_default()
+        }
+    }
+
+    /// Sends `signal` to this process alone, as `kill` or a CI runner does (not to its group).
+    fn to_this_process(signal: Signal) {
+        kill_process(rustix::process::getpid(), signal).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_sigint_to_xtask_alone_reaches_dra_e2e_once() {
+        // The old run_runner left dra-e2e in xtask's group and passed nothing on: a SIGINT to
+        // xtask alone never reached it.
+        if let Process::Ran { stderr } =
+            in_own_process(module_path!(), "each_sigint_to_xtask_alone_reaches_dra_e2e_once")
+        {
+            // Two SIGINTs, each passed on once (two sent at once would reach the stand-in as one).
+            let passed_on = stderr.matches("interrupted (SIGINT): passed on to dra-e2e").count();
+            assert_eq!(passed_on, 2, "{stderr}");
+            return;
+        }
+        let stand_in = StandIn::new();
+        let signals = async {
+            let group = rustix::process::getpgid(Pid::from_raw(stand_in.started().await)).unwrap();
+            assert_ne!(group, rustix::process::getpgrp(), "dra-e2e runs in a process group of its own");
+            to_this_process(Signal::INT);
+            stand_in.wait_for("received", |t| !t.is_empty()).await;
+            to_this_process(Signal::INT);
+            stand_in.wait_for("received", |t| t.lines().count() >= 2).await;
+            std::fs::write(stand_in.dir.path().join("stop"), "").unwrap();
+        };
+        let (code, ()) = tokio::join!(stand_in.run(), signals);
+        assert_eq!(code.unwrap(), 0);
+        assert_eq!(stand_in.received(), "INT\nINT\n");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigterm_goes_on_to_dra_e2e_and_xtask_exits_143_once_it_ended() {
+        let Process::Own =
+            in_own_process(module_path!(), "sigterm_goes_on_to_dra_e2e_and_xtask_exits_143_once_it_ended")
+        else {
+            return;
+        };
+        let stand_in = StandIn::new();
+        let sigterm = signal(SignalKind::terminate()).unwrap();
+        let terminations = async {
+            stand_in.started().await;
+            to_this_process(Signal::TERM);
+            interrupts::terminations(sigterm, &stand_in.set).await
+        };
+        let (code, exit) = tokio::join!(stand_in.run(), terminations);
+        assert_eq!((code.unwrap(), exit), (143, interrupts::TERMINATED), "dra-e2e trapped SIGTERM, exit 143");
+        assert_eq!(stand_in.received(), "TERM\n");
+        // xtask is ending: no dra-e2e starts any more.
+        let again = stand_in.run().await.unwrap_err();
+        assert!(format!("{again:#}").contains("terminated (SIGTERM)"), "{again:#}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigterm_with_no_dra_e2e_running_ends_xtask_at_once_with_143() {
+        let Process::Own =
+            in_own_process(module_path!(), "sigterm_with_no_dra_e2e_running_ends_xtask_at_once_with_143")
+        else {
+            return;
+        };
+        let set = interrupts::RunnerSet::default();
+        let sigterm = signal(SignalKind::terminate()).unwrap();
+        to_this_process(Signal::TERM);
+        assert_eq!(interrupts::terminations(sigterm, &set).await, interrupts::TERMINATED);
+    }
 
     fn strings(args: &[&str]) -> Vec<String> {
         args.iter().map(|s| s.to_string()).collect()

@@ -109,13 +109,15 @@ fn download_with(version: &KubeVersion, toolchain: &str) -> anyhow::Result<Resul
         error: Option<String>,
     }
     let outside = tempfile::tempdir().context("creating an empty directory")?;
-    let out = Command::new("go")
-        .args(["mod", "download", "-json", &format!("k8s.io/kubernetes@{version}")])
-        .current_dir(outside.path())
-        .env("GOFLAGS", "-mod=mod")
-        .env("GOTOOLCHAIN", toolchain)
-        .output()
-        .context("running go mod download (is Go installed?)")?;
+    let out = crate::common::go_retry::go_output_with_retries("go mod download", || {
+        let mut command = Command::new("go");
+        command
+            .args(["mod", "download", "-json", &format!("k8s.io/kubernetes@{version}")])
+            .current_dir(outside.path())
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", toolchain);
+        command
+    })?;
     let Ok(info) = serde_json::from_slice::<Download>(&out.stdout) else {
         return Ok(Err(format!("go mod download: {}", String::from_utf8_lossy(&out.stderr).trim())));
     };
@@ -228,12 +230,11 @@ pub fn replacements(repo: &Path) -> Vec<Replacement> {
 pub fn tidy(work: &Path, toolchain: &str, replacements: &[Replacement]) -> anyhow::Result<Vec<&'static str>> {
     let mut replaced: Vec<&'static str> = Vec::new();
     loop {
-        let out = Command::new("go")
-            .args(["mod", "tidy"])
-            .current_dir(work)
-            .env("GOTOOLCHAIN", toolchain)
-            .output()
-            .context("running go mod tidy (is Go installed?)")?;
+        let out = crate::common::go_retry::go_output_with_retries("go mod tidy", || {
+            let mut command = Command::new("go");
+            command.args(["mod", "tidy"]).current_dir(work).env("GOTOOLCHAIN", toolchain);
+            command
+        })?;
         if out.status.success() {
             return Ok(replaced);
         }

@@ -576,7 +576,7 @@ async fn sigint_cancels_running_specs_cleans_up_and_writes_the_report() {
     let output = timeout(Duration::from_secs(180), child.wait_with_output()).await.unwrap().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert_eq!(output.status.code(), Some(130), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stderr.contains("Interrupted: cancelling running specs"), "{stderr}");
+    assert!(stderr.contains("Interrupted (SIGINT): cancelling running specs"), "{stderr}");
     assert!(stdout.contains("interrupted (Ctrl-C) while running"), "{stdout}");
     assert!(
         stdout.trim_end().lines().last().unwrap().starts_with("0 passed, 2 failed, 1 skipped in "),
@@ -613,7 +613,7 @@ async fn second_sigint_exits_at_once() {
     let mut seen = Vec::new();
     let first = timeout(Duration::from_secs(60), async {
         while let Some(line) = stderr.next_line().await.unwrap() {
-            let found = line.contains("Interrupted: cancelling running specs");
+            let found = line.contains("Interrupted (SIGINT): cancelling running specs");
             seen.push(line);
             if found {
                 return;
@@ -634,7 +634,10 @@ async fn second_sigint_exits_at_once() {
     .expect("timed out waiting for the self-test to exit after the second Ctrl-C");
     let status = timeout(Duration::from_secs(60), child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(130), "{rest:?}");
-    assert!(rest.iter().any(|l| l.contains("Interrupted twice: exiting without cleanup.")), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("Interrupted twice (SIGINT, then SIGINT): exiting without cleanup.")),
+        "{rest:?}"
+    );
     assert!(!dir.path().join("junit.xml").exists(), "the second Ctrl-C skips the report");
 
     // The hanging cleanups kept the rest from running: delete what the self-test left.

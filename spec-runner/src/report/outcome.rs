@@ -224,7 +224,8 @@ impl RunReport {
     }
 
     /// 0 when nothing failed, 1 when a spec failed, 2 for usage, configuration
-    /// or cluster problems, 130 when interrupted (128 + SIGINT).
+    /// or cluster problems, 130 when interrupted (128 + SIGINT; after SIGTERM too: the one
+    /// code for "interrupted", see the runner's `run`).
     pub fn exit_code(&self) -> u8 {
         if self.error.is_some() {
             2

@@ -177,6 +177,11 @@ pub enum ClusterAction {
 
 /// Runs the parsed command line: converts each command's options into the plain ones it takes.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if matches!(cli.command, Command::E2e(_) | Command::Bench { .. } | Command::Test(_) | Command::Mutants(_))
+    {
+        // The commands that run dra-e2e pass SIGTERM on to it and wait for its clean-up.
+        e2e::pass_on_sigterm();
+    }
     match cli.command {
         Command::Cluster { action } => run_cluster(action).await,
         Command::Docker { action } => kind::engine::run(action.into()).await,

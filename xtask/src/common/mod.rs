@@ -4,10 +4,13 @@
 //! helpers.
 
 pub(crate) mod build;
+pub(crate) mod go_retry;
 pub(crate) mod images;
 pub(crate) mod kube_module;
 pub(crate) mod kube_version;
 pub(crate) mod layout;
+#[cfg(test)]
+pub(crate) mod own_process;
 pub(crate) mod process;
 pub(crate) mod registry;
 pub(crate) mod shared_libs;

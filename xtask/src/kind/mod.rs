@@ -323,6 +323,9 @@ async fn up_in(
             args.name,
             config_path.display()
         );
+        if needs.cgroup_v1 {
+            info!("{}", network::CGROUP_V1_SENTENCE);
+        }
         let mut create = create_cluster_cmd(&args.name, config_path, image, &kubeconfig);
         if needs.own_cni {
             // No node is Ready before the xtask gives it a pod network: kind must not wait.

@@ -2,9 +2,10 @@
 //! configuration (host settings, no kindnetd) and pod networking without kindnetd.
 //!
 //! Host settings go into the derived `.e2e/kind-<name>.yaml` only where the host needs them:
-//! `failCgroupV1: false` for the kubelet on a cgroup v1 host, and `restrict_oom_score_adj = true`
-//! for containerd where root lacks CAP_SYS_RESOURCE (pod sandboxes fail to start otherwise).
-//! kind.yaml itself stays what GitHub's runners use.
+//! on a cgroup v1 host the kubelet gets `failCgroupV1: false` and both the kubelet and containerd
+//! the cgroupfs driver ([`CGROUP_V1_KUBELET_PATCH`], [`CGROUP_V1_CONTAINERD_PATCH`]); where root
+//! lacks CAP_SYS_RESOURCE containerd gets `restrict_oom_score_adj = true` (pod sandboxes fail to
+//! start otherwise). kind.yaml itself stays what GitHub's runners use.
 //!
 //! Pod networking with our image (kindnetd is not on the Go module proxy): every node gets a CNI
 //! `bridge` + `host-local` configuration for the podCIDR the controller manager gave it, and a
@@ -26,7 +27,8 @@ use crate::{
 /// What this host needs in the derived kind configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HostNeeds {
-    /// The host runs cgroup v1: the kubelet needs `failCgroupV1: false`.
+    /// The host runs cgroup v1: the kubelet needs `failCgroupV1: false`, and the kubelet and
+    /// containerd run with the cgroupfs driver.
     pub cgroup_v1: bool,
     /// Root lacks CAP_SYS_RESOURCE: containerd needs `restrict_oom_score_adj = true`.
     pub no_sys_resource: bool,
@@ -53,6 +55,28 @@ impl HostNeeds {
     }
 }
 
+/// The KubeletConfiguration patch of a cgroup v1 host: cgroup v1 allowed, and the cgroupfs
+/// driver (kind's `cgroupRoot: /kubelet` stays; kind's entrypoint creates it in every v1
+/// hierarchy). Nodes must agree with containerd's driver, [`CGROUP_V1_CONTAINERD_PATCH`].
+///
+/// Why cgroupfs: with the systemd driver on cgroup v1, runc's `Set` (run for every container at
+/// create, "error setting cgroup config for procHooks process") freezes the container's cgroup
+/// while systemd rewrites its device rules and fails with "unable to freeze" when the freezer
+/// stays FREEZING through its ~1000 tries (a loaded machine); the cgroupfs manager writes the
+/// device rules itself and never freezes at create (opencontainers/cgroups v0.0.6, which runc
+/// v1.4.3 uses: `systemd/v1.go` `LegacyManager.Set` and `systemd/devices.go` `freezeBeforeSet`
+/// against `fs/fs.go` `Manager.Set`, whose freezer step does nothing for an undefined state).
+/// Upstream: kubernetes/kubernetes#131087, opencontainers/runc#3803 and #3804.
+pub const CGROUP_V1_KUBELET_PATCH: &str = "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\nfailCgroupV1: false\ncgroupDriver: cgroupfs\n";
+
+/// The containerd patch of a cgroup v1 host: runc with the cgroupfs driver, for both of the node
+/// image's runtimes (kind's own patch for Kubernetes before 1.24, when kind used cgroupfs; the
+/// plugin name of the node's version 2 config.toml, so the merged file says it in kind's table).
+pub const CGROUP_V1_CONTAINERD_PATCH: &str = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n  SystemdCgroup = false\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.test-handler.options]\n  SystemdCgroup = false\n";
+
+/// What `cluster up` says when it creates a cluster on a cgroup v1 host.
+pub const CGROUP_V1_SENTENCE: &str = "cgroup v1 host: the nodes' kubelet and containerd use the cgroupfs driver (with the systemd driver runc can fail a container with \"unable to freeze\", kubernetes/kubernetes#131087)";
+
 /// `config` (kind.yaml's text, possibly with a lane's gates) with what `needs` asks for.
 pub fn apply_host_needs(config: &str, needs: HostNeeds) -> Result<String> {
     let mut doc: serde_yaml::Mapping =
@@ -64,10 +88,8 @@ pub fn apply_host_needs(config: &str, needs: HostNeeds) -> Result<String> {
         Ok(())
     };
     if needs.cgroup_v1 {
-        append(
-            "kubeadmConfigPatches",
-            "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\nfailCgroupV1: false\n",
-        )?;
+        append("kubeadmConfigPatches", CGROUP_V1_KUBELET_PATCH)?;
+        append("containerdConfigPatches", CGROUP_V1_CONTAINERD_PATCH)?;
     }
     if needs.no_sys_resource {
         append(
@@ -261,12 +283,54 @@ mod tests {
         let doc: serde_yaml::Value = serde_yaml::from_str(&out).unwrap();
         assert_eq!(doc["kubeadmConfigPatches"].as_sequence().unwrap().len(), 2);
         assert!(doc["kubeadmConfigPatches"][1].as_str().unwrap().contains("failCgroupV1: false"));
+        assert!(doc["containerdConfigPatches"][0].as_str().unwrap().contains("SystemdCgroup = false"));
         assert!(
-            doc["containerdConfigPatches"][0].as_str().unwrap().contains("restrict_oom_score_adj = true")
+            doc["containerdConfigPatches"][1].as_str().unwrap().contains("restrict_oom_score_adj = true")
         );
-        assert!(doc["containerdConfigPatches"][1].as_str().unwrap().contains("config_path"));
+        assert!(doc["containerdConfigPatches"][2].as_str().unwrap().contains("config_path"));
         assert_eq!(doc["networking"]["disableDefaultCNI"], true);
         assert!(out.trim_end().ends_with("A: true"), "featureGates stays last:\n{out}");
+    }
+
+    #[test]
+    fn a_cgroup_v1_host_gets_the_cgroupfs_driver_for_kubelet_and_containerd() {
+        let kind_yaml = std::fs::read_to_string(crate::cluster_config::default_path()).unwrap();
+        let v1 = HostNeeds { cgroup_v1: true, ..HostNeeds::default() };
+        let doc: serde_yaml::Value =
+            serde_yaml::from_str(&apply_host_needs(&kind_yaml, v1).unwrap()).unwrap();
+        // The kubelet patch is a well-formed KubeletConfiguration, appended after kind.yaml's.
+        let kubeadm = doc["kubeadmConfigPatches"].as_sequence().unwrap();
+        let kubelet: serde_yaml::Value =
+            serde_yaml::from_str(kubeadm.last().unwrap().as_str().unwrap()).unwrap();
+        assert_eq!(kubelet["kind"], "KubeletConfiguration");
+        assert_eq!(kubelet["apiVersion"], "kubelet.config.k8s.io/v1beta1");
+        assert_eq!(kubelet["cgroupDriver"], "cgroupfs");
+        assert_eq!(kubelet["failCgroupV1"], false);
+        // The containerd patch: for each of kind's runtimes, its options table with SystemdCgroup
+        // off, and nothing else (no `version`: kind skips a patch whose version differs from the
+        // node's config.toml).
+        let containerd = doc["containerdConfigPatches"].as_sequence().unwrap();
+        assert!(containerd[0].as_str().unwrap().contains("enable_cdi"), "kind.yaml's patch stays first");
+        let lines: Vec<&str> =
+            containerd.last().unwrap().as_str().unwrap().lines().filter(|l| !l.trim().is_empty()).collect();
+        let table = |runtime: &str| {
+            format!("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.{runtime}.options]")
+        };
+        assert_eq!(
+            lines,
+            [&table("runc"), "  SystemdCgroup = false", &table("test-handler"), "  SystemdCgroup = false"]
+        );
+
+        // cgroup v2: kind.yaml's patches only, nothing about the cgroup driver.
+        let v2 = apply_host_needs(&kind_yaml, HostNeeds { own_cni: true, ..HostNeeds::default() }).unwrap();
+        assert!(
+            !v2.contains("cgroupDriver") && !v2.contains("SystemdCgroup") && !v2.contains("failCgroupV1")
+        );
+        let original: serde_yaml::Value = serde_yaml::from_str(&kind_yaml).unwrap();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&v2).unwrap();
+        assert_eq!(doc["kubeadmConfigPatches"], original["kubeadmConfigPatches"]);
+        assert_eq!(doc["containerdConfigPatches"], original["containerdConfigPatches"]);
+        assert!(CGROUP_V1_SENTENCE.contains("cgroupfs") && CGROUP_V1_SENTENCE.contains("131087"));
     }
 
     #[test]

@@ -59,13 +59,14 @@ pub fn ensure_packages() -> Result<()> {
     eprintln!("==> installing missing Debian packages: {list}");
     let install = |update: bool| -> Result<bool> {
         if update {
-            let status = Command::new("apt-get").args(["update", "-qq"]).status()?;
+            let status =
+                Command::new("apt-get").args(["-o", "Acquire::Retries=3", "update", "-qq"]).status()?;
             if !status.success() {
                 bail!("apt-get update failed; install {list} yourself and retry");
             }
         }
         Ok(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(["-o", "Acquire::Retries=3", "install", "-y", "-qq", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()

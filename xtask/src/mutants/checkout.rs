@@ -70,14 +70,16 @@ fn download_modules(modules: &[&str], version: &str, toolchain: &str) -> Result<
         error: Option<String>,
     }
     let outside = tempfile::tempdir().context("create an empty directory")?;
-    let out = Command::new("go")
-        .args(["mod", "download", "-json"])
-        .args(modules.iter().map(|m| format!("{m}@{version}")))
-        .current_dir(outside.path())
-        .env("GOFLAGS", "-mod=mod")
-        .env("GOTOOLCHAIN", toolchain)
-        .output()
-        .context("run go mod download (is Go installed?)")?;
+    let out = crate::common::go_retry::go_output_with_retries("go mod download", || {
+        let mut command = Command::new("go");
+        command
+            .args(["mod", "download", "-json"])
+            .args(modules.iter().map(|m| format!("{m}@{version}")))
+            .current_dir(outside.path())
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", toolchain);
+        command
+    })?;
     let mut found = Vec::new();
     for item in serde_json::Deserializer::from_slice(&out.stdout).into_iter::<Download>() {
         let item = item.context("read go mod download -json's output")?;

@@ -200,7 +200,11 @@ mod tests {
     use std::{fs, os::unix::fs::PermissionsExt as _};
 
     use super::*;
-    use crate::{mutants::checkout::tests::MUTANT, test::lane_run::tests::report_of};
+    use crate::{
+        common::own_process::{Process, in_own_process},
+        mutants::checkout::tests::MUTANT,
+        test::lane_run::tests::report_of,
+    };
 
     const SPEC: &str = "[sig-node] kubelet must unprepare";
 
@@ -298,8 +302,10 @@ mod tests {
 
     #[tokio::test]
     async fn ctrl_c_during_a_lane_run_gives_no_verdict_and_puts_the_checkout_back() {
-        // The old command judged the interrupted run's failures a catch and went on.
-        let _only_one = crate::test::steps::tests::SIGINT.lock().await;
+        // The old command judged the interrupted run's failures a catch and went on. The SIGINT
+        // to this process would reach every other test's stand-in dra-e2e: a process of its own.
+        let test = "ctrl_c_during_a_lane_run_gives_no_verdict_and_puts_the_checkout_back";
+        let Process::Own = in_own_process(module_path!(), test) else { return };
         let fixture = Fixture::new();
         fixture.phase("first", &[(SPEC, "interrupted", "interrupted (Ctrl-C) while running")], 130);
         fs::write(fixture.dir.path().join("interrupt"), "").unwrap();

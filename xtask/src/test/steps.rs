@@ -1,6 +1,7 @@
 //! The steps of `cargo xtask test` as they end, and how the run ends: each step's outcome and
 //! cost goes into the closing table ([`super::table`]). Ctrl-C (SIGINT) reaches the step that
-//! is running (same process group), which ends; that step is marked interrupted whatever it
+//! is running (same process group; a dra-e2e, in a group of its own, from xtask, which passes it
+//! on: [`crate::e2e::run_runner`]), which ends; that step is marked interrupted whatever it
 //! returned, every step after it that was skipped is listed as not run (the clusters still go
 //! down), and the run exits 130. The disk falling below its floor stops the run the same way,
 //! but is a failed step of its own, not an interrupt.
@@ -207,9 +208,7 @@ pub(crate) mod tests {
     use std::{path::Path, time::Duration};
 
     use super::*;
-
-    /// Held by each test that sends SIGINT to this process: every live [`Stop`] sees it.
-    pub(crate) static SIGINT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    use crate::common::own_process::{Process, in_own_process};
 
     /// A step that runs `script` in `sh` to its end.
     async fn child_step(script: &str) -> Result<()> {
@@ -230,8 +229,10 @@ pub(crate) mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_interrupted_run_exits_130_naming_the_interrupted_step_and_those_not_run() {
         // A step that ends well when Ctrl-C reaches it (its child traps SIGINT and exits 0): the
-        // old run counted no failed step and exited 0.
-        let _only_one = SIGINT.lock().await;
+        // old run counted no failed step and exited 0. The SIGINT to this process would reach
+        // every other test's stand-in dra-e2e (run_runner passes it on): a process of its own.
+        let test = "an_interrupted_run_exits_130_naming_the_interrupted_step_and_those_not_run";
+        let Process::Own = in_own_process(module_path!(), test) else { return };
         let dir = tempfile::tempdir().unwrap();
         let started = dir.path().join("started");
         let mut steps = Steps::new(Stop::on_ctrl_c(), None);

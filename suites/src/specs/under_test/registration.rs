@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use harness::framework::{Ctx, Skip, SpecResult, step};
+use harness::framework::{Ctx, SpecError, SpecResult, step};
 use kube::ResourceExt as _;
 
 use super::{
@@ -58,16 +58,21 @@ fn prepares_ok(metrics: &str, driver: &str) -> f64 {
         .fold(0.0, |sum, s| sum + s.value)
 }
 
+/// The failure when the kubelet's `/metrics` cannot be read: the registration is then not
+/// checked, which fails the spec (a check that cannot be made never passes; the kubeconfig the
+/// driver suite needs is cluster-admin, so nodes/proxy is allowed and a kubelet that does not
+/// answer is the cluster's fault, not a missing permission).
+fn unreadable_metrics(driver: &str, node: &str, error: &str) -> SpecError {
+    SpecError::Failed(anyhow::anyhow!(
+        "the kubelet's registration of driver {driver} cannot be checked: its /metrics on node {node} cannot be \
+         read through the API server's node proxy: {error}"
+    ))
+}
+
 /// h: see the module documentation.
 pub async fn registered(ctx: Ctx, target: Arc<Target>) -> SpecResult {
     let s = Session::start(&ctx, &target).await?;
-    let cannot_read = |e: String| {
-        Skip::because(format!(
-            "the kubelet's registration of driver {} cannot be seen: its /metrics on node {} cannot be read \
-             through the API server's node proxy (needs nodes/proxy): {e}",
-            target.driver, s.node
-        ))
-    };
+    let cannot_read = |e: String| unreadable_metrics(&target.driver, &s.node, &e);
     let before = kubelet_metrics::read(&ctx, &s.node).await.map_err(cannot_read)?;
     let sockets = registered_sockets(&before);
     let in_registry: Vec<&String> = sockets.iter().filter(|p| p.starts_with(REGISTRY)).collect();
@@ -126,6 +131,18 @@ dra_grpc_operations_duration_seconds_count{driver_name="d.example.com",grpc_stat
 dra_grpc_operations_duration_seconds_count{driver_name="d.example.com",grpc_status_code="OK",method_name="/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"} 2
 dra_grpc_operations_duration_seconds_count{driver_name="e.example.com",grpc_status_code="OK",method_name="/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources"} 5
 "#;
+
+    /// Issue 47: a metric that cannot be read fails its spec with the reason (it skipped).
+    #[test]
+    fn metrics_that_cannot_be_read_fail_the_spec() {
+        let err = unreadable_metrics("d.example.com", "n1", "403 Forbidden");
+        assert!(matches!(err, SpecError::Failed(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "the kubelet's registration of driver d.example.com cannot be checked: its /metrics on node n1 cannot be \
+             read through the API server's node proxy: 403 Forbidden"
+        );
+    }
 
     #[test]
     fn the_registered_sockets_are_the_actual_state_of_the_plugin_manager() {

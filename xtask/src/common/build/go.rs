@@ -2,10 +2,12 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context, Result, bail};
+
+use crate::common::go_retry::{PAUSES, go_output_with_retries, run_teeing_stderr, with_retries};
 
 /// One `go build` into the cache: what it makes, from which module and with which flags. Every
 /// build writes into a directory (`-o DIR/`), so each output is named after its package.
@@ -40,30 +42,30 @@ fn go_version_of(go: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// `go build ARGS` in `dir` with `env` on top of ours, its output shown as it comes.
+/// `go build ARGS` in `dir` with `env` on top of ours, its output shown as it comes; run again
+/// when a module download broke on the way ([`with_retries`]).
 pub(crate) fn go_build(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
-    let status = Command::new("go")
-        .arg("build")
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(dir)
-        .status()
-        .with_context(|| format!("run go build in {}", dir.display()))?;
-    if !status.success() {
-        bail!("go build {} failed in {} ({status}); see the output above", args.join(" "), dir.display());
+    let out = with_retries(&format!("go build in {}", dir.display()), &PAUSES, || {
+        let mut command = go_build_command(dir, env, args);
+        command.stdout(Stdio::inherit());
+        run_teeing_stderr(command)
+    })?;
+    if !out.status.success() {
+        bail!(
+            "go build {} failed in {} ({}); see the output above",
+            args.join(" "),
+            dir.display(),
+            out.status
+        );
     }
     Ok(())
 }
 
 /// [`go_build`] with the output captured and printed only when the build fails.
 pub(crate) fn go_build_quiet(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Result<()> {
-    let out = Command::new("go")
-        .arg("build")
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(dir)
-        .output()
-        .with_context(|| format!("run go build in {}", dir.display()))?;
+    let out = go_output_with_retries(&format!("go build in {}", dir.display()), || {
+        go_build_command(dir, env, args)
+    })?;
     if !out.status.success() {
         bail!(
             "go build {} failed in {} ({}):\n{}{}",
@@ -75,6 +77,12 @@ pub(crate) fn go_build_quiet(dir: &Path, env: &[(&str, &str)], args: &[&str]) ->
         );
     }
     Ok(())
+}
+
+fn go_build_command(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Command {
+    let mut command = Command::new("go");
+    command.arg("build").args(args).envs(env.iter().copied()).current_dir(dir);
+    command
 }
 
 /// `p` as a string, or an error when it is not UTF-8 (Go takes paths as arguments).

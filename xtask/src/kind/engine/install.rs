@@ -88,7 +88,11 @@ pub async fn ensure_dockerd() -> Result<PathBuf> {
 
 async fn run_apt(args: &[&str]) -> Result<bool> {
     let mut command = tokio::process::Command::new("apt-get");
-    command.args(args).env("DEBIAN_FRONTEND", "noninteractive").kill_on_drop(true);
+    command
+        .args(["-o", "Acquire::Retries=3"])
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .kill_on_drop(true);
     let status = tokio::time::timeout(APT_TIMEOUT, command.status())
         .await
         .map_err(|_| anyhow::anyhow!("`apt-get {}` did not finish within {APT_TIMEOUT:?}", args.join(" ")))?

@@ -61,7 +61,7 @@ pub async fn debootstrap(cache: &Path) -> Result<PathBuf> {
     if which("debootstrap").is_none() {
         eprintln!("    installing Debian's debootstrap with apt-get");
         let mut cmd = tokio::process::Command::new("apt-get");
-        cmd.args(["install", "-y", "--no-install-recommends", "debootstrap"]);
+        cmd.args(["-o", "Acquire::Retries=3", "install", "-y", "--no-install-recommends", "debootstrap"]);
         run_logged(cmd, "apt-get install debootstrap", Duration::from_secs(10 * 60)).await.context(
             "debootstrap is missing and could not be installed; install it (apt-get install debootstrap)",
         )?;
