@@ -272,7 +272,7 @@ async fn passing_spec_leaves_nothing_behind() {
         }
     });
     let run = run(reg, |_| {}).await;
-    assert_eq!(run.report.exit_code(), 0, "{}", run.output.contents());
+    assert_eq!(run.report.exit_code(), 0, "{}", crate::run::explain(&run.report, &run.output.contents()));
     assert_eq!(run.report.specs[0].outcome, Outcome::Passed);
     assert!(run.report.specs[0].artifacts.is_none());
     assert!(!run.dir.path().join("artifacts").exists());
@@ -386,7 +386,7 @@ async fn four_procs_run_four_specs_at_once() {
         });
     }
     let run = run(reg, |o| o.procs = 4).await;
-    assert_eq!(run.report.passed(), 4, "{}", run.output.contents());
+    assert_eq!(run.report.passed(), 4, "{}", crate::run::explain(&run.report, &run.output.contents()));
     let mut namespaces = seen.all("Namespace");
     namespaces.sort();
     namespaces.dedup();
