@@ -528,6 +528,7 @@ mod tests {
         stems.extend([local_lanes::suite_run(&repo).1.stem, kind_lane::JUNIT.to_owned()]);
         stems.extend(restarts::restart_runs().iter().map(|run| run.report.to_owned()));
         stems.extend(driver_lane::STEMS.map(String::from));
+        stems.extend(driver_lane::UPSTREAM_STEMS.map(String::from));
         let skips = host_skips::HostSkips::load(&repo).unwrap();
         assert!(!skips.rows.is_empty(), "{} documents no host skip", host_skips::DOC);
         for row in &skips.rows {

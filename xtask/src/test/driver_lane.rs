@@ -13,9 +13,9 @@
 //!    NodeUnprepareResources but leaves the claim's CDI spec behind), and the unprepare spec
 //!    must fail, naming the call and showing the call log ([`CAUGHT`]);
 //! 6. the driver removed, also when an earlier step failed;
-//! 7. only when [`UPSTREAM_OPT_IN`] is `1` (CI does not set it): upstream's own test driver
-//!    (`cargo xtask upstream-driver deploy`) deployed, the specs as a vendor runs them and
-//!    interposed, and the driver removed, also when a step failed.
+//! 7. unless [`UPSTREAM_OPT_OUT`] is `0`: upstream's own test driver (`cargo xtask
+//!    upstream-driver deploy`) deployed, the specs as a vendor runs them and interposed, and the
+//!    driver removed, also when a step failed.
 
 use std::{path::Path, time::Duration};
 
@@ -41,8 +41,8 @@ pub(crate) const STEMS: [&str; 4] = ["driver", "driver-interposed", "driver-afte
 /// The JUnit and JSON reports' stem of the broken driver's run.
 const BROKEN_REPORT: &str = "driver-broken";
 
-/// The variable that adds upstream's test driver to the lane when it is `1`; CI does not set it.
-pub(crate) const UPSTREAM_OPT_IN: &str = "DRA_E2E_UPSTREAM_DRIVER_LANE";
+/// The variable that leaves upstream's test driver out of the lane when it is `0`.
+pub(crate) const UPSTREAM_OPT_OUT: &str = "DRA_E2E_UPSTREAM_DRIVER_LANE";
 /// The reports' stems of the runs against upstream's driver: as a vendor runs it, interposed.
 pub(crate) const UPSTREAM_STEMS: [&str; 2] = ["upstream-driver", "upstream-driver-interposed"];
 
@@ -82,20 +82,22 @@ pub(crate) async fn run(repo: &Path, cluster: &LocalCluster, steps: &mut Steps) 
     // Also after a failed deploy or an interrupt: what it created goes.
     let t = StepStart::now();
     steps.record("driver lane: the example driver removed", example_driver::remove(&kubeconfig).await, t);
-    if upstream_opted_in(std::env::var(UPSTREAM_OPT_IN).ok().as_deref()) {
+    if upstream_joins(std::env::var(UPSTREAM_OPT_OUT).ok().as_deref()) {
         run_upstream(repo, &kubeconfig, steps).await;
     }
 }
 
-/// Whether the value of [`UPSTREAM_OPT_IN`] adds upstream's driver: `1` only.
-fn upstream_opted_in(value: Option<&str>) -> bool {
-    value == Some("1")
+/// Whether upstream's driver joins the lane for this value of [`UPSTREAM_OPT_OUT`]: unless it
+/// is `0`.
+fn upstream_joins(value: Option<&str>) -> bool {
+    value != Some("0")
 }
 
 /// The runs against upstream's driver: as a vendor runs it (its DeviceClass named) and
 /// interposed; the selection of each.
 fn upstream_selections() -> [Vec<&'static str>; 2] {
-    let driver = ["--driver", upstream_driver::DRIVER_NAME];
+    // Churn: 3 rounds, as against the example driver.
+    let driver = ["--driver", upstream_driver::DRIVER_NAME, "--churn-rounds", "3"];
     [
         [&driver[..], &["--device-class", upstream_driver::DEVICE_CLASS]].concat(),
         [&driver[..], &["--interpose"]].concat(),
@@ -215,17 +217,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn upstream_s_driver_joins_the_lane_only_when_asked() {
-        assert!(upstream_opted_in(Some("1")));
-        for value in [None, Some(""), Some("0"), Some("true"), Some("yes")] {
-            assert!(!upstream_opted_in(value), "{value:?}");
+    fn upstream_s_driver_joins_the_lane_unless_left_out() {
+        assert!(!upstream_joins(Some("0")));
+        for value in [None, Some(""), Some("1"), Some("true")] {
+            assert!(upstream_joins(value), "{value:?}");
         }
         let [vendor, interposed] = upstream_selections();
         assert_eq!(
             vendor,
-            ["--driver", "test-driver.cdi.k8s.io", "--device-class", "test-driver.cdi.k8s.io"]
+            [
+                "--driver",
+                "test-driver.cdi.k8s.io",
+                "--churn-rounds",
+                "3",
+                "--device-class",
+                "test-driver.cdi.k8s.io"
+            ]
         );
-        assert_eq!(interposed, ["--driver", "test-driver.cdi.k8s.io", "--interpose"]);
+        assert_eq!(interposed, ["--driver", "test-driver.cdi.k8s.io", "--churn-rounds", "3", "--interpose"]);
         assert!(UPSTREAM_STEMS.iter().all(|stem| !STEMS.contains(stem)), "a report would be overwritten");
     }
 
