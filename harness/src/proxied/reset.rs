@@ -61,10 +61,12 @@ pub struct ProxyResets {
 }
 
 impl ProxyResets {
-    /// Watches the plugin's two sockets; `plugin` names it in logs.
+    /// Watches the plugin's two sockets; `plugin` names it in logs. A loss counts from this
+    /// call on, also one that comes before the watching task first runs.
     pub fn start(dra: SocketControl, registration: SocketControl, plugin: impl Into<String>) -> Self {
+        let seen = (dra.lost(), registration.lost());
         ProxyResets {
-            task: AbortOnDropHandle::new(tokio::spawn(supervise(dra, registration, plugin.into()))),
+            task: AbortOnDropHandle::new(tokio::spawn(supervise(dra, registration, seen, plugin.into()))),
         }
     }
 
@@ -76,35 +78,32 @@ impl ProxyResets {
     }
 }
 
-/// Watches the two sockets' tunnels and restarts their proxies after a loss until a tunnel stops
-/// dialing.
-async fn supervise(dra: SocketControl, registration: SocketControl, plugin: String) {
-    {
-        let mut seen = (dra.lost(), registration.lost());
-        loop {
-            let lost = tokio::select! {
-                lost = dra.tunnel.lost_idle_above(seen.0) => lost,
-                lost = registration.tunnel.lost_idle_above(seen.1) => lost,
-            };
-            if lost.is_none() {
-                return;
-            }
-            tokio::time::sleep(SETTLE).await;
-            let now = (dra.lost(), registration.lost());
-            let dirty = (now.0 > seen.0, now.1 > seen.1);
-            if dra.in_use() || registration.in_use() {
-                tracing::info!(%plugin, lost_idle = ?now, "tunnel connections lost while others are in use; not restarting the proxies");
-                seen = now;
-                continue;
-            }
-            tracing::info!(%plugin, dra = dirty.0, registration = dirty.1, "tunnel connections queued in the proxies were lost; restarting the proxies");
-            if let Err(e) = reset(&dra, &registration, dirty).await {
-                tracing::warn!(%plugin, error = %e, "could not restart the proxies; the kubelet may meet dead connections");
-            }
-            // What paused connections did is not counted; whatever else was lost meanwhile went
-            // with the old listeners.
-            seen = (dra.lost(), registration.lost());
+/// Watches the two sockets' tunnels and restarts their proxies after a loss beyond `seen` (the
+/// lost connections counted so far, DRA and registration) until a tunnel stops dialing.
+async fn supervise(dra: SocketControl, registration: SocketControl, mut seen: (u64, u64), plugin: String) {
+    loop {
+        let lost = tokio::select! {
+            lost = dra.tunnel.lost_idle_above(seen.0) => lost,
+            lost = registration.tunnel.lost_idle_above(seen.1) => lost,
+        };
+        if lost.is_none() {
+            return;
         }
+        tokio::time::sleep(SETTLE).await;
+        let now = (dra.lost(), registration.lost());
+        let dirty = (now.0 > seen.0, now.1 > seen.1);
+        if dra.in_use() || registration.in_use() {
+            tracing::info!(%plugin, lost_idle = ?now, "tunnel connections lost while others are in use; not restarting the proxies");
+            seen = now;
+            continue;
+        }
+        tracing::info!(%plugin, dra = dirty.0, registration = dirty.1, "tunnel connections queued in the proxies were lost; restarting the proxies");
+        if let Err(e) = reset(&dra, &registration, dirty).await {
+            tracing::warn!(%plugin, error = %e, "could not restart the proxies; the kubelet may meet dead connections");
+        }
+        // What paused connections did is not counted; whatever else was lost meanwhile went
+        // with the old listeners.
+        seen = (dra.lost(), registration.lost());
     }
 }
 

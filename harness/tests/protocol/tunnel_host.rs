@@ -357,6 +357,15 @@ async fn refilled(chain: &Chain, n: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_break_of_the_way_to_the_proxies_leaves_dead_connections_until_they_restart() {
+    // What the resets decided (restart, or not while a connection is in use) is in a failure's
+    // output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "harness::proxied=debug,harness::tunnel=debug".into()),
+        )
+        .with_test_writer()
+        .try_init();
     // Each tunnel reaches its proxy through a relay that stands in for the port-forwards through
     // a node's kubelet: cutting it is what a kubelet restart does to them.
     let chain =
