@@ -331,6 +331,21 @@ impl PodExec {
     }
 }
 
+impl PodExecError {
+    /// The same failure, its reason followed by `why` it is final (its pod or container gone).
+    fn because(self, why: &str) -> Self {
+        match self {
+            PodExecError::Start { command, place, reason } => {
+                PodExecError::Start { command, place, reason: format!("{reason}; {why}") }
+            }
+            PodExecError::Stream { command, place, reason } => {
+                PodExecError::Stream { command, place, reason: format!("{reason}; {why}") }
+            }
+            other => other,
+        }
+    }
+}
+
 #[async_trait]
 impl Runner for PodExec {
     async fn output(&self, argv: Vec<String>) -> Result<ExecOutput, PodExecError> {
@@ -355,7 +370,7 @@ impl Runner for PodExec {
             }
             if let Err(gone) = check_pod(&self.pods, &self.pod).await {
                 tracing::debug!(command = %show_command(&argv), %error, %gone, "exec failed; its pod is gone");
-                return Err(error);
+                return Err(error.because(&gone));
             }
             if tokio::time::Instant::now() + delay >= deadline {
                 return Err(error);

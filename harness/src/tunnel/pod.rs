@@ -90,8 +90,26 @@ pub(crate) fn gone_reason(want: &PodRef, pod: Option<&Pod>) -> Option<String> {
                 .map(|r| format!(", reason {r}"))
                 .unwrap_or_default()
         )),
-        _ => None,
+        _ => container_ended(want, pod),
     }
+}
+
+/// Why the container of `want` will not run again although its pod does: it terminated and the
+/// pod's `restartPolicy` is `Never` (a container whose start a stopping kubelet cancelled ends
+/// so, with `StartError`, while the pod's other containers run on).
+fn container_ended(want: &PodRef, pod: &Pod) -> Option<String> {
+    let never = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) == Some("Never");
+    let status =
+        pod.status.as_ref()?.container_statuses.iter().flatten().find(|c| c.name == want.container)?;
+    let terminated = status.state.as_ref()?.terminated.as_ref().filter(|_| never)?;
+    Some(format!(
+        "container {} of pod {} has terminated (reason {}, exit code {}{}) and restartPolicy Never does not start it again",
+        want.container,
+        want.display(),
+        terminated.reason.as_deref().unwrap_or("unknown"),
+        terminated.exit_code,
+        terminated.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+    ))
 }
 
 /// GETs the pod: `Err(reason)` when it is gone, `Ok` when it is there or the lookup failed
@@ -184,7 +202,9 @@ impl PodWatch {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::{
-        api::core::v1::{Container, PodSpec, PodStatus},
+        api::core::v1::{
+            Container, ContainerState, ContainerStateTerminated, ContainerStatus, PodSpec, PodStatus,
+        },
         apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     };
 
@@ -239,5 +259,48 @@ mod tests {
             ..Default::default()
         });
         assert!(gone_reason(&want, Some(&failed)).unwrap().contains("phase Failed, reason Evicted"));
+    }
+
+    /// A pod whose container `c` is in `state`, with `restart_policy`.
+    fn with_container(state: ContainerState, restart_policy: &str) -> Pod {
+        let mut pod = pod("u1");
+        pod.spec = Some(PodSpec { restart_policy: Some(restart_policy.into()), ..Default::default() });
+        pod.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "c".into(),
+                state: Some(state),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn a_terminated_container_of_a_never_pod_is_gone_while_its_pod_runs() {
+        let mut want = PodRef::from_pod(&pod("u1")).unwrap();
+        want.container = "c".into();
+        let start_error = ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 128,
+                reason: Some("StartError".into()),
+                message: Some(
+                    "failed to create containerd task: failed to get task pid: context canceled".into(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let gone = gone_reason(&want, Some(&with_container(start_error.clone(), "Never"))).unwrap();
+        assert_eq!(
+            gone,
+            "container c of pod ns/proxy has terminated (reason StartError, exit code 128: failed to create \
+             containerd task: failed to get task pid: context canceled) and restartPolicy Never does not start it again"
+        );
+        // The kubelet starts it again, or it runs.
+        assert_eq!(gone_reason(&want, Some(&with_container(start_error, "Always"))), None);
+        let running = ContainerState { running: Some(Default::default()), ..Default::default() };
+        assert_eq!(gone_reason(&want, Some(&with_container(running, "Never"))), None);
     }
 }

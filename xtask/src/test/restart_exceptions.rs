@@ -162,9 +162,18 @@ mod tests {
         let start_cancelled = "gave up waiting for pod tester-4 to run: the pod terminated with phase Failed; last seen: Pod d/tester-4 \
             status={\"containerStatuses\":[{\"state\":{\"terminated\":{\"exitCode\":128,\"message\":\"failed to start containerd task \
             \\\"7301d26c\\\": context canceled\",\"reason\":\"StartError\"}}}],\"phase\":\"Failed\"}";
+        // The cold run of f04f202 (2026-12-08): one container of three whose start was cancelled.
+        let exec_in_cancelled = "exec [\"env\"] in d/tester-1/with-resource-1: cannot run `env` in pod d/tester-1 container \
+            with-resource-1: ApiError: container not found (\"with-resource-1\"): Failed to parse error data (Status { code: 500 }); \
+            container with-resource-1 of pod d/tester-1 has terminated (reason StartError, exit code 128: failed to create \
+            containerd task: failed to get task pid: context canceled) and restartPolicy Never does not start it again";
         for (leaf, message) in [
             ("on single node supports claim and class parameters", cancelled),
             ("on single node supports reusing resources", start_cancelled),
+            (
+                "on single node supports external claim referenced by multiple containers of multiple pods",
+                exec_in_cancelled,
+            ),
             ("failed update", wiped),
         ] {
             let seen = failed(&spec(leaf), &format!("{message}{restarted}"));
@@ -182,6 +191,14 @@ mod tests {
         );
         assert!(
             exceptions.accepting("restart-kubelet", "kind-worker", &failed(&spec("x"), &other)).is_none()
+        );
+        // A container that ended otherwise is no cancelled start.
+        let crashed = format!(
+            "container c of pod d/tester-1 has terminated (reason Error, exit code 1: oops) and restartPolicy Never \
+             does not start it again{restarted}"
+        );
+        assert!(
+            exceptions.accepting("restart-kubelet", "kind-worker", &failed(&spec("x"), &crashed)).is_none()
         );
     }
 }
