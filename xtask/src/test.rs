@@ -336,15 +336,7 @@ async fn restarted_lane(
     steps: &mut steps::Steps,
 ) {
     if steps.skipped(lane.restart) {
-        if let Some((unit, test)) = &lane.cluster_tests
-            && share.runs(*unit)
-        {
-            steps.skipped(test.name);
-        }
-        let (unit, name, _) = &lane.suite;
-        if share.runs(*unit) {
-            steps.skipped(&sliced(name, share.slice(*unit)));
-        }
+        lane_not_run(&lane, share, steps);
         return;
     }
     let t = wait_for_builds(background, lane.lane.builds(), steps).await;
@@ -355,9 +347,24 @@ async fn restarted_lane(
     let up_ok = up.is_ok();
     steps.record(lane.restart, up, t);
     if !up_ok {
+        lane_not_run(&lane, share, steps);
         return;
     }
     lane_steps(repo, &lane, share, kubeconfig, steps).await;
+}
+
+/// Records the steps of `lane` that `share` runs as not run: the run was stopped, or the
+/// cluster's restart into the lane failed.
+fn lane_not_run(lane: &local_lanes::Lane, share: &partition::Share, steps: &mut steps::Steps) {
+    if let Some((unit, test)) = &lane.cluster_tests
+        && share.runs(*unit)
+    {
+        steps.not_run(test.name);
+    }
+    let (unit, name, _) = &lane.suite;
+    if share.runs(*unit) {
+        steps.not_run(&sliced(name, share.slice(*unit)));
+    }
 }
 
 /// What of a lane after the default one `share` runs, on its cluster: its cluster tests, its

@@ -88,7 +88,12 @@ impl LocalCluster {
         }
         if let Some(dir) = &bin_dir {
             for node in self.nodes.iter().filter(|n| self.sup.is_running(&n.containerd())) {
-                problems.extend(cri_reset(dir, &NodeDirs::new(&self.layout, node)));
+                // Not a problem by itself: what the CRI could not remove (a task whose start the
+                // kubelet cancelled, say: "cannot delete running task") is removed by force
+                // below, and whatever still is left is a problem of `leftovers`.
+                if let Some(failed) = cri_reset(dir, &NodeDirs::new(&self.layout, node)) {
+                    eprintln!("    note: {failed}; removing what is left by force");
+                }
             }
         }
         let mut names: Vec<String> = vec![registry::FORWARD.into(), registry::REGISTRY.into()];

@@ -78,6 +78,10 @@ pub(crate) async fn run(repo: &Path, cluster: &LocalCluster, steps: &mut Steps) 
         steps.run(INTERPOSED_STEP, super::run_suite(repo, &kubeconfig, &interposed)).await;
         steps.run(RESTART_STEP, after_kubelet_restart(repo, cluster)).await;
         steps.run(BROKEN_STEP, broken_driver_caught(repo, &kubeconfig)).await;
+    } else {
+        for name in [VENDOR_STEP, INTERPOSED_STEP, RESTART_STEP, BROKEN_STEP] {
+            steps.not_run(name);
+        }
     }
     // Also after a failed deploy or an interrupt: what it created goes.
     let t = StepStart::now();
@@ -126,6 +130,10 @@ async fn run_upstream(repo: &Path, kubeconfig: &Path, steps: &mut Steps) {
         for ((name, selection), stem) in runs.iter().zip(upstream_selections()).zip(UPSTREAM_STEMS) {
             let run = SuiteRun::new(repo, &selection, stem, LANE_PROCS);
             steps.run(name, super::run_suite(repo, kubeconfig, &run)).await;
+        }
+    } else {
+        for name in runs {
+            steps.not_run(name);
         }
     }
     let t = StepStart::now();

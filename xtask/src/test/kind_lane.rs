@@ -158,9 +158,8 @@ async fn on_cluster(repo: &Path, share: &Share, steps: &mut Steps) {
             }
             failed |= steps.failed() > before;
         }
-        None if share.runs(Unit::Kind) => {
-            steps.skipped(&suite_step);
-        }
+        // Stopped, or the cluster did not come up: the suite did not run.
+        None if share.runs(Unit::Kind) => steps.not_run(&suite_step),
         None => {}
     }
     if failed {

@@ -147,6 +147,18 @@ impl Steps {
         true
     }
 
+    /// Records a step that did not start because a step it needs failed (the table says "not
+    /// run"; the failed step fails the run).
+    pub(crate) fn not_run(&mut self, name: &str) {
+        let cost = StepStart::now().cost();
+        self.outcomes.push(Outcome {
+            name: name.to_owned(),
+            result: StepResult::NotRun,
+            cost,
+            lowest_free: None,
+        });
+    }
+
     /// Runs `step` as the step `name`, unless the run was stopped (then it did not run).
     pub(crate) async fn run<N: Note>(&mut self, name: &str, step: impl Future<Output = Result<N>>) {
         if self.skipped(name) {
@@ -279,5 +291,20 @@ pub(crate) mod tests {
         let mut steps = Steps::new(Stop::default(), None);
         steps.record("a", Ok(()), StepStart::now());
         assert_eq!(steps.finish(), ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn a_step_that_a_failed_step_kept_from_running_is_listed_as_not_run() {
+        let mut steps = Steps::new(Stop::default(), None);
+        steps.record::<()>(
+            "restart",
+            Err(anyhow::anyhow!("cluster down could not remove everything")),
+            StepStart::now(),
+        );
+        steps.not_run("the lane's suite");
+        let results: Vec<(&str, &str)> =
+            steps.outcomes.iter().map(|o| (o.name.as_str(), table::result_word(&o.result))).collect();
+        assert_eq!(results, [("restart", "FAILED"), ("the lane's suite", "not run")]);
+        assert_eq!(steps.finish(), ExitCode::FAILURE);
     }
 }
