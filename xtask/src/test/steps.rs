@@ -137,13 +137,7 @@ impl Steps {
         if self.go_on() {
             return false;
         }
-        let cost = StepStart::now().cost();
-        self.outcomes.push(Outcome {
-            name: name.to_owned(),
-            result: StepResult::NotRun,
-            cost,
-            lowest_free: None,
-        });
+        self.not_run(name);
         true
     }
 
