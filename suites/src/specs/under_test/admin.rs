@@ -2,8 +2,9 @@
 //! labelled `resource.kubernetes.io/admin-access: "true"`) is allocated devices whether or not
 //! other claims hold them, as monitoring tools need. Admin access is a feature of claims, not of
 //! slices: the cluster decides it. The spec labels its namespace and creates the admin claim
-//! first; when the API server refuses it (for [`REFUSED_FOR`]: admission sees a new label late)
-//! or drops `adminAccess` from it, the spec skips, quoting the API server.
+//! first; when the API server refuses it naming `adminAccess` (for [`REFUSED_FOR`]: admission
+//! sees a new label late) or drops `adminAccess` from it, the spec skips, quoting the API server;
+//! any other refusal fails it.
 //!
 //! The devices are the node's plain devices ([`features::plain`]: no counters, no multiple
 //! allocations, no taints): a first claim takes every one of them (`allocationMode: All`) and
@@ -15,7 +16,7 @@ use std::{sync::Arc, time::Duration};
 
 use harness::{
     builder::allocation_results,
-    framework::{Ctx, Skip, SpecResult, step},
+    framework::{Ctx, Skip, SpecError, SpecResult, step},
     wait::{self, Attempt},
 };
 use k8s_openapi::api::{core::v1::Namespace, resource::v1::ResourceClaim};
@@ -54,17 +55,26 @@ async fn create_admin_claim(s: &Session, pin: &Pin) -> SpecResult<ResourceClaim>
         }
     })
     .await;
-    let claim = created.map_err(|e| {
-        Skip::because(format!(
-            "the cluster refuses adminAccess on a request in a namespace labelled {ADMIN_ACCESS_LABEL}=true: {e}"
-        ))
-    })?;
+    let claim = created.map_err(|e| refused(&e.to_string()))?;
     if !requests_admin_access(&claim) {
         return Err(Skip::because(
             "the API server dropped adminAccess from the claim's request (feature gate DRAAdminAccess is off)",
         ));
     }
     Ok(claim)
+}
+
+/// The spec's end when the API server kept refusing the admin claim: a skip when the refusal
+/// names `adminAccess` (the feature is off or not allowed here), else an error (the spec's or
+/// the cluster's, no missing feature).
+fn refused(message: &str) -> SpecError {
+    if message.contains("adminAccess") {
+        Skip::because(format!(
+            "the cluster refuses adminAccess on a request in a namespace labelled {ADMIN_ACCESS_LABEL}=true: {message}"
+        ))
+    } else {
+        SpecError::fail(format!("creating the admin-access claim: {message}"))
+    }
 }
 
 /// Whether the claim's first request asks for admin access.
@@ -122,5 +132,14 @@ mod tests {
         };
         assert!(requests_admin_access(&claim(json!({ "deviceClassName": "x", "adminAccess": true }))));
         assert!(!requests_admin_access(&claim(json!({ "deviceClassName": "x" }))));
+    }
+
+    #[test]
+    fn only_a_refusal_that_names_admin_access_is_a_skip() {
+        let forbidden = "ResourceClaim.resource.k8s.io \"claim-1\" is forbidden: admin access to devices requires the \
+            `resource.kubernetes.io/admin-access: true` label on the containing namespace: spec.devices.requests[0].exactly.adminAccess";
+        assert!(refused(forbidden).is_skip());
+        let other = "ResourceClaim.resource.k8s.io \"claim-1\" is invalid: spec.devices.requests[0].exactly.deviceClassName: Required value";
+        assert!(!refused(other).is_skip());
     }
 }

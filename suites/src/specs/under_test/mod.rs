@@ -278,7 +278,7 @@ fn register_optional(r: &mut Registry, target: &Arc<Target>) {
         .requires(showing(target, features::plain))
         .description(
             "Admin access: in a namespace labelled resource.kubernetes.io/admin-access=true, a claim with \
-             adminAccess is created first (refused or stripped by the API server: skipped, quoting it); a claim \
+             adminAccess is created first (refused naming adminAccess, or stripped, by the API server: skipped, quoting it; refused otherwise: failed); a claim \
              takes every plain device of the node (allocationMode All) and its pod runs; then the admin claim's \
              pod runs, its claim allocated one of those devices with adminAccess in the allocation result, and \
              both pods have their claims' CDI devices (interposed: each prepared once, OK).",
