@@ -416,3 +416,23 @@ async fn a_break_of_the_way_to_the_proxies_leaves_dead_connections_until_they_re
     resets.stop().await;
     chain.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_of_a_chain_dropped_without_stop_are_killed() {
+    // What a test that panics before `stop` does: its proxies, which outlive their start scripts
+    // by design, must not outlive the test.
+    let chain = Chain::start(Arc::new(claims(1)), Arc::new(LocalDirFiles), TunnelConfig::default()).await;
+    chain.ready(10).await;
+    let endpoints = [chain.dra.endpoint_arg(), chain.registration.endpoint_arg()];
+    for endpoint in &endpoints {
+        assert!(!processes_with_arg(endpoint).is_empty(), "no proxy runs with {endpoint}");
+    }
+    drop(chain);
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    for endpoint in &endpoints {
+        while !processes_with_arg(endpoint).is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "the proxy with {endpoint} still runs");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -101,7 +101,8 @@ pub fn established_to(port: u16) -> usize {
 /// PIDs of processes that have exactly `arg` as one argument.
 pub fn processes_with_arg(arg: &str) -> Vec<i32> {
     let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+    let Ok(processes) = std::fs::read_dir("/proc") else { return pids };
+    for entry in processes.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         if cmdline.split(|b| *b == 0).any(|a| a == arg.as_bytes()) {
@@ -180,6 +181,23 @@ pub struct Socket {
     pub proxy: ProxyProcess,
     pub tunnel: Tunnel,
     pub relay: Option<Relay>,
+    /// Kills its proxy if the test ends without [`Socket::stop`] (a panic).
+    _reaper: ProxyReaper,
+}
+
+/// Kills, when dropped, the proxy processes still running with one `--endpoint=` argument: a
+/// proxy outlives its start script by design (it must survive kubelet restarts), so a test that
+/// panics before [`Socket::stop`] would leave it running after the test binary ended.
+struct ProxyReaper(String);
+
+impl Drop for ProxyReaper {
+    fn drop(&mut self) {
+        for pid in processes_with_arg(&self.0) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
 }
 
 impl Socket {
@@ -201,7 +219,8 @@ impl Socket {
         let relay = if relayed { Some(Relay::start(port).await) } else { None };
         let dial = relay.as_ref().map_or(port, Relay::port);
         let tunnel = Tunnel::start(Arc::new(TcpDialer::new(([127, 0, 0, 1], dial).into())), sender, config);
-        Socket { path, port, proxy, tunnel, relay }
+        let reaper = ProxyReaper(format!("--endpoint={}", path.display()));
+        Socket { path, port, proxy, tunnel, relay, _reaper: reaper }
     }
 
     /// The `--endpoint=` argument of its proxy process.
