@@ -57,35 +57,35 @@ const INTERPOSED_STEP: &str = "e2e: driver lane, interposed (--driver --interpos
 const RESTART_STEP: &str = "e2e: driver lane, after kind-worker's kubelet restarted";
 const BROKEN_STEP: &str = "e2e: driver lane, a driver that skips unprepare is caught";
 
+/// The example driver's runs after its deploy, in order.
+const EXAMPLE_RUNS: [&str; 4] = [VENDOR_STEP, INTERPOSED_STEP, RESTART_STEP, BROKEN_STEP];
+
 /// Runs the lane against `cluster`, each part a step of the table.
 pub(crate) async fn run(repo: &Path, cluster: &LocalCluster, steps: &mut Steps) {
     let kubeconfig = cluster.kubeconfig();
     let deploy = "driver lane: the example driver deployed as a DaemonSet";
     if steps.skipped(deploy) {
-        for name in [VENDOR_STEP, INTERPOSED_STEP, RESTART_STEP, BROKEN_STEP] {
-            steps.skipped(name);
-        }
-        return;
-    }
-    let t = StepStart::now();
-    let deployed = example_driver::deploy(&kubeconfig, None).await;
-    let ok = deployed.is_ok();
-    steps.record(deploy, deployed, t);
-    if ok {
-        let vendor = driver_run(repo, &["--device-class", example_driver::DEVICE_CLASS], STEMS[0]);
-        steps.run(VENDOR_STEP, super::run_suite(repo, &kubeconfig, &vendor)).await;
-        let interposed = driver_run(repo, &["--interpose"], STEMS[1]);
-        steps.run(INTERPOSED_STEP, super::run_suite(repo, &kubeconfig, &interposed)).await;
-        steps.run(RESTART_STEP, after_kubelet_restart(repo, cluster)).await;
-        steps.run(BROKEN_STEP, broken_driver_caught(repo, &kubeconfig)).await;
+        EXAMPLE_RUNS.iter().for_each(|name| steps.not_run(name));
     } else {
-        for name in [VENDOR_STEP, INTERPOSED_STEP, RESTART_STEP, BROKEN_STEP] {
-            steps.not_run(name);
+        let t = StepStart::now();
+        let deployed = example_driver::deploy(&kubeconfig, None).await;
+        let ok = deployed.is_ok();
+        steps.record(deploy, deployed, t);
+        if ok {
+            let vendor = driver_run(repo, &["--device-class", example_driver::DEVICE_CLASS], STEMS[0]);
+            steps.run(VENDOR_STEP, super::run_suite(repo, &kubeconfig, &vendor)).await;
+            let interposed = driver_run(repo, &["--interpose"], STEMS[1]);
+            steps.run(INTERPOSED_STEP, super::run_suite(repo, &kubeconfig, &interposed)).await;
+            steps.run(RESTART_STEP, after_kubelet_restart(repo, cluster)).await;
+            steps.run(BROKEN_STEP, broken_driver_caught(repo, &kubeconfig)).await;
+        } else {
+            EXAMPLE_RUNS.iter().for_each(|name| steps.not_run(name));
         }
+        // Also after a failed deploy or an interrupt: what it created goes.
+        let t = StepStart::now();
+        steps.record("driver lane: the example driver removed", example_driver::remove(&kubeconfig).await, t);
     }
-    // Also after a failed deploy or an interrupt: what it created goes.
-    let t = StepStart::now();
-    steps.record("driver lane: the example driver removed", example_driver::remove(&kubeconfig).await, t);
+    // Its own steps say so when the run was stopped.
     if upstream_joins(std::env::var(UPSTREAM_OPT_OUT).ok().as_deref()) {
         run_upstream(repo, &kubeconfig, steps).await;
     }
@@ -117,9 +117,7 @@ async fn run_upstream(repo: &Path, kubeconfig: &Path, steps: &mut Steps) {
         "e2e: driver lane, upstream's test driver interposed (--driver --interpose)",
     ];
     if steps.skipped(deploy) {
-        for name in runs {
-            steps.skipped(name);
-        }
+        runs.iter().for_each(|name| steps.not_run(name));
         return;
     }
     let t = StepStart::now();
@@ -132,9 +130,7 @@ async fn run_upstream(repo: &Path, kubeconfig: &Path, steps: &mut Steps) {
             steps.run(name, super::run_suite(repo, kubeconfig, &run)).await;
         }
     } else {
-        for name in runs {
-            steps.not_run(name);
-        }
+        runs.iter().for_each(|name| steps.not_run(name));
     }
     let t = StepStart::now();
     steps.record("driver lane: upstream's test driver removed", upstream_driver::remove(kubeconfig).await, t);
